@@ -1,0 +1,15 @@
+"""Command-line interface: `planner <command>`. Each command lives in its own module and
+registers itself on the shared typer app; only this package prints to the terminal."""
+
+from planner.cli.app import app, run
+
+# Command modules register themselves on `app` when imported.
+from planner.cli import catalog as _catalog  # noqa: F401,E402
+
+
+def main() -> None:
+    """Entry point of the `planner` console script."""
+    run()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,58 @@
+"""The typer application and the one place user errors become a line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from planner.errors import PlannerError
+
+app = typer.Typer(
+    name="planner",
+    help="Plan tensor / pipeline / data parallel layouts for transformer training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+EXIT_USER_ERROR = 2
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line on stderr and return the Exit to raise (code 2)."""
+    stderr.print(f"error: {message}", markup=False, highlight=False)
+    return typer.Exit(EXIT_USER_ERROR)
+
+
+def print_json(text: str) -> None:
+    """Write a JSON document to stdout untouched by rich (programs parse it)."""
+    sys.stdout.write(text)
+    sys.stdout.write("\n")
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Run the app, mapping PlannerError to one line on stderr and exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except PlannerError as exc:
+        raise SystemExit(fail(str(exc)).exit_code) from None
+    except typer.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        stderr.print("aborted", markup=False)
+        raise SystemExit(130) from None
+    except KeyboardInterrupt:
+        stderr.print("interrupted", markup=False)
+        raise SystemExit(130) from None
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show(file=sys.stderr)
+            raise SystemExit(EXIT_USER_ERROR) from None
+        raise

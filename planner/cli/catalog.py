@@ -1,0 +1,1 @@
+"""`planner models` and `planner gpus`: what is built in."""

@@ -1,0 +1,168 @@
+"""The plan: one training layout and what the planner predicts for it.
+
+This is the JSON contract of `planner plan --json`, `planner evaluate --json` and the
+`-o plan.json` file the exporters read (see DESIGN.md). Field names and meanings are fixed;
+new fields may be added, none removed.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import ConfigError
+from planner.spec import ModelSpec, validation_message
+
+ScheduleName = Literal[
+    "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev"
+]
+RecomputeName = Literal["none", "selective", "full"]
+
+SCHEDULES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
+RECOMPUTE_MODES: tuple[str, ...] = RecomputeName.__args__  # type: ignore[attr-defined]
+V_SHAPED_SCHEDULES = frozenset({"zbv", "dualpipev"})
+"""Schedules whose two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P."""
+
+FROZEN = ConfigDict(frozen=True, extra="forbid")
+LayerRange = tuple[int, int]
+
+
+def virtual_stage(rank: int, chunk: int, pp: int, schedule: str) -> int:
+    """The model-order index of chunk `chunk` on pipeline rank `rank`: chunk * pp + rank for
+    looped placement, and 2 * pp - 1 - rank for the second chunk of a V-shaped schedule."""
+    if schedule in V_SHAPED_SCHEDULES and chunk == 1:
+        return 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
+class MemoryBreakdown(BaseModel):
+    """Memory of the most loaded GPU, GiB."""
+
+    model_config = FROZEN
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+    """CUDA context, communication buffers, workspace and fragmentation allowance."""
+
+
+class Predicted(BaseModel):
+    """What the cost model predicts for one training step of the layout."""
+
+    model_config = FROZEN
+
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    """Model FLOPs (no recompute) per second per GPU over the dense bf16 peak."""
+    bubble_fraction: float
+    memory_gb_per_stage: list[float]
+    """Peak memory per pipeline rank, GiB."""
+    memory_breakdown_gb: MemoryBreakdown
+    time_breakdown_s: dict[str, float] = Field(default_factory=dict)
+    """Where the step goes: compute, bubble, exposed TP / PP / DP communication, optimizer."""
+
+
+class PlanEntry(BaseModel):
+    """One layout (the DESIGN JSON contract's `plans[i]`)."""
+
+    model_config = FROZEN
+
+    tp: int = Field(gt=0)
+    pp: int = Field(gt=0)
+    dp: int = Field(gt=0)
+    cp: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0)
+    mbs: int = Field(gt=0)
+    num_microbatches: int = Field(gt=0)
+    global_batch: int = Field(gt=0)
+    seq: int = Field(gt=0)
+    schedule: ScheduleName
+    recompute: RecomputeName | list[RecomputeName] = "none"
+    """One mode for every stage, or one per pipeline rank."""
+    sequence_parallel: bool = False
+    zero_stage: int = Field(default=1, ge=0, le=3)
+    dtype: str = "bf16"
+    stage_layers: list[LayerRange] | list[list[LayerRange]]
+    """Per pipeline rank, the half-open range of transformer layers it runs; with vpp > 1 a
+    list of ranges per rank, one per chunk in chunk order."""
+    predicted: Predicted | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PlanEntry:
+        if self.dp * self.mbs * self.num_microbatches != self.global_batch:
+            raise ValueError(
+                f"global_batch {self.global_batch} != dp {self.dp} x mbs {self.mbs} x "
+                f"num_microbatches {self.num_microbatches}"
+            )
+        if len(self.stage_layers) != self.pp:
+            raise ValueError(f"stage_layers has {len(self.stage_layers)} ranks, pp is {self.pp}")
+        if isinstance(self.recompute, list) and len(self.recompute) != self.pp:
+            raise ValueError(f"recompute lists {len(self.recompute)} ranks, pp is {self.pp}")
+        ordered = self.ranges_in_model_order()
+        if ordered[0][0] != 0 or any(a[1] != b[0] for a, b in zip(ordered, ordered[1:])):
+            raise ValueError(f"stage_layers do not cover the layers contiguously: {ordered}")
+        if any(end < start for start, end in ordered):
+            raise ValueError(f"stage_layers has an empty-negative range: {ordered}")
+        return self
+
+    def chunks_of(self, rank: int) -> list[LayerRange]:
+        """The layer ranges of `rank`, one per chunk."""
+        entry = self.stage_layers[rank]
+        if self.vpp == 1 and entry and isinstance(entry[0], int):
+            return [tuple(entry)]  # type: ignore[list-item]
+        return [tuple(r) for r in entry]  # type: ignore[misc]
+
+    def ranges_in_model_order(self) -> list[LayerRange]:
+        """Every (rank, chunk) layer range, sorted by virtual stage (model order)."""
+        by_stage: dict[int, LayerRange] = {}
+        for rank in range(self.pp):
+            chunks = self.chunks_of(rank)
+            if len(chunks) != self.vpp:
+                raise ValueError(f"rank {rank} has {len(chunks)} chunks, vpp is {self.vpp}")
+            for chunk, layer_range in enumerate(chunks):
+                by_stage[virtual_stage(rank, chunk, self.pp, self.schedule)] = layer_range
+        return [by_stage[s] for s in sorted(by_stage)]
+
+    def recompute_of(self, rank: int) -> str:
+        """The recompute mode of pipeline rank `rank`."""
+        return self.recompute[rank] if isinstance(self.recompute, list) else self.recompute
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+
+class ClusterSummary(BaseModel):
+    """The cluster a plan was made for, by name (the GPU preset holds the rest)."""
+
+    model_config = FROZEN
+
+    gpu: str
+    num_gpus: int
+    gpus_per_node: int
+
+
+class PlanFile(BaseModel):
+    """What `planner plan -o` writes and `planner export` reads: the contract plus what an
+    exporter needs to rebuild the model and cluster."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    plans: list[PlanEntry]
+    model: ModelSpec | None = None
+    cluster: ClusterSummary | None = None
+    planner_version: str = ""
+    cost_source: str = ""
+    """"analytic" or the profile file the costs came from."""
+
+
+def parse_plan_file(text: str, origin: str = "plan file") -> PlanFile:
+    """Parse and validate a plan JSON document; ConfigError names the failing field."""
+    try:
+        return PlanFile.model_validate_json(text)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, origin)) from None

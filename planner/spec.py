@@ -1,0 +1,298 @@
+"""What the user brings: the model (`ModelSpec`) and the hardware (`GpuSpec`, `Cluster`).
+
+These are pydantic models (frozen, extra fields forbidden) because they are read from files
+and the command line; the cost model reads their attributes directly. `model_from_hf_config`
+turns a Hugging Face style `config.json` dictionary into a `ModelSpec`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import ConfigError, LayoutError
+from planner.units import GiB
+
+FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelSpec(BaseModel):
+    """A decoder-only transformer: Llama style (RMSNorm, GQA, SwiGLU, RoPE) or GPT style
+    (LayerNorm, MHA with biases, GeLU MLP, learned or ALiBi positions), optionally MoE."""
+
+    model_config = FROZEN
+
+    name: str = "custom"
+    family: Literal["llama", "gpt"]
+    """Block style: "llama" (pre-RMSNorm, SwiGLU, RoPE) or "gpt" (pre-LayerNorm, GeLU)."""
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    """Key/value heads; equal to num_attention_heads for MHA, fewer for GQA/MQA."""
+    head_dim: int | None = Field(default=None, gt=0)
+    """Per-head width; hidden_size // num_attention_heads when unset."""
+    ffn_hidden_size: int = Field(gt=0)
+    """Width of the MLP's hidden layer (per expert for MoE unless moe_ffn_hidden_size)."""
+    vocab_size: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0)
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    position_embedding: Literal["rope", "learned", "alibi"] = "rope"
+    tie_embeddings: bool = False
+    """Input embedding and LM head share one matrix."""
+    qkv_bias: bool = False
+    linear_bias: bool = False
+    """Biases on the output projection and MLP linears (GPT-2/3 style)."""
+    embedding_norm: bool = False
+    """A norm right after the word embedding (BLOOM)."""
+    num_experts: int = Field(default=0, ge=0)
+    """Routed experts per MoE layer; 0 for a dense model."""
+    moe_top_k: int = Field(default=0, ge=0)
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    num_shared_experts: int = Field(default=0, ge=0)
+    published_params: float | None = None
+    """Parameter count the model's authors report (documentation and tests only)."""
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ModelSpec:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads}); give head_dim explicitly"
+            )
+        if self.num_experts and not 0 < self.moe_top_k <= self.num_experts:
+            raise ValueError(f"moe_top_k must be in 1..num_experts ({self.num_experts})")
+        return self
+
+    @property
+    def kv_channels(self) -> int:
+        """Per-head width d."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def block_fields(self, tp: int = 1, seq: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of `planner.torch_blocks.BlockConfig` for this model, with heads
+        and the FFN divided by `tp` (one tensor-parallel shard); `seq` caps the positions."""
+        return {
+            "family": self.family,
+            "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size,
+            "num_heads": self.num_attention_heads // tp,
+            "num_kv_heads": max(1, self.num_kv_heads // tp),
+            "head_dim": self.kv_channels,
+            "ffn_hidden_size": self.ffn_hidden_size // tp,
+            "vocab_size": self.vocab_size,
+            "max_seq_len": seq or self.max_position_embeddings,
+            "norm": self.norm,
+            "activation": self.activation,
+            "position_embedding": self.position_embedding,
+            "tie_embeddings": self.tie_embeddings,
+            "qkv_bias": self.qkv_bias,
+            "linear_bias": self.linear_bias,
+            "embedding_norm": self.embedding_norm,
+        }
+
+
+class GpuEfficiency(BaseModel):
+    """Fractions of datasheet peak the analytic cost model assumes (see planner/cost/compute.py)."""
+
+    model_config = FROZEN
+
+    gemm: float = Field(gt=0, le=1)
+    """Achieved fraction of peak tensor FLOP/s on a large, well-shaped GEMM."""
+    gemm_half_dim: float = Field(gt=0)
+    """GEMM dimension at which a GEMM reaches half of `gemm` (small-shape falloff)."""
+    attention_fwd: float = Field(gt=0, le=1)
+    attention_bwd: float = Field(gt=0, le=1)
+    hbm: float = Field(gt=0, le=1)
+    """Achieved fraction of HBM bandwidth for memory-bound (elementwise) kernels."""
+    intra_node_comm: float = Field(gt=0, le=1)
+    inter_node_comm: float = Field(gt=0, le=1)
+    kernel_overhead_us: float = Field(ge=0)
+    """Fixed launch/tail cost charged per kernel."""
+    source: str = ""
+
+
+class GpuSpec(BaseModel):
+    """One accelerator model and the node it usually sits in (datasheet numbers)."""
+
+    model_config = FROZEN
+
+    name: str
+    vendor: str
+    description: str
+    peak_tflops: dict[str, float]
+    """Dense peak TFLOP/s per dtype (bf16, fp16, fp8, tf32, fp32)."""
+    memory_gib: float = Field(gt=0)
+    hbm_bw_gbps: float = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    intra_node_bw_gbps: float = Field(gt=0)
+    """Scale-up (NVLink/Infinity Fabric) bandwidth per GPU, one direction."""
+    intra_node_latency_us: float = Field(ge=0)
+    inter_node_bw_gbps: float = Field(gt=0)
+    """Scale-out (InfiniBand/RoCE) bandwidth per GPU, one direction."""
+    inter_node_latency_us: float = Field(ge=0)
+    efficiency: GpuEfficiency
+    source: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`; ConfigError if the GPU has no such tensor mode."""
+        if dtype not in self.peak_tflops:
+            raise ConfigError(
+                f"GPU {self.name} has no {dtype} peak in its preset "
+                f"(has: {', '.join(sorted(self.peak_tflops))})"
+            )
+        return self.peak_tflops[dtype] * 1e12
+
+
+class Cluster(BaseModel):
+    """The GPUs a job runs on: how many, of which kind, and how they are wired."""
+
+    model_config = FROZEN
+
+    gpu: GpuSpec
+    num_gpus: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    intra_node_bw_gbps: float = Field(gt=0)
+    intra_node_latency_us: float = Field(ge=0)
+    inter_node_bw_gbps: float = Field(gt=0)
+    inter_node_latency_us: float = Field(ge=0)
+    memory_limit_gib: float | None = Field(default=None, gt=0)
+    """Memory a plan may use per GPU; the GPU's capacity when unset."""
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return (self.memory_limit_gib or self.gpu.memory_gib) * GiB
+
+    @classmethod
+    def of(cls, gpu: GpuSpec, num_gpus: int, **overrides: Any) -> Cluster:
+        """A cluster of `num_gpus` `gpu`s with the preset's node wiring unless overridden."""
+        fields = {
+            "gpus_per_node": min(gpu.gpus_per_node, num_gpus),
+            "intra_node_bw_gbps": gpu.intra_node_bw_gbps,
+            "intra_node_latency_us": gpu.intra_node_latency_us,
+            "inter_node_bw_gbps": gpu.inter_node_bw_gbps,
+            "inter_node_latency_us": gpu.inter_node_latency_us,
+        }
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        per_node = fields["gpus_per_node"]
+        if num_gpus > per_node and num_gpus % per_node:
+            raise LayoutError(
+                f"{num_gpus} GPUs do not fill whole nodes of {per_node}; "
+                f"use a multiple of {per_node} or set --gpus-per-node"
+            )
+        try:
+            return cls(gpu=gpu, num_gpus=num_gpus, **fields)
+        except ValidationError as exc:
+            raise ConfigError(validation_message(exc, "cluster")) from None
+
+
+def validation_message(exc: ValidationError, what: str) -> str:
+    """One line naming the first failing field of a pydantic error."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    extra = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{what}: field '{where}': {err['msg']}{extra}"
+
+
+_HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
+_HF_GPT_TYPES = {"gpt2", "gpt_bigcode", "bloom"}
+
+
+def model_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelSpec:
+    """A ModelSpec from a Hugging Face `config.json` dictionary (llama/mistral/qwen2/mixtral
+    keys such as `hidden_size`, `num_key_value_heads`, `intermediate_size`; gpt2 keys such as
+    `n_embd`, `n_head`, `n_layer`, `n_inner`, `n_positions`). ConfigError names the field."""
+    model_type = str(config.get("model_type", "")).lower()
+    if model_type in _HF_GPT_TYPES or "n_embd" in config:
+        fields = _gpt_fields(config)
+    elif model_type in _HF_LLAMA_TYPES or "hidden_size" in config:
+        fields = _llama_fields(config, model_type)
+    else:
+        raise ConfigError(
+            f"model config {name}: unknown model_type '{model_type}' and no llama "
+            "(hidden_size) or gpt2 (n_embd) keys"
+        )
+    try:
+        return ModelSpec(name=name, source="Hugging Face config.json", **fields)
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, f"model config {name}")) from None
+
+
+def _require(config: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if key in config and config[key] is not None:
+            return config[key]
+    raise ConfigError(f"model config: missing field '{keys[0]}'")
+
+
+def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    heads = _require(config, "num_attention_heads")
+    experts = config.get("num_local_experts") or config.get("num_experts") or 0
+    fields: dict[str, Any] = {
+        "family": "llama",
+        "num_layers": _require(config, "num_hidden_layers"),
+        "hidden_size": _require(config, "hidden_size"),
+        "num_attention_heads": heads,
+        "num_kv_heads": config.get("num_key_value_heads") or heads,
+        "ffn_hidden_size": _require(config, "intermediate_size"),
+        "vocab_size": _require(config, "vocab_size"),
+        "max_position_embeddings": config.get("max_position_embeddings", 4096),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "qkv_bias": bool(config.get("attention_bias", model_type.startswith("qwen2"))),
+        "linear_bias": bool(config.get("mlp_bias", False)),
+    }
+    if config.get("head_dim"):
+        fields["head_dim"] = config["head_dim"]
+    if experts:
+        fields["num_experts"] = experts
+        fields["moe_top_k"] = _require(config, "num_experts_per_tok")
+        if config.get("moe_intermediate_size"):
+            fields["moe_ffn_hidden_size"] = config["moe_intermediate_size"]
+        if config.get("shared_expert_intermediate_size"):
+            fields["num_shared_experts"] = 1
+    return fields
+
+
+def _gpt_fields(config: dict[str, Any]) -> dict[str, Any]:
+    hidden = _require(config, "n_embd", "hidden_size")
+    heads = _require(config, "n_head", "num_attention_heads")
+    is_bloom = str(config.get("model_type", "")).lower() == "bloom"
+    return {
+        "family": "gpt",
+        "num_layers": _require(config, "n_layer", "num_hidden_layers"),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": 1 if config.get("multi_query") else heads,
+        "ffn_hidden_size": config.get("n_inner") or 4 * hidden,
+        "vocab_size": _require(config, "vocab_size"),
+        "max_position_embeddings": config.get("n_positions")
+        or config.get("seq_length")
+        or 2048,
+        "norm": "layernorm",
+        "activation": "gelu",
+        "position_embedding": "alibi" if is_bloom else "learned",
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "qkv_bias": True,
+        "linear_bias": True,
+        "embedding_norm": is_bloom,
+    }
