@@ -49,10 +49,11 @@ def run(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         stderr.print("interrupted", markup=False)
         raise SystemExit(130) from None
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show(file=sys.stderr)
-            raise SystemExit(EXIT_USER_ERROR) from None
+    except Exception as exc:
+        # Usage errors (missing or malformed options) are click exceptions; typer vendors
+        # click in some releases, so recognise them by their interface.
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            raise SystemExit(code) from None
         raise

@@ -1,0 +1,76 @@
+"""`planner cost`: per-layer costs at one shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from planner.cli import options as opt
+from planner.cli.app import app, print_json, stdout
+from planner.cost.shapes import LAYER_KINDS, Shard
+from planner.layout import check_tensor_parallel
+from planner.plan import RECOMPUTE_MODES
+from planner.errors import LayoutError
+
+
+@app.command("cost")
+def cost_command(
+    model: str = opt.MODEL,
+    gpu: str = opt.GPU,
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel degree."),
+    cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
+    mbs: int = typer.Option(1, "--mbs", min=1, help="Micro-batch size, sequences."),
+    seq: int = opt.SEQ,
+    sequence_parallel: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (with TP)."),
+    recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    profile: Path | None = opt.PROFILE,
+    as_json: bool = opt.JSON,
+) -> None:
+    """Per-layer forward / backward (input, weight) time, TP communication, activation
+    memory and parameters of each layer kind, for one micro-batch on one GPU."""
+    if recompute not in RECOMPUTE_MODES:
+        raise LayoutError(f"unknown recompute mode '{recompute}': choose {', '.join(RECOMPUTE_MODES)}")
+    spec = opt.load_model(model)
+    check_tensor_parallel(spec, tp)
+    if seq % cp:
+        raise LayoutError(f"sequence length {seq} is not divisible by cp {cp}")
+    cluster = opt.build_cluster(gpu, max(tp * cp, 1))
+    cost_model = opt.build_cost_model(spec, cluster, profile)
+    shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1)
+    layers = {}
+    for kind in LAYER_KINDS:
+        c = cost_model.layer_costs(kind, shard, recompute)
+        layers[kind] = {
+            "forward_ms": c.forward_s * 1e3,
+            "backward_ms": c.backward_s * 1e3,
+            "backward_input_ms": c.backward_input_s * 1e3,
+            "backward_weight_ms": c.backward_weight_s * 1e3,
+            "comm_ms": (c.comm_forward_s + c.comm_backward_s) * 1e3,
+            "recompute_ms": c.recompute_s * 1e3,
+            "activation_bytes": round(c.activation_bytes),
+            "param_count": round(c.param_count),
+        }
+    if as_json:
+        print_json(json.dumps({
+            "model": spec.name, "gpu": cluster.gpu.name, "cost_source": cost_model.source.name,
+            "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
+                      "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
+            "layers": layers,
+        }, indent=2))
+        return
+    table = Table(title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
+                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs)")
+    columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms",
+               "activations MiB", "params (M)")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "layer" else "right")
+    for kind, c in layers.items():
+        table.add_row(
+            kind, f"{c['forward_ms']:.3f}", f"{c['backward_ms']:.3f}", f"{c['backward_input_ms']:.3f}",
+            f"{c['backward_weight_ms']:.3f}", f"{c['comm_ms']:.3f}",
+            f"{c['activation_bytes'] / 2**20:.1f}", f"{c['param_count'] / 1e6:.2f}",
+        )
+    stdout.print(table)

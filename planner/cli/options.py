@@ -1,0 +1,59 @@
+"""Options shared by several commands, and building the model, cluster and cost model from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.model import CostModel, CostOptions
+from planner.spec import Cluster, ModelSpec
+
+MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `planner models`) or a config.json path.")
+GPU = typer.Option("h100", "--gpu", help="GPU preset (see `planner gpus`).")
+GPUS = typer.Option(..., "--gpus", "-n", help="Number of GPUs.", min=1)
+SEQ = typer.Option(..., "--seq", "-s", help="Sequence length, tokens.", min=1)
+GLOBAL_BATCH = typer.Option(..., "--global-batch", "-b", help="Global batch, sequences per step.", min=1)
+GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", help="Override the preset's GPUs per node.", min=1)
+INTRA_BW = typer.Option(None, "--intra-node-bw", help="Scale-up GB/s per GPU per direction (default: preset).")
+INTER_BW = typer.Option(None, "--inter-node-bw", help="Scale-out GB/s per GPU per direction (default: preset).")
+MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use per GPU, GiB (default: the GPU's).")
+PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON) to use instead of the analytic compute model.")
+JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
+
+
+def build_cluster(
+    gpu: str,
+    num_gpus: int,
+    gpus_per_node: int | None = None,
+    intra_node_bw: float | None = None,
+    inter_node_bw: float | None = None,
+    max_memory_gb: float | None = None,
+) -> Cluster:
+    """A Cluster of `num_gpus` preset GPUs with the given overrides."""
+    return Cluster.of(
+        resolve_gpu(gpu),
+        num_gpus,
+        gpus_per_node=gpus_per_node,
+        intra_node_bw_gbps=intra_node_bw,
+        inter_node_bw_gbps=inter_node_bw,
+        memory_limit_gib=max_memory_gb,
+    )
+
+
+def build_cost_model(
+    spec: ModelSpec, cluster: Cluster, profile: Path | None, options: CostOptions = CostOptions()
+) -> CostModel:
+    """The cost model, on the analytic compute model or on a measured profile."""
+    source = None
+    if profile is not None:
+        from planner.profile.lookup import profiled_source
+
+        source = profiled_source(profile, spec, cluster.gpu)
+    return CostModel(spec, cluster, options, source)
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """The model named on the command line."""
+    return resolve_model(name_or_path)

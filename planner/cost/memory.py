@@ -1,0 +1,219 @@
+"""Memory per GPU: parameters, gradients, optimizer states, activations, allowance.
+
+Activations are the tensors each layer saves for its backward, per micro-batch, listed
+one by one (`saved_tensors`) so that tensor and sequence parallelism and recomputation act
+on each the way Megatron-LM applies them. For the GPT layer without flash attention the
+sum is Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models"), Table 2: s*b*h*(34 + 5*a*s/h) bytes without parallelism, s*b*h*(10 + 24/t +
+5*a*s/(h*t)) with t-way TP, s*b*h/t*(34 + 5*a*s/h) with sequence parallelism, 34*s*b*h/t
+with selective recompute and 2*s*b*h (/t with SP) with full recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from planner.cost.shapes import Shard
+from planner.spec import ModelSpec
+from planner.units import GiB
+
+BYTES_BF16 = 2
+BYTES_FP32 = 4
+
+
+class SavedTensor(NamedTuple):
+    """One tensor a layer keeps for its backward, for one micro-batch on one GPU."""
+
+    name: str
+    bytes: float
+    recompute: str
+    """"keep": saved under no and selective recompute; "attention": part of the unfused
+    attention core, dropped by selective recompute."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationOptions:
+    flash_attention: bool = True
+    dropout: bool = False
+
+
+def saved_tensors(
+    spec: ModelSpec, kind: str, shard: Shard, options: ActivationOptions = ActivationOptions()
+) -> list[SavedTensor]:
+    """The tensors `kind` saves for backward with no recomputation, on one GPU."""
+    if kind == "transformer":
+        return _transformer_saved(spec, shard, options)
+    h, rep = spec.hidden_size, shard.elementwise_tokens
+    if kind == "embedding":
+        mask = [SavedTensor("dropout_mask", rep * h, "keep")] if options.dropout else []
+        return [SavedTensor("token_ids", shard.local_tokens * 8, "keep"), *mask]
+    if kind == "head":
+        return [
+            SavedTensor("final_norm_input", BYTES_BF16 * rep * h, "keep"),
+            SavedTensor("lm_head_input", BYTES_BF16 * rep * h, "keep"),
+            SavedTensor(
+                "softmax_fp32", BYTES_FP32 * shard.local_tokens * spec.vocab_size / shard.tp, "keep"
+            ),
+        ]
+    raise ValueError(f"unknown layer kind {kind!r}")
+
+
+def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions) -> list[SavedTensor]:
+    h, tp, d = spec.hidden_size, shard.tp, spec.kv_channels
+    tokens, rep = shard.local_tokens, shard.elementwise_tokens
+    heads = spec.num_attention_heads / tp
+    kv_heads = max(spec.num_kv_heads / tp, 1)
+    ffn = spec.expert_ffn_hidden_size * spec.moe_top_k if spec.is_moe else spec.ffn_hidden_size
+    bf16 = BYTES_BF16
+    saved = [
+        SavedTensor("attn_norm_input", bf16 * rep * h, "keep"),
+        SavedTensor("qkv_input", bf16 * rep * h, "keep"),
+        SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"),
+    ]
+    if options.flash_attention:
+        saved += [
+            SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"),
+            SavedTensor("softmax_lse", BYTES_FP32 * tokens * heads, "keep"),
+        ]
+    else:
+        scores = shard.mbs * heads * (shard.seq / shard.cp) * shard.seq
+        saved.append(SavedTensor("softmax_output", bf16 * scores, "attention"))
+        if options.dropout:
+            saved += [
+                SavedTensor("softmax_dropout_mask", scores, "attention"),
+                SavedTensor("softmax_dropout_output", bf16 * scores, "attention"),
+            ]
+        saved.append(SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"))
+    if options.dropout:
+        saved.append(SavedTensor("attn_dropout_mask", rep * h, "keep"))
+    saved += [
+        SavedTensor("mlp_norm_input", bf16 * rep * h, "keep"),
+        SavedTensor("mlp_input", bf16 * rep * h, "keep"),
+    ]
+    if spec.activation == "swiglu":
+        saved += [
+            SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
+            SavedTensor("swiglu_output", bf16 * tokens * ffn / tp, "keep"),
+        ]
+    else:
+        saved += [
+            SavedTensor("gelu_input", bf16 * tokens * ffn / tp, "keep"),
+            SavedTensor("gelu_output", bf16 * tokens * ffn / tp, "keep"),
+        ]
+    if options.dropout:
+        saved.append(SavedTensor("mlp_dropout_mask", rep * h, "keep"))
+    return saved
+
+
+def activation_bytes(
+    spec: ModelSpec,
+    kind: str,
+    shard: Shard,
+    recompute: str,
+    options: ActivationOptions = ActivationOptions(),
+) -> float:
+    """Bytes `kind` holds for backward per micro-batch, under `recompute`:
+    "none" keeps every saved tensor, "selective" (Megatron's core-attention recompute)
+    drops the unfused attention core's, "full" keeps only each block's input."""
+    saved = saved_tensors(spec, kind, shard, options)
+    if kind != "transformer" or recompute == "none":
+        return sum(t.bytes for t in saved)
+    if recompute == "selective":
+        return sum(t.bytes for t in saved if t.recompute == "keep")
+    if recompute == "full":
+        return BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size
+    raise ValueError(f"unknown recompute mode {recompute!r}")
+
+
+def transformer_param_count(spec: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one transformer block held by one of `tp` tensor-parallel GPUs. KV
+    heads are replicated when there are fewer of them than TP ranks (as Megatron does)."""
+    h, d = spec.hidden_size, spec.kv_channels
+    q_width = spec.num_attention_heads * d / tp
+    kv_width = max(spec.num_kv_heads / tp, 1) * d
+    norm = (2 if spec.norm == "layernorm" else 1) * h
+    attn = h * (q_width + 2 * kv_width) + q_width * h
+    if spec.qkv_bias:
+        attn += q_width + 2 * kv_width
+    if spec.linear_bias:
+        attn += h
+    up = 2 if spec.activation == "swiglu" else 1
+    if spec.is_moe:
+        ffn = spec.expert_ffn_hidden_size / tp
+        mlp = spec.num_experts * (up + 1) * h * ffn + h * spec.num_experts
+        if spec.num_shared_experts:
+            mlp += (up + 1) * h * spec.ffn_hidden_size * spec.num_shared_experts / tp
+    else:
+        ffn = spec.ffn_hidden_size / tp
+        mlp = (up + 1) * h * ffn
+        if spec.linear_bias:
+            mlp += up * ffn + h
+    return attn + mlp + 2 * norm
+
+
+def embedding_param_count(spec: ModelSpec, tp: int = 1) -> float:
+    """Parameters of the (vocab-parallel) embedding on one TP rank, positions included."""
+    params = spec.vocab_size * spec.hidden_size / tp
+    if spec.position_embedding == "learned":
+        params += spec.max_position_embeddings * spec.hidden_size
+    if spec.embedding_norm:
+        params += (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    return params
+
+
+def head_param_count(spec: ModelSpec, tp: int = 1, shares_rank_with_embedding: bool = False) -> float:
+    """Parameters of the final norm and LM head on one TP rank. A tied head on the same
+    rank as the embedding adds no weights; on another pipeline rank it holds a copy."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    if spec.tie_embeddings and shares_rank_with_embedding:
+        return norm
+    return norm + spec.vocab_size * spec.hidden_size / tp
+
+
+def total_param_count(spec: ModelSpec) -> float:
+    """All parameters of the model, counted once."""
+    return (
+        spec.num_layers * transformer_param_count(spec)
+        + embedding_param_count(spec)
+        + head_param_count(spec, shares_rank_with_embedding=True)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateBytes:
+    """Bytes per parameter of the training state on one GPU."""
+
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def state_bytes_per_param(zero_stage: int, dp_shards: int) -> StateBytes:
+    """Mixed-precision Adam: bf16 weights (2 B), fp32 gradient accumulation buffer (4 B),
+    fp32 master weights and the two Adam moments (12 B); Megatron-LM's distributed optimizer
+    docs give 18 B/param unsharded and 6 + 12/d sharded. ZeRO-1 (distributed optimizer)
+    shards the 12 B over the `dp_shards` data-parallel ranks; ZeRO-2 also the gradients;
+    ZeRO-3 / FSDP keeps fp32 weights, fp32 gradients and the moments, all sharded."""
+    d = dp_shards
+    if zero_stage == 0:
+        return StateBytes(weights=2, grads=4, optimizer=12)
+    if zero_stage == 1:
+        return StateBytes(weights=2, grads=4, optimizer=12 / d)
+    if zero_stage == 2:
+        return StateBytes(weights=2, grads=4 / d, optimizer=12 / d)
+    if zero_stage == 3:
+        return StateBytes(weights=4 / d, grads=4 / d, optimizer=8 / d)
+    raise ValueError(f"zero_stage must be 0..3, got {zero_stage}")
+
+
+FIXED_ALLOWANCE_BYTES = 2.0 * GiB
+"""CUDA context (~0.5 GiB outside the caching allocator), NCCL communicator buffers
+(~1 GiB for the TP, PP and DP groups) and cuBLAS / attention workspaces (~0.5 GiB)."""
+FRAGMENTATION = 0.05
+"""Caching-allocator fragmentation, as a fraction of the tensors it holds."""
+
+
+def other_bytes(tensor_bytes: float) -> float:
+    """The allowance beyond the tensors the model counts: fixed buffers plus fragmentation."""
+    return FIXED_ALLOWANCE_BYTES + FRAGMENTATION * tensor_bytes

@@ -1,0 +1,190 @@
+"""The cost model: per layer kind, at one shard, its compute time split into forward,
+backward-input and backward-weight, its exposed tensor/context-parallel communication,
+its recomputation overhead, the activations it saves and its parameters.
+
+Compute times come from a `ComputeSource`: the analytic roofline (planner/cost/compute.py)
+or a measured profile. Everything else is analytic. Results are cached per shape, since the
+search asks for the same few shapes many times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from planner.cost import memory
+from planner.cost.comm import Network
+from planner.cost.compute import AnalyticCompute, LayerTimes
+from planner.cost.shapes import Shard, layer_work
+from planner.spec import Cluster, ModelSpec
+from planner.units import DTYPE_BYTES
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostOptions:
+    """Runtime behaviours the costs depend on (Megatron-LM's recommended defaults)."""
+
+    dtype: str = "bf16"
+    flash_attention: bool = True
+    dropout: bool = False
+    overlap_grad_reduce: bool = True
+    """Data-parallel gradient reduction overlaps the last micro-batch's backward."""
+    overlap_param_gather: bool = True
+    """The distributed optimizer's parameter all-gather overlaps the first forward."""
+    tp_comm_overlap: float = 0.0
+    """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
+    grad_reduce_bytes: int = 4
+    """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
+
+
+class ComputeSource(Protocol):
+    """Where layer compute times come from."""
+
+    name: str
+
+    def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
+        """Forward / backward-input / backward-weight time of `kind` at `shard`."""
+        ...
+
+
+class AnalyticSource:
+    """Layer times from FLOPs and bytes over the GPU's efficiency curves."""
+
+    name = "analytic"
+
+    def __init__(self, spec: ModelSpec, compute: AnalyticCompute, flash: bool = True):
+        self.spec, self.compute, self.flash = spec, compute, flash
+
+    def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
+        work = layer_work(self.spec, kind, shard, flash=self.flash)
+        return self.compute.layer_times(work, flash=self.flash)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerCosts:
+    """One layer of one kind, one micro-batch, one GPU (seconds, bytes, parameters)."""
+
+    forward_s: float
+    backward_input_s: float
+    """Includes the recomputation the chosen recompute mode runs before the backward."""
+    backward_weight_s: float
+    comm_forward_s: float
+    """Exposed TP/CP communication in the forward."""
+    comm_backward_s: float
+    recompute_s: float
+    """Part of backward_input_s spent re-running the forward."""
+    activation_bytes: float
+    """Saved for backward under the recompute mode."""
+    peak_extra_bytes: float
+    """Transient memory above the saved activations while the layer runs its backward."""
+    param_count: float
+
+    @property
+    def backward_s(self) -> float:
+        return self.backward_input_s + self.backward_weight_s
+
+
+class CostModel:
+    """Layer costs of one model on one cluster; `layer_costs` is cached."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cluster: Cluster,
+        options: CostOptions = CostOptions(),
+        source: ComputeSource | None = None,
+    ):
+        self.spec = spec
+        self.cluster = cluster
+        self.options = options
+        self.network = Network.of(cluster)
+        self.analytic = AnalyticCompute(cluster.gpu, options.dtype)
+        self.source = source or AnalyticSource(spec, self.analytic, options.flash_attention)
+        self.act_options = memory.ActivationOptions(
+            flash_attention=options.flash_attention, dropout=options.dropout
+        )
+        self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.options.dtype]
+
+    def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none") -> LayerCosts:
+        times = self.source.layer_times(kind, shard)
+        comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
+        hidden = 1.0 - self.options.tp_comm_overlap
+        recompute_s = self._recompute_time(kind, shard, recompute, times)
+        saved = memory.activation_bytes(self.spec, kind, shard, recompute, self.act_options)
+        extra = 0.0
+        if kind == "transformer" and recompute == "full":
+            extra = memory.activation_bytes(self.spec, kind, shard, "none", self.act_options)
+        elif kind == "head":  # bf16 logits live beside their fp32 softmax in the forward
+            extra = self.dtype_bytes * shard.local_tokens * self.spec.vocab_size / shard.tp
+        params = {
+            "transformer": memory.transformer_param_count,
+            "embedding": memory.embedding_param_count,
+            "head": memory.head_param_count,
+        }[kind](self.spec, shard.tp)
+        return LayerCosts(
+            forward_s=times.forward_s,
+            backward_input_s=times.backward_input_s + recompute_s,
+            backward_weight_s=times.backward_weight_s,
+            comm_forward_s=comm_fwd * hidden,
+            comm_backward_s=comm_bwd * hidden,
+            recompute_s=recompute_s,
+            activation_bytes=saved,
+            peak_extra_bytes=extra,
+            param_count=params,
+        )
+
+    def _recompute_time(self, kind: str, shard: Shard, recompute: str, times: LayerTimes) -> float:
+        """Full recompute re-runs the block's forward; selective re-runs the attention core."""
+        if kind != "transformer" or recompute == "none":
+            return 0.0
+        if recompute == "full":
+            return times.forward_s
+        work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
+        return self.analytic.attention_time(
+            work.attention_flops, work.attention_seq, False, self.options.flash_attention
+        )
+
+    def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float]:
+        """Forward and backward communication of the layer inside its TP and CP groups:
+        a block all-reduces its output twice per pass (attention and MLP; all-gather plus
+        reduce-scatter under sequence parallelism, same volume); the vocab-parallel
+        embedding reduces its output; the head gathers its input and reduces the loss
+        statistics. Ring attention passes K and V around the CP ring (dK, dV back too),
+        hidden behind the attention core where it is shorter."""
+        net, tp = self.network, shard.tp
+        act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
+        if tp > 1 and shard.sequence_parallel:
+            collective = net.all_gather(act, tp, 1) + net.reduce_scatter(act, tp, 1)
+            one_way = net.all_gather(act, tp, 1)
+        else:
+            collective = net.all_reduce(act, tp, 1)
+            one_way = collective
+        if kind == "embedding":
+            return (one_way, one_way if shard.sequence_parallel else 0.0) if tp > 1 else (0, 0)
+        if kind == "head":
+            stats = net.all_reduce(3 * 4 * shard.local_tokens, tp, 1)
+            return (stats + (one_way if shard.sequence_parallel else 0.0), one_way) if tp > 1 else (0, 0)
+        fwd = bwd = 2 * collective if tp > 1 else 0.0
+        if shard.cp > 1:
+            fwd_cp, bwd_cp = self._ring_attention_comm(shard)
+            fwd, bwd = fwd + fwd_cp, bwd + bwd_cp
+        return fwd, bwd
+
+    def _ring_attention_comm(self, shard: Shard) -> tuple[float, float]:
+        spec, net = self.spec, self.network
+        kv_heads = max(spec.num_kv_heads / shard.tp, 1)
+        kv_bytes = 2 * self.dtype_bytes * shard.local_tokens * kv_heads * spec.kv_channels
+        steps = shard.cp - 1
+        hop = net.p2p(kv_bytes, shard.cp, shard.tp)
+        work = layer_work(spec, "transformer", shard, flash=self.options.flash_attention)
+        attn_fwd = self.analytic.attention_time(work.attention_flops, work.attention_seq, False)
+        attn_bwd = self.analytic.attention_time(work.attention_flops, work.attention_seq, True)
+        per_step_fwd, per_step_bwd = attn_fwd / shard.cp, attn_bwd / shard.cp
+        fwd = steps * max(0.0, hop - per_step_fwd)
+        bwd = steps * max(0.0, 2 * hop - per_step_bwd)
+        return fwd, bwd

@@ -1,0 +1,200 @@
+"""The work inside each layer kind, as data: its GEMMs, its attention core and its
+memory-bound (elementwise) traffic, at one tensor/context-parallel shard.
+
+Layer kinds are "embedding" (word + position embedding), "transformer" (one block) and
+"head" (final norm, LM head projection and cross-entropy). Everything is per micro-batch
+of `mbs` sequences of `seq` tokens, on one GPU of a `tp`-way tensor-parallel and `cp`-way
+context-parallel group. The FLOP counts follow Narayanan et al. 2021 (Megatron-LM, SC'21,
+section 5.1) generalised to GQA and SwiGLU; a GEMM of (m x k) by (k x n) is 2*m*n*k FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from planner.spec import ModelSpec
+
+LAYER_KINDS = ("embedding", "transformer", "head")
+
+
+class Gemm(NamedTuple):
+    """One forward matrix multiply (m x k) @ (k x n), repeated `count` times."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shard:
+    """The shape of one micro-batch on one GPU."""
+
+    mbs: int
+    seq: int
+    tp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of the micro-batch this GPU's GEMMs see (sequence split over CP)."""
+        return self.mbs * self.seq // self.cp
+
+    @property
+    def elementwise_tokens(self) -> float:
+        """Tokens of the replicated (norm, residual) regions on this GPU: split over TP too
+        under sequence parallelism."""
+        return self.local_tokens / (self.tp if self.sequence_parallel else 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerWork:
+    """The forward work of one layer kind at one shard; the backward follows from it."""
+
+    gemms: tuple[Gemm, ...]
+    attention_flops: float
+    """Forward FLOPs of the attention core (QK^T and AV) actually executed."""
+    attention_seq: int
+    """Query length of the attention core (for its small-shape efficiency)."""
+    elementwise_bytes_fwd: float
+    elementwise_bytes_bwd: float
+    kernels_fwd: int
+    """Kernel launches in the forward (the backward is charged twice as many)."""
+
+    @property
+    def gemm_flops(self) -> float:
+        return sum(g.flops for g in self.gemms)
+
+
+def transformer_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
+    """The forward GEMMs of one transformer block on one TP shard."""
+    tokens, h, tp = shard.local_tokens, spec.hidden_size, shard.tp
+    d = spec.kv_channels
+    q_width = spec.num_attention_heads * d
+    kv_width = spec.num_kv_heads * d
+    gemms = [
+        Gemm("qkv", tokens, (q_width + 2 * kv_width) // tp, h),
+        Gemm("attn_out", tokens, h, q_width // tp),
+    ]
+    up_factor = 2 if spec.activation == "swiglu" else 1
+    if spec.is_moe:
+        ffn = spec.expert_ffn_hidden_size
+        routed = tokens * spec.moe_top_k
+        per_expert = max(1, routed // spec.num_experts)
+        gemms += [
+            Gemm("router", tokens, spec.num_experts, h),
+            Gemm("expert_up", per_expert, up_factor * ffn // tp, h, spec.num_experts),
+            Gemm("expert_down", per_expert, h, ffn // tp, spec.num_experts),
+        ]
+        if spec.num_shared_experts:
+            shared = spec.ffn_hidden_size * spec.num_shared_experts
+            gemms += [
+                Gemm("shared_up", tokens, up_factor * shared // tp, h),
+                Gemm("shared_down", tokens, h, shared // tp),
+            ]
+    else:
+        ffn = spec.ffn_hidden_size
+        gemms += [
+            Gemm("mlp_up", tokens, up_factor * ffn // tp, h),
+            Gemm("mlp_down", tokens, h, ffn // tp),
+        ]
+    return tuple(gemms)
+
+
+def attention_core_flops(spec: ModelSpec, shard: Shard, flash: bool) -> float:
+    """Forward FLOPs of QK^T and AV on one shard. A fused causal (flash) kernel skips the
+    masked half: 2*b*s^2*a*d/(tp*cp); the unfused path computes the full square, twice that."""
+    heads = spec.num_attention_heads // shard.tp
+    full = 4.0 * shard.mbs * shard.seq * shard.seq * heads * spec.kv_channels / shard.cp
+    return full / 2 if flash else full
+
+
+def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, flash: bool = True) -> LayerWork:
+    """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`."""
+    if kind == "transformer":
+        return _transformer_work(spec, shard, flash)
+    if kind == "embedding":
+        return _embedding_work(spec, shard)
+    if kind == "head":
+        return _head_work(spec, shard)
+    raise ValueError(f"unknown layer kind {kind!r}; expected one of {LAYER_KINDS}")
+
+
+def _transformer_work(spec: ModelSpec, shard: Shard, flash: bool) -> LayerWork:
+    h, tp = spec.hidden_size, shard.tp
+    tokens, rep_tokens = shard.local_tokens, shard.elementwise_tokens
+    ffn = spec.expert_ffn_hidden_size * max(1, spec.moe_top_k) if spec.is_moe else spec.ffn_hidden_size
+    act_width = ffn // tp
+    # bf16 bytes moved by the memory-bound kernels, forward: two norms (read x, write y),
+    # two residual adds (read 2, write 1), RoPE on q and k (read, write), the activation
+    # function (SwiGLU reads 2 and writes 1 of width ffn; GeLU reads 1, writes 1).
+    norm_and_residual = (2 * 2 + 2 * 3) * rep_tokens * h * 2
+    q_k_width = (spec.num_attention_heads + spec.num_kv_heads) * spec.kv_channels / tp
+    rope = 2 * tokens * q_k_width * 2 if spec.position_embedding == "rope" else 0.0
+    act = (3 if spec.activation == "swiglu" else 2) * tokens * act_width * 2
+    fwd_bytes = norm_and_residual + rope + act
+    attention = attention_core_flops(spec, shard, flash)
+    if not flash:  # softmax (+ mask, scale) reads and writes the score matrix in fp32
+        heads = spec.num_attention_heads // tp
+        fwd_bytes += 3 * shard.mbs * heads * (shard.seq / shard.cp) * shard.seq * 4
+    return LayerWork(
+        gemms=transformer_gemms(spec, shard),
+        attention_flops=attention,
+        attention_seq=shard.seq // shard.cp,
+        elementwise_bytes_fwd=fwd_bytes,
+        elementwise_bytes_bwd=2 * fwd_bytes,
+        kernels_fwd=14 if flash else 17,
+    )
+
+
+def _embedding_work(spec: ModelSpec, shard: Shard) -> LayerWork:
+    h = spec.hidden_size
+    # gather rows (read + write), plus the position add; backward scatter-adds into the
+    # fp32 gradient of the (vocab-parallel) table.
+    fwd = shard.local_tokens * h * 2 * (2 + (3 if spec.position_embedding == "learned" else 0))
+    bwd = shard.local_tokens * h * (2 + 4 + 4)
+    return LayerWork(
+        gemms=(),
+        attention_flops=0.0,
+        attention_seq=shard.seq // shard.cp,
+        elementwise_bytes_fwd=fwd,
+        elementwise_bytes_bwd=bwd,
+        kernels_fwd=3,
+    )
+
+
+def _head_work(spec: ModelSpec, shard: Shard) -> LayerWork:
+    h, tokens = spec.hidden_size, shard.local_tokens
+    vocab_shard = spec.vocab_size / shard.tp
+    # final norm, then cross-entropy over the vocab-parallel logits: read bf16 logits,
+    # write and re-read the fp32 softmax (forward); read softmax, write bf16 grad (backward).
+    norm = 2 * shard.elementwise_tokens * h * 2
+    ce_fwd = tokens * vocab_shard * (2 + 4 + 4)
+    ce_bwd = tokens * vocab_shard * (4 + 2)
+    return LayerWork(
+        gemms=(Gemm("lm_head", tokens, int(vocab_shard), h),),
+        attention_flops=0.0,
+        attention_seq=shard.seq // shard.cp,
+        elementwise_bytes_fwd=norm + ce_fwd,
+        elementwise_bytes_bwd=2 * norm + ce_bwd,
+        kernels_fwd=6,
+    )
+
+
+def model_flops_per_token(spec: ModelSpec, seq: int) -> float:
+    """Training FLOPs per token used for MFU (PaLM, Chowdhery et al. 2022, appendix B):
+    6 * N_matmul + 12 * L * (a * d) * seq, where N_matmul counts the weights that take part
+    in a matmul (all but the input embedding tables; MoE: the active experts only) and the
+    attention term counts QK^T and AV over the full (not causally halved) square."""
+    shard = Shard(mbs=1, seq=seq)
+    block = sum(g.flops for g in transformer_gemms(spec, shard)) / seq
+    head = 2.0 * spec.hidden_size * spec.vocab_size
+    attention = 12.0 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * seq
+    return 3.0 * (spec.num_layers * block + head) + attention

@@ -1,0 +1,156 @@
+"""A parallel layout as the hot path sees it (a frozen slotted dataclass), its checks
+against the model and cluster, and conversion from and to the pydantic `PlanEntry`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import LayoutError
+from planner.plan import PlanEntry, Predicted, virtual_stage
+from planner.spec import Cluster, ModelSpec
+
+LayerRange = tuple[int, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Degrees, batching, schedule, recompute and cut points of one training layout."""
+
+    tp: int
+    pp: int
+    dp: int
+    cp: int = 1
+    vpp: int = 1
+    mbs: int
+    num_microbatches: int
+    schedule: str
+    recompute: tuple[str, ...]
+    """Recompute mode per pipeline rank."""
+    sequence_parallel: bool = False
+    zero_stage: int = 1
+    stage_layers: tuple[tuple[LayerRange, ...], ...]
+    """[rank][chunk] -> half-open range of transformer layers."""
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def chunks(self) -> list[tuple[int, int, int, LayerRange]]:
+        """(rank, chunk, virtual stage, layer range) for every chunk, in rank-major order."""
+        return [
+            (rank, chunk, virtual_stage(rank, chunk, self.pp, self.schedule), layers)
+            for rank, per_rank in enumerate(self.stage_layers)
+            for chunk, layers in enumerate(per_rank)
+        ]
+
+
+def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tuple[tuple[LayerRange, ...], ...]:
+    """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible; when
+    the count does not divide, the extra layers go to the middle stages, since the first
+    and last also carry the embedding and the head."""
+    stages = pp * vpp
+    if num_layers < stages:
+        raise LayoutError(
+            f"{num_layers} layers cannot fill {pp} pipeline ranks x {vpp} chunks = {stages} "
+            "virtual stages; lower --pp or --vpp"
+        )
+    base, extra = divmod(num_layers, stages)
+    order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
+    sizes = [base] * stages
+    for s in order[:extra]:
+        sizes[s] += 1
+    starts = [sum(sizes[:s]) for s in range(stages)]
+    by_stage = [(starts[s], starts[s] + sizes[s]) for s in range(stages)]
+    return tuple(
+        tuple(by_stage[virtual_stage(rank, chunk, pp, schedule)] for chunk in range(vpp))
+        for rank in range(pp)
+    )
+
+
+def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int) -> None:
+    """Raise LayoutError naming the numbers when the layout cannot exist for this job."""
+    if layout.num_gpus != cluster.num_gpus:
+        raise LayoutError(
+            f"tp {layout.tp} x pp {layout.pp} x dp {layout.dp} x cp {layout.cp} = "
+            f"{layout.num_gpus} GPUs, but the cluster has {cluster.num_gpus}"
+        )
+    check_tensor_parallel(spec, layout.tp)
+    if layout.dp * layout.mbs * layout.num_microbatches != global_batch:
+        raise LayoutError(
+            f"global batch {global_batch} != dp {layout.dp} x mbs {layout.mbs} x "
+            f"microbatches {layout.num_microbatches}"
+        )
+    if seq % (2 * layout.cp if layout.cp > 1 else 1):
+        raise LayoutError(f"sequence length {seq} must divide into 2 x cp = {2 * layout.cp} chunks")
+    if seq > spec.max_position_embeddings and spec.position_embedding == "learned":
+        raise LayoutError(
+            f"sequence length {seq} exceeds the model's {spec.max_position_embeddings} learned positions"
+        )
+    if len(layout.recompute) != layout.pp:
+        raise LayoutError(f"{len(layout.recompute)} recompute modes for {layout.pp} pipeline ranks")
+
+
+def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
+    """Raise LayoutError when `tp` does not divide the heads, the FFN or the KV heads."""
+    if spec.num_attention_heads % tp:
+        raise LayoutError(
+            f"tp {tp} does not divide the {spec.num_attention_heads} attention heads of {spec.name}"
+        )
+    if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
+        raise LayoutError(
+            f"tp {tp} and the {spec.num_kv_heads} KV heads of {spec.name} must divide one another"
+        )
+    ffn = spec.expert_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size
+    if ffn % tp:
+        raise LayoutError(f"tp {tp} does not divide the FFN width {ffn} of {spec.name}")
+
+
+def layout_from_entry(entry: PlanEntry) -> Layout:
+    """The hot-path Layout of a validated PlanEntry."""
+    return Layout(
+        tp=entry.tp,
+        pp=entry.pp,
+        dp=entry.dp,
+        cp=entry.cp,
+        vpp=entry.vpp,
+        mbs=entry.mbs,
+        num_microbatches=entry.num_microbatches,
+        schedule=entry.schedule,
+        recompute=tuple(entry.recompute_of(r) for r in range(entry.pp)),
+        sequence_parallel=entry.sequence_parallel,
+        zero_stage=entry.zero_stage,
+        stage_layers=tuple(tuple(entry.chunks_of(r)) for r in range(entry.pp)),
+    )
+
+
+def entry_from_layout(
+    layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16"
+) -> PlanEntry:
+    """The JSON-contract PlanEntry of a Layout and its prediction."""
+    modes = set(layout.recompute)
+    if layout.vpp == 1:
+        stage_layers = [list(chunks[0]) for chunks in layout.stage_layers]
+    else:
+        stage_layers = [[list(r) for r in chunks] for chunks in layout.stage_layers]
+    return PlanEntry(
+        tp=layout.tp,
+        pp=layout.pp,
+        dp=layout.dp,
+        cp=layout.cp,
+        vpp=layout.vpp,
+        mbs=layout.mbs,
+        num_microbatches=layout.num_microbatches,
+        global_batch=global_batch,
+        seq=seq,
+        schedule=layout.schedule,
+        recompute=modes.pop() if len(modes) == 1 else list(layout.recompute),
+        sequence_parallel=layout.sequence_parallel,
+        zero_stage=layout.zero_stage,
+        dtype=dtype,
+        stage_layers=stage_layers,
+        predicted=predicted,
+    )

@@ -1,0 +1,73 @@
+"""FLOP counts against the 6 * N * tokens rule plus the attention term."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.cost.memory import transformer_param_count
+from planner.cost.shapes import Shard, attention_core_flops, layer_work, model_flops_per_token
+
+
+def matmul_params(spec) -> float:
+    """Weights that take part in a matmul, counted from the parameter formulas (not from
+    the GEMM list): everything but embedding tables, norms and biases; MoE counts the
+    top-k routed experts (the ones a token actually passes through)."""
+    h, d = spec.hidden_size, spec.kv_channels
+    attn = h * spec.num_attention_heads * d * 2 + 2 * h * spec.num_kv_heads * d
+    up = 3 if spec.activation == "swiglu" else 2
+    if spec.is_moe:
+        mlp = spec.moe_top_k * up * h * spec.expert_ffn_hidden_size + h * spec.num_experts
+    else:
+        mlp = up * h * spec.ffn_hidden_size
+    return spec.num_layers * (attn + mlp) + spec.vocab_size * h
+
+
+def test_training_flops_match_six_n_plus_attention(preset):
+    seq = 2048
+    shard = Shard(mbs=1, seq=seq)
+    gemm = sum(g.flops for g in layer_work(preset, "transformer", shard).gemms) * preset.num_layers
+    gemm += sum(g.flops for g in layer_work(preset, "head", shard).gemms)
+    attention = attention_core_flops(preset, shard, flash=False) * preset.num_layers
+    six_n = 6 * matmul_params(preset) * seq
+    twelve_lhs = 12 * preset.num_layers * preset.num_attention_heads * preset.kv_channels * seq * seq
+    assert 3 * gemm == pytest.approx(six_n, rel=1e-3)
+    assert 3 * attention == pytest.approx(twelve_lhs, rel=1e-12)
+    assert model_flops_per_token(preset, seq) * seq == pytest.approx(six_n + twelve_lhs, rel=1e-3)
+
+
+def test_flash_attention_executes_half_the_causal_square(preset):
+    shard = Shard(mbs=2, seq=4096)
+    assert attention_core_flops(preset, shard, flash=True) * 2 == attention_core_flops(preset, shard, flash=False)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tensor_parallel_splits_gemm_flops_evenly(tp):
+    from planner.catalog import resolve_model
+
+    spec = resolve_model("llama3-70b")
+    whole = layer_work(spec, "transformer", Shard(mbs=1, seq=4096)).gemm_flops
+    shard = layer_work(spec, "transformer", Shard(mbs=1, seq=4096, tp=tp)).gemm_flops
+    assert shard * tp == pytest.approx(whole, rel=1e-9)
+
+
+def test_context_parallel_splits_attention_flops():
+    from planner.catalog import resolve_model
+
+    spec = resolve_model("llama3-8b")
+    whole = attention_core_flops(spec, Shard(mbs=1, seq=8192), flash=True)
+    assert attention_core_flops(spec, Shard(mbs=1, seq=8192, cp=4), flash=True) * 4 == pytest.approx(whole)
+
+
+def test_parameter_formulas_agree_with_gemm_shapes(preset):
+    """The GEMMs' weight sizes (k * n) add up to the matmul parameters of the block."""
+    shard = Shard(mbs=1, seq=128)
+    gemms = layer_work(preset, "transformer", shard).gemms
+    weights = sum(g.n * g.k * (preset.num_experts if g.name.startswith("expert") else 1) for g in gemms)
+    h, d = preset.hidden_size, preset.kv_channels
+    norms = 2 * h * (2 if preset.norm == "layernorm" else 1)
+    biases = 0
+    if preset.qkv_bias:
+        biases += (preset.num_attention_heads + 2 * preset.num_kv_heads) * d
+    if preset.linear_bias:
+        biases += h + preset.ffn_hidden_size + h
+    assert transformer_param_count(preset) - weights == norms + biases

@@ -1,0 +1,85 @@
+"""Model and GPU specs: presets, Hugging Face configs, validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import gpu_presets, model_presets, resolve_gpu, resolve_model
+from planner.errors import ConfigError, LayoutError, UnknownPresetError
+from planner.spec import Cluster
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "models"
+
+REQUIRED_MODELS = {"llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "mistral-7b", "qwen2.5-72b"}
+REQUIRED_GPUS = {"a100-40gb", "a100-80gb", "h100", "h200", "b200", "mi300x"}
+
+
+def test_required_presets_exist():
+    assert REQUIRED_MODELS <= set(model_presets())
+    assert REQUIRED_GPUS <= set(gpu_presets())
+    tiny = [m for m in model_presets().values() if m.published_params is None]
+    assert len(tiny) >= 2
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "qwen2.5-72b", "mixtral-8x7b"])
+def test_hf_config_matches_preset(name):
+    from_file = resolve_model(str(EXAMPLES / name / "config.json"))
+    preset = resolve_model(name)
+    fields = ["family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
+              "ffn_hidden_size", "vocab_size", "tie_embeddings", "qkv_bias", "num_experts", "moe_top_k"]
+    assert {f: getattr(from_file, f) for f in fields} == {f: getattr(preset, f) for f in fields}
+    assert from_file.name == name
+
+
+def test_gpt2_config_reads_gpt_keys():
+    spec = resolve_model(str(EXAMPLES / "gpt2" / "config.json"))
+    assert (spec.family, spec.num_layers, spec.hidden_size, spec.num_attention_heads) == ("gpt", 12, 768, 12)
+    assert spec.ffn_hidden_size == 4 * 768  # n_inner null means 4 * n_embd
+    assert spec.max_position_embeddings == 1024 and spec.tie_embeddings
+    from planner.cost.memory import total_param_count
+
+    assert total_param_count(spec) == pytest.approx(124.44e6, rel=0.001)  # GPT-2 small
+
+
+def test_config_failing_validation_names_the_field(tmp_path):
+    bad = json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text())
+    bad["num_key_value_heads"] = 5  # 32 heads are not a multiple of 5
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match="num_attention_heads"):
+        resolve_model(str(path))
+    bad["hidden_size"] = -1
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ConfigError, match="field 'hidden_size'"):
+        resolve_model(str(path))
+
+
+def test_missing_required_key_is_named(tmp_path):
+    config = json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text())
+    del config["num_hidden_layers"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        resolve_model(str(path))
+
+
+def test_unknown_names():
+    with pytest.raises(UnknownPresetError, match="llama3-8b"):
+        resolve_model("llama9")
+    with pytest.raises(UnknownPresetError, match="h100"):
+        resolve_gpu("tpu")
+
+
+def test_cluster_must_fill_nodes():
+    with pytest.raises(LayoutError, match="whole nodes"):
+        Cluster.of(resolve_gpu("h100"), 12)
+    assert Cluster.of(resolve_gpu("h100"), 4).gpus_per_node == 4
+    assert Cluster.of(resolve_gpu("h100"), 64).num_nodes == 8
+
+
+def test_gpu_presets_have_datasheet_peaks(gpu):
+    assert gpu.peak_tflops["bf16"] >= gpu.peak_tflops["tf32"] > gpu.peak_tflops["fp32"]
+    assert 0 < gpu.efficiency.gemm <= 1
