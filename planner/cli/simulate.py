@@ -1,0 +1,105 @@
+"""`planner simulate`: one pipeline schedule, drawn as a timeline, with its figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from planner.cli.app import app, print_json, stderr, stdout
+from planner.errors import PlannerError, ScheduleError
+from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, simulate
+from planner.schedule.render import timeline_renderable, timeline_svg
+from planner.units import MS_PER_S
+
+
+def _costs(stages: int, vpp: int, f: float, b: float, w: float | None, comm: float) -> StageCosts:
+    """Per-chunk costs in seconds from the per-rank millisecond flags (see the command help)."""
+    for flag, value in (("--f", f), ("--b", b), ("--comm", comm)):
+        if value < 0:
+            raise ScheduleError(f"{flag} must be >= 0 ms, got {value}")
+    weight = b / 2 if w is None else w
+    if not 0 <= weight <= b:
+        raise ScheduleError(f"--w is the weight-gradient part of --b, so 0 <= w <= b; got w={weight}, b={b}")
+    scale = vpp * MS_PER_S
+    return StageCosts.uniform(stages, vpp, f / scale, (b - weight) / scale, weight / scale, p2p=comm / MS_PER_S)
+
+
+@app.command("simulate")
+def simulate_command(
+    schedule: str = typer.Option("1f1b", "--schedule", help=f"One of: {', '.join(SCHEDULES)}."),
+    stages: int = typer.Option(4, "--stages", help="Pipeline ranks P."),
+    microbatches: int = typer.Option(8, "--microbatches", help="Micro-batches per step M."),
+    vpp: int = typer.Option(1, "--vpp", help="Chunks (virtual stages) per rank V."),
+    f: float = typer.Option(1.0, "--f", help="Forward ms of one micro-batch on one rank (all its chunks; "
+                            "each chunk takes 1/V of it)."),
+    b: float = typer.Option(2.0, "--b", help="Full backward ms (input grad + weight grad) of one micro-batch "
+                            "on one rank; an unsplit schedule runs it as one B."),
+    w: float | None = typer.Option(None, "--w", help="Weight-gradient part of --b in ms: split schedules run "
+                            "I = b - w and W = w. Default b/2."),
+    comm: float = typer.Option(0.0, "--comm", help="Point-to-point ms per activation or gradient "
+                               "transfer between ranks (latency included)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of the picture."),
+    svg: Path | None = typer.Option(None, "--svg", help="Also write the timeline as SVG to FILE.", metavar="FILE"),
+) -> None:
+    """Simulate one step of a pipeline schedule with uniform per-rank costs and draw it."""
+    info = check_shape(schedule, stages, microbatches, vpp)
+    if w is not None and not info.split_backward:
+        stderr.print(f"warning: --w has no effect on {schedule}, whose backward is one B of --b ms",
+                     markup=False, highlight=False)
+    costs = _costs(stages, vpp, f, b, w, comm)
+    result = simulate(compile_schedule(schedule, stages, microbatches, vpp), costs, timeline=True)
+    title = f"{schedule}  P={stages} M={microbatches} V={vpp}"
+    if svg is not None:
+        try:
+            svg.write_text(timeline_svg(result, title=title))
+        except OSError as exc:
+            raise PlannerError(f"cannot write {svg}: {exc.strerror}; pick a writable --svg path") from None
+        stderr.print(f"wrote {svg}", markup=False, highlight=False)
+    if as_json:
+        print_json(json.dumps(_figures(schedule, stages, microbatches, vpp, result), indent=2))
+        return
+    stdout.print(title, style="bold")
+    stdout.print(timeline_renderable(result, width=stdout.width))
+    stdout.print(_table(result))
+    stdout.print(
+        f"step time {result.step_time_s * MS_PER_S:.4g} ms, bubble {result.bubble_fraction:.1%} "
+        f"(idle share of the longest rank span, {result.span_s * MS_PER_S:.4g} ms)"
+    )
+
+
+def _ms(values: tuple[float, ...]) -> list[float]:
+    return [round(v * MS_PER_S, 9) for v in values]
+
+
+def _figures(schedule: str, stages: int, microbatches: int, vpp: int, result: SimResult) -> dict:
+    """The JSON contract: step_time, bubble_fraction, busy_per_stage, peak_inflight_per_stage."""
+    return {
+        "schedule": schedule,
+        "stages": stages,
+        "microbatches": microbatches,
+        "vpp": vpp,
+        "units": "ms",
+        "step_time": round(result.step_time_s * MS_PER_S, 9),
+        "span": round(result.span_s * MS_PER_S, 9),
+        "bubble_fraction": result.bubble_fraction,
+        "busy_per_stage": _ms(result.busy_s),
+        "idle_per_stage": _ms(result.idle_s),
+        "peak_inflight_per_stage": list(result.peak_inflight),
+        "peak_inflight_freed_at_input_grad_per_stage": list(result.peak_inflight_freed_at_input_grad),
+    }
+
+
+def _table(result: SimResult) -> Table:
+    table = Table(title=None, show_edge=False)
+    for column in ("rank", "busy ms", "idle ms", "bubble", "peak in-flight", "freed at I"):
+        table.add_column(column, justify="right")
+    for r, busy in enumerate(result.busy_s):
+        table.add_row(
+            str(r), f"{busy * MS_PER_S:.4g}", f"{result.idle_s[r] * MS_PER_S:.4g}",
+            f"{result.bubble_per_rank[r]:.1%}", str(result.peak_inflight[r]),
+            str(result.peak_inflight_freed_at_input_grad[r]),
+        )
+    return table

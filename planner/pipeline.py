@@ -1,0 +1,52 @@
+"""The seam between the cost model and the schedule simulator: per-chunk costs of one layout
+in, the simulated pipeline timing out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.schedule import SimResult, StageCosts, compile_schedule, simulate
+
+Table = list[list[float]]
+"""[pipeline rank][chunk] -> value for one micro-batch."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkCosts:
+    """What one micro-batch costs on every (rank, chunk) of a layout, plus per-rank totals."""
+
+    forward_s: Table
+    """Forward compute plus exposed TP/CP communication."""
+    backward_input_s: Table
+    """Input-gradient backward, recomputation and exposed TP/CP communication."""
+    backward_weight_s: Table
+    activation_bytes: Table
+    """Saved for backward from the forward until the backward ends."""
+    extra_bytes: list[float]
+    """Per rank, the largest transient allocation above the saved activations."""
+    params: list[float]
+    """Per rank, parameters held on one GPU."""
+    tp_comm_s: list[float]
+    """Per rank, exposed TP/CP communication of one micro-batch (forward + backward)."""
+    p2p_s: float
+    """Pipeline send of one micro-batch's activation (or gradient) to the next rank."""
+
+
+PipelineTiming = SimResult
+"""The simulator's result: finish_s, busy_s, bubble_fraction, peak_activation_bytes per rank."""
+
+
+def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_microbatches: int) -> PipelineTiming:
+    """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs."""
+    stage_costs = StageCosts(
+        forward_s=_frozen(costs.forward_s),
+        backward_input_s=_frozen(costs.backward_input_s),
+        backward_weight_s=_frozen(costs.backward_weight_s),
+        activation_bytes=_frozen(costs.activation_bytes),
+        p2p_s=costs.p2p_s,
+    )
+    return simulate(compile_schedule(schedule, pp, num_microbatches, vpp), stage_costs)
+
+
+def _frozen(table: Table) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(row) for row in table)

@@ -1,0 +1,69 @@
+"""Closed-form bubble fractions for uniform costs, for pruning before simulating.
+
+Uniform means every chunk of every rank costs the same forward f, input-grad i and
+weight-grad w per micro-batch, with no communication; for the split schedules
+f = i = w (the zero-bubble paper's section-2 assumption), for the others any f : (i + w).
+The fraction is the paper's: idle time within the longest rank span over that span.
+Per rank, with t = f = i = w and busy time 3*V*M*t, the idle time x*t is:
+
+| schedule | x | source |
+|---|---|---|
+| gpipe, 1f1b | 3(P-1) | GPipe; DAPPLE: (P-1)/(M+P-1) |
+| interleaved_1f1b, looped_bfs | 3(P-1) + 3(V-1)max(0, P-M) | Megatron 2021: (P-1)/(VM+P-1) for M >= P |
+| zb_h1, V = 1 | (P-1) + max(0, P-M) | Qi et al. 2024: (P-1)(F+I-W) per rank, M >= P |
+| zb_h1, V >= 2, M >= P | P-1 | torch's interleaved ZB1P: (P-1)(f+i-w) per rank |
+| zb_h2 | max(0, 2P-1-M) | Qi et al. 2024: zero once M >= 2P-1 |
+| zbv | 2 max(0, 2P-1-M) | Qi et al. 2024 (ZB-V): zero once M >= 2P-1 |
+| dualpipev | P-1 | measured on torch's order, F and B of a pair run back to back |
+
+The M < P terms and the zbv/dualpipev rows are derived from the schedules' orders and
+checked against the simulator (tests/schedule/test_closed_form.py) over P <= 8, M <= 4P.
+zb_h1 with V >= 2 and M < P has no closed form here: it is computed by simulating.
+"""
+
+from __future__ import annotations
+
+from planner.schedule.costs import StageCosts
+from planner.schedule.registry import check_shape
+from planner.schedule.simulate import compile_schedule, simulate
+
+
+def _idle_units(name: str, pp: int, m: int, vpp: int) -> float | None:
+    """Per-rank idle time in units of one chunk's forward (f = i = w), or None if unknown."""
+    if name in ("gpipe", "1f1b"):
+        return 3 * (pp - 1)
+    if name in ("interleaved_1f1b", "looped_bfs"):
+        return 3 * (pp - 1) + 3 * (vpp - 1) * max(0, pp - m)
+    if name == "zb_h1":
+        if vpp == 1:
+            return (pp - 1) + max(0, pp - m)
+        return pp - 1 if m >= pp else None
+    if name == "zb_h2":
+        return max(0, 2 * pp - 1 - m)
+    if name == "zbv":
+        return 2 * max(0, 2 * pp - 1 - m)
+    assert name == "dualpipev", name
+    return pp - 1
+
+
+def bubble_closed_form(name: str, pp: int, num_microbatches: int, vpp: int = 1) -> float:
+    """Bubble fraction of schedule `name` at (P, M, V) with uniform costs (see module table).
+
+    Equals `simulate(...).bubble_fraction` for uniform f = i = w and zero communication;
+    ScheduleError where the schedule is not defined for (P, M, V).
+    """
+    check_shape(name, pp, num_microbatches, vpp)
+    idle = _idle_units(name, pp, num_microbatches, vpp)
+    if idle is None:
+        costs = StageCosts.uniform(pp, vpp, 1.0, 1.0, 1.0)
+        return simulate(compile_schedule(name, pp, num_microbatches, vpp), costs).bubble_fraction
+    return idle / (3 * vpp * num_microbatches + idle)
+
+
+def zb_h1_idle_time(pp: int, forward: float, backward_input: float, backward_weight: float) -> float:
+    """Per-rank idle time of ZB-H1 (V = 1, M >= P): (P-1)(F + I - W), Qi et al. 2024 section 2.1.
+
+    The paper derives it for F = I = W; it holds whenever W <= min(F, I) (checked by
+    simulation in the tests). Compare 1F1B's (P-1)(F + I + W).
+    """
+    return (pp - 1) * (forward + backward_input - backward_weight)

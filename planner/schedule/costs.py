@@ -1,0 +1,105 @@
+"""`StageCosts`: the per-(rank, chunk) times and sizes the simulator consumes.
+
+All tables are indexed [rank][chunk]; chunk c of a rank is its c-th smallest stage id (with
+the looped placement stage c*P + r, with the V placement chunk 0 = stage r, chunk 1 = stage
+2P-1-r). Times are for one micro-batch. A full backward B costs
+backward_input_s + backward_weight_s; schedules that split it run the two parts as I and W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import ScheduleError
+
+Table = tuple[tuple[float, ...], ...]
+
+
+def _check_table(name: str, table: Table, num_ranks: int, vpp: int) -> None:
+    if len(table) != num_ranks or any(len(row) != vpp for row in table):
+        shape = [len(row) for row in table]
+        raise ScheduleError(
+            f"StageCosts.{name} must have {num_ranks} rows of {vpp} chunks (like forward_s), "
+            f"got rows of lengths {shape}"
+        )
+    if any(x < 0 for row in table for x in row):
+        raise ScheduleError(f"StageCosts.{name} has a negative entry: {table}")
+
+
+def _flat(table: Table) -> list[float]:
+    return [x for row in table for x in row]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCosts:
+    """Per-(rank, chunk) costs of one micro-batch, plus the pipeline link and stragglers."""
+
+    forward_s: Table
+    """Forward time of one micro-batch through the chunk, seconds."""
+    backward_input_s: Table
+    """Input-gradient backward (the paper's B, torch's I) of one micro-batch, seconds."""
+    backward_weight_s: Table
+    """Weight-gradient backward (W) of one micro-batch, seconds; a full B costs I + W."""
+    p2p_s: float = 0.0
+    """Time to move one micro-batch's activation (forward) or gradient (backward) to the
+    adjacent stage on another rank, latency included; overlaps compute, no link contention."""
+    activation_bytes: Table | None = None
+    """Bytes a micro-batch's activations occupy on the chunk from its F start until its
+    backward-input (I or B) ends (the paper's M_B)."""
+    weight_grad_bytes: Table | None = None
+    """Bytes of those still held after I until W ends (the paper's M_W: layer inputs and output
+    gradients that dW needs); None holds all of activation_bytes until W (upper bound)."""
+    slowdown: tuple[float, ...] | None = None
+    """Per-rank factor multiplying every compute time of that rank (straggler), 1.0 = nominal."""
+
+    def __post_init__(self) -> None:
+        num_ranks, vpp = self.num_ranks, self.vpp
+        if num_ranks == 0 or vpp == 0:
+            raise ScheduleError("StageCosts.forward_s must have at least one rank and one chunk")
+        for name in ("forward_s", "backward_input_s", "backward_weight_s"):
+            _check_table(name, getattr(self, name), num_ranks, vpp)
+        for name in ("activation_bytes", "weight_grad_bytes"):
+            table = getattr(self, name)
+            if table is not None:
+                _check_table(name, table, num_ranks, vpp)
+        if self.weight_grad_bytes is not None:
+            if self.activation_bytes is None:
+                raise ScheduleError("StageCosts.weight_grad_bytes needs activation_bytes too")
+            pairs = zip(_flat(self.weight_grad_bytes), _flat(self.activation_bytes))
+            if any(held > total for held, total in pairs):
+                raise ScheduleError(
+                    "StageCosts.weight_grad_bytes (held until W) cannot exceed activation_bytes "
+                    "(held until I) on any chunk"
+                )
+        if self.p2p_s < 0:
+            raise ScheduleError(f"StageCosts.p2p_s must be >= 0, got {self.p2p_s}")
+        if self.slowdown is not None and (
+            len(self.slowdown) != num_ranks or any(x <= 0 for x in self.slowdown)
+        ):
+            raise ScheduleError(
+                f"StageCosts.slowdown needs {num_ranks} positive factors, got {self.slowdown}"
+            )
+
+    @property
+    def num_ranks(self) -> int:
+        """P, the number of pipeline ranks."""
+        return len(self.forward_s)
+
+    @property
+    def vpp(self) -> int:
+        """V, the number of chunks per rank."""
+        return len(self.forward_s[0]) if self.forward_s else 0
+
+    @classmethod
+    def uniform(
+        cls, pp: int, vpp: int, f: float, i: float, w: float, p2p: float = 0.0
+    ) -> StageCosts:
+        """Every chunk of every rank costs forward `f`, input-grad `i`, weight-grad `w` seconds."""
+        if pp < 1 or vpp < 1:
+            raise ScheduleError(f"StageCosts.uniform needs pp >= 1 and vpp >= 1, got pp={pp}, vpp={vpp}")
+
+        def table(x: float) -> Table:
+            return tuple((float(x),) * vpp for _ in range(pp))
+
+        return cls(forward_s=table(f), backward_input_s=table(i), backward_weight_s=table(w),
+                   p2p_s=float(p2p))
