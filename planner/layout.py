@@ -71,6 +71,26 @@ def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tupl
     )
 
 
+def stage_layers_from_counts(
+    counts: list[int], num_layers: int, pp: int, vpp: int, schedule: str
+) -> tuple[tuple[LayerRange, ...], ...]:
+    """[rank][chunk] layer ranges from the layer count of each virtual stage in model order."""
+    if len(counts) != pp * vpp:
+        raise LayoutError(
+            f"{len(counts)} stage layer counts given, but pp {pp} x vpp {vpp} = {pp * vpp} virtual stages"
+        )
+    if any(c < 0 for c in counts) or sum(counts) != num_layers:
+        raise LayoutError(
+            f"stage layer counts {counts} must be >= 0 and add up to the model's {num_layers} layers"
+        )
+    starts = [sum(counts[:s]) for s in range(len(counts))]
+    by_stage = [(starts[s], starts[s] + counts[s]) for s in range(len(counts))]
+    return tuple(
+        tuple(by_stage[virtual_stage(rank, chunk, pp, schedule)] for chunk in range(vpp))
+        for rank in range(pp)
+    )
+
+
 def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int) -> None:
     """Raise LayoutError naming the numbers when the layout cannot exist for this job."""
     if layout.num_gpus != cluster.num_gpus:

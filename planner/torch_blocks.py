@@ -45,10 +45,46 @@ class BlockConfig:
     rope_theta: float = 500000.0
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """t in at least fp32 (the precision elementwise math runs in)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm in fp32 that keeps only its input and the reciprocal RMS for backward, as the
+    fused CUDA kernel does (torch decomposes rms_norm off CUDA and keeps fp32 copies)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        xf = _wide(x)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, rstd, weight)
+        return (xf * rstd * _wide(weight)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, rstd, weight = ctx.saved_tensors
+        normed = _wide(x) * rstd
+        grad_normed = _wide(grad) * _wide(weight)
+        dx = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        dw = (_wide(grad) * normed).flatten(0, -2).sum(0)
+        return dx.to(x.dtype), dw.to(weight.dtype), None
+
+
+class RMSNorm(nn.RMSNorm):
+    """torch's RMSNorm (fused on CUDA); elsewhere an equivalent that saves the same tensors."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cuda":
+            return super().forward(x)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps  # torch's default
+        return _RMSNormFunction.apply(x, self.weight, eps)
+
+
 def make_norm(cfg: BlockConfig) -> nn.Module:
     """RMSNorm or LayerNorm over the hidden size."""
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
+        return RMSNorm(cfg.hidden_size, eps=cfg.norm_eps)
     return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
 
@@ -60,9 +96,11 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x (batch, heads, seq, head_dim) by the position angle."""
-    seq = x.shape[-2]
-    cos, sin = cos[:seq].to(x.dtype), sin[:seq].to(x.dtype)
+    """Rotate pairs of channels of x (batch, seq, heads, head_dim) by the position angle.
+    The result stays in (batch, seq, heads) order, so attention's output in that order
+    reshapes to (batch, seq, hidden) without a copy."""
+    seq = x.shape[1]
+    cos, sin = cos[:seq, None].to(x.dtype), sin[:seq, None].to(x.dtype)
     x1, x2 = x[..., 0::2], x[..., 1::2]
     rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
     return rotated.flatten(-2)
@@ -103,22 +141,38 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
         cfg = self.cfg
-        q = self.wq(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
-        k = self.wk(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
-        v = self.wv(x).view(batch, seq, -1, cfg.head_dim).transpose(1, 2)
+        q = self.wq(x).view(batch, seq, -1, cfg.head_dim)
+        k = self.wk(x).view(batch, seq, -1, cfg.head_dim)
+        v = self.wv(x).view(batch, seq, -1, cfg.head_dim)
         if cfg.position_embedding == "rope":
             q = apply_rope(q, self.rope_cos, self.rope_sin)
             k = apply_rope(k, self.rope_cos, self.rope_sin)
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        gqa = q.shape[1] != k.shape[1]  # grouped KV heads, shared in the kernel (no copies)
         if cfg.position_embedding == "alibi":
             bias = alibi_bias(q.shape[1], seq).to(device=x.device, dtype=q.dtype)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=gqa)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class _SwiGLUFunction(torch.autograd.Function):
+    """silu(gate) * up, keeping only gate and up for backward and recomputing silu there,
+    as fused SwiGLU kernels do (Megatron-LM's bias_swiglu)."""
+
+    @staticmethod
+    def forward(ctx, gate, up):
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad):
+        gate, up = ctx.saved_tensors
+        g, grad_f = _wide(gate), _wide(grad)
+        sig = torch.sigmoid(g)
+        d_gate = grad_f * _wide(up) * sig * (1 + g * (1 - sig))
+        return d_gate.to(gate.dtype), (grad_f * g * sig).to(up.dtype)
 
 
 class FeedForward(nn.Module):
@@ -134,7 +188,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            return self.w2(_SwiGLUFunction.apply(self.w1(x), self.w3(x)))
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
@@ -169,7 +223,9 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok(tokens)
         if self.pos is not None:
-            h = h + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            # one position id per token, as Megatron-LM's data loader builds them
+            positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(tokens.shape[0], 1)
+            h = h + self.pos(positions)
         return self.norm(h) if self.norm is not None else h
 
 

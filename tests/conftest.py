@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import gpu_presets, model_presets, resolve_gpu
+from planner.cli import run
 from planner.spec import Cluster
 
 
@@ -22,3 +23,17 @@ def h100_node():
 @pytest.fixture(params=sorted(gpu_presets()))
 def gpu(request):
     return gpu_presets()[request.param]
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `planner ARGV...` in this process; returns (exit code, stdout, stderr)."""
+
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        with pytest.raises(SystemExit) as exit_info:
+            run(list(argv))
+            raise SystemExit(0)
+        out, err = capsys.readouterr()
+        return exit_info.value.code, out, err
+
+    return invoke

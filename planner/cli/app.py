@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -17,7 +18,12 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-stdout = Console(soft_wrap=True)
+PIPE_WIDTH = 200
+"""Output width when stdout is not a terminal (a pipe or file): wide tables stay unsquashed."""
+stdout = Console(
+    soft_wrap=True,
+    width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH,
+)
 stderr = Console(stderr=True, soft_wrap=True)
 
 EXIT_USER_ERROR = 2
@@ -38,7 +44,7 @@ def print_json(text: str) -> None:
 def run(argv: list[str] | None = None) -> None:
     """Run the app, mapping PlannerError to one line on stderr and exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
     except PlannerError as exc:
         raise SystemExit(fail(str(exc)).exit_code) from None
     except typer.Exit as exc:
@@ -57,3 +63,6 @@ def run(argv: list[str] | None = None) -> None:
             show()
             raise SystemExit(code) from None
         raise
+    if isinstance(code, int) and code:
+        # With standalone_mode=False an Exit raised inside a command comes back as its code.
+        raise SystemExit(code)

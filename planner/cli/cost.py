@@ -56,6 +56,7 @@ def cost_command(
     if as_json:
         print_json(json.dumps({
             "model": spec.name, "gpu": cluster.gpu.name, "cost_source": cost_model.source.name,
+            "efficiency_source": cluster.gpu.efficiency.source,
             "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
                       "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
             "layers": layers,
@@ -74,3 +75,6 @@ def cost_command(
             f"{c['activation_bytes'] / 2**20:.1f}", f"{c['param_count'] / 1e6:.2f}",
         )
     stdout.print(table)
+    if cost_model.source.name == "analytic":
+        stdout.print(f"compute efficiencies of {cluster.gpu.name}: {cluster.gpu.efficiency.source}",
+                     markup=False, highlight=False)

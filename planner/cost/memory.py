@@ -47,7 +47,10 @@ def saved_tensors(
     h, rep = spec.hidden_size, shard.elementwise_tokens
     if kind == "embedding":
         mask = [SavedTensor("dropout_mask", rep * h, "keep")] if options.dropout else []
-        return [SavedTensor("token_ids", shard.local_tokens * 8, "keep"), *mask]
+        ids = [SavedTensor("token_ids", shard.local_tokens * 8, "keep")]
+        if spec.position_embedding == "learned":
+            ids.append(SavedTensor("position_ids", shard.local_tokens * 8, "keep"))
+        return [*ids, *mask]
     if kind == "head":
         return [
             SavedTensor("final_norm_input", BYTES_BF16 * rep * h, "keep"),

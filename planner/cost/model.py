@@ -115,7 +115,9 @@ class CostModel:
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
         hidden = 1.0 - self.options.tp_comm_overlap
         recompute_s = self._recompute_time(kind, shard, recompute, times)
-        saved = memory.activation_bytes(self.spec, kind, shard, recompute, self.act_options)
+        saved = self._measured_activation_bytes(kind, shard, recompute)
+        if saved is None:
+            saved = memory.activation_bytes(self.spec, kind, shard, recompute, self.act_options)
         extra = 0.0
         if kind == "transformer" and recompute == "full":
             extra = memory.activation_bytes(self.spec, kind, shard, "none", self.act_options)
@@ -137,6 +139,14 @@ class CostModel:
             peak_extra_bytes=extra,
             param_count=params,
         )
+
+    def _measured_activation_bytes(self, kind: str, shard: Shard, recompute: str) -> float | None:
+        """Saved bytes from a measured profile of the same dtype, where it has them."""
+        measured = getattr(self.source, "activation_bytes", None)
+        profile = getattr(self.source, "profile", None)
+        if measured is None or profile is None or profile.dtype != self.options.dtype:
+            return None
+        return measured(kind, shard, recompute)
 
     def _recompute_time(self, kind: str, shard: Shard, recompute: str, times: LayerTimes) -> float:
         """Full recompute re-runs the block's forward; selective re-runs the attention core."""

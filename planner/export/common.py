@@ -1,0 +1,98 @@
+"""What every exporter shares: picking the plan, checks several runtimes make, and the
+provenance (planner version, layout, predicted figures) each output records."""
+
+from __future__ import annotations
+
+from planner.errors import ExportError
+from planner.plan import PlanEntry, PlanFile
+from planner.spec import ModelSpec
+
+Files = dict[str, str]
+"""Output of an exporter: file name (relative to the output folder) -> file content."""
+
+PROVENANCE_FILE = "PLANNER_PROVENANCE.md"
+
+
+def select_plan(plan_file: PlanFile, index: int) -> PlanEntry:
+    """Plan number `index` of the file (ExportError naming the valid range)."""
+    if not 0 <= index < len(plan_file.plans):
+        raise ExportError(
+            f"plan index {index} is out of range: the file holds {len(plan_file.plans)} plan(s), "
+            f"use --index 0..{len(plan_file.plans) - 1}"
+        )
+    return plan_file.plans[index]
+
+
+def require_model(plan_file: PlanFile, runtime: str) -> ModelSpec:
+    """The model the plan was made for; exporters need it to write model arguments."""
+    if plan_file.model is None:
+        raise ExportError(
+            f"{runtime}: the plan file has no 'model' section, so the model's shape is unknown; "
+            "write the plan with `planner plan -o` (which records the model) and export that file"
+        )
+    return plan_file.model
+
+
+def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
+    """The one recompute mode of every pipeline rank; ExportError when ranks differ, since
+    the runtime applies one activation-recompute setting to the whole model."""
+    modes = {entry.recompute_of(rank) for rank in range(entry.pp)}
+    if len(modes) > 1:
+        per_rank = ", ".join(f"rank {r}: {entry.recompute_of(r)}" for r in range(entry.pp))
+        raise ExportError(
+            f"{runtime}: recompute differs per pipeline rank ({per_rank}) but {runtime} applies one "
+            "recompute setting to every stage; re-plan with one recompute mode"
+        )
+    return modes.pop()
+
+
+def stage_sizes(entry: PlanEntry) -> list[int]:
+    """Number of transformer layers of each virtual stage, in model order."""
+    return [end - start for start, end in entry.ranges_in_model_order()]
+
+
+def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int) -> list[str]:
+    """Human-readable lines: who wrote the plan, its layout and what it predicts."""
+    model = plan_file.model.name if plan_file.model else "(not recorded)"
+    lines = [
+        f"planner {plan_file.planner_version or '(version not recorded)'}, "
+        f"costs: {plan_file.cost_source or '(not recorded)'}, plan #{index} of {len(plan_file.plans)}",
+        f"model {model}",
+    ]
+    if plan_file.cluster is not None:
+        c = plan_file.cluster
+        lines.append(f"cluster: {c.num_gpus} x {c.gpu}, {c.gpus_per_node} per node")
+    lines.append(
+        f"layout: tp={entry.tp} pp={entry.pp} dp={entry.dp} cp={entry.cp} vpp={entry.vpp} "
+        f"mbs={entry.mbs} microbatches={entry.num_microbatches} global_batch={entry.global_batch} "
+        f"seq={entry.seq} schedule={entry.schedule} recompute={entry.recompute} "
+        f"sequence_parallel={entry.sequence_parallel} zero_stage={entry.zero_stage} dtype={entry.dtype}"
+    )
+    lines.append(f"stage layers (per rank): {entry.stage_layers}")
+    p = entry.predicted
+    if p is not None:
+        lines.append(
+            f"predicted: step {p.step_time_s:.4g} s, {p.tokens_per_s:,.0f} tokens/s, "
+            f"MFU {p.mfu:.1%}, bubble {p.bubble_fraction:.1%}"
+        )
+        lines.append(
+            "predicted peak memory per pipeline rank (GiB): "
+            + ", ".join(f"{m:.1f}" for m in p.memory_gb_per_stage)
+        )
+    return lines
+
+
+def comment_block(lines: list[str], prefix: str = "# ") -> str:
+    """`lines` as a comment block, one comment line each, ending with a newline."""
+    return "".join(f"{prefix}{line}".rstrip() + "\n" for line in lines)
+
+
+def provenance_readme(
+    plan_file: PlanFile, entry: PlanEntry, index: int, runtime: str, files: dict[str, str]
+) -> str:
+    """The sidecar Markdown file: provenance of the export and what each written file is for."""
+    body = [f"# {runtime} export of a planner plan", ""]
+    body += [f"- {line}" for line in summary_lines(plan_file, entry, index)]
+    body += ["", "## Files", ""]
+    body += [f"- `{name}`: {what}" for name, what in files.items()]
+    return "\n".join(body) + "\n"

@@ -1,0 +1,286 @@
+"""Plan -> Megatron-LM launch: the arguments (`megatron_args.sh`, bash arrays by topic) and a
+torchrun launch script for `pretrain_gpt.py`.
+
+Argument names are those of Megatron-LM's `megatron/training/arguments.py` as shipped in
+megatron-core 0.19 (checked by its own `parse_args` / `validate_args` in tests/export).
+Stage cuts are written as `--num-virtual-stages-per-pipeline-rank` when every virtual stage
+holds the same number of layers, as `--decoder-first/last-pipeline-num-layers` when only the
+first and last stage differ (V = 1), and otherwise as `--pipeline-model-parallel-layout`
+(`E` embedding, `t` transformer layer, `L` loss, `|` between virtual stages in model order).
+
+Megatron-LM runs 1F1B and (with virtual stages) interleaved 1F1B; every other schedule is
+refused, as are model features it has no argument for (ALiBi, an embedding norm, MLP biases
+without QKV bias) and ZeRO-2/3 sharding (Megatron-FSDP) together with pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from planner.errors import ExportError
+from planner.export.common import (
+    PROVENANCE_FILE,
+    Files,
+    comment_block,
+    provenance_readme,
+    require_model,
+    select_plan,
+    stage_sizes,
+    summary_lines,
+    uniform_recompute,
+)
+from planner.plan import PlanEntry, PlanFile
+from planner.schedule.registry import interleave_rounds
+from planner.spec import ModelSpec
+
+RUNTIME = "megatron"
+ARGS_FILE = "megatron_args.sh"
+LAUNCH_FILE = "launch_megatron.sh"
+
+ArgGroup = tuple[str, str, list[str]]
+"""(bash array name, comment saying what the block does, arguments)."""
+
+
+def megatron_arguments(entry: PlanEntry, spec: ModelSpec) -> list[ArgGroup]:
+    """The Megatron-LM arguments of the plan, grouped by topic; ExportError for what
+    Megatron-LM cannot run (the message names the part of the plan)."""
+    return [
+        ("MODEL_ARGS", "Model shape and block style.", _model_args(entry, spec)),
+        ("PARALLEL_ARGS", "Parallel layout: TP, PP (stage cuts, virtual stages), CP, SP, "
+         "data-parallel sharding and communication overlap.", _parallel_args(entry, spec)),
+        ("BATCH_ARGS", "Micro-batch and global batch (micro-batches per step = global / "
+         "(micro x data-parallel)).", ["--micro-batch-size", str(entry.mbs),
+                                       "--global-batch-size", str(entry.global_batch)]),
+        ("RECOMPUTE_ARGS", "Activation recomputation.", _recompute_args(entry)),
+        ("PRECISION_ARGS", "Training precision.", _precision_args(entry)),
+        ("DATA_ARGS", "Placeholders, not part of the plan: synthetic data and a null tokenizer "
+         "of the planned vocabulary. Replace with --data-path / your tokenizer.",
+         ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab_size)]),
+        ("TRAINING_ARGS", "Placeholders, not part of the plan: optimizer schedule and run length.",
+         ["--train-iters", "1000", "--lr", "3.0e-4", "--min-lr", "3.0e-5",
+          "--lr-decay-style", "cosine", "--lr-warmup-iters", "100", "--weight-decay", "0.1",
+          "--clip-grad", "1.0", "--adam-beta2", "0.95", "--init-method-std", "0.02",
+          "--log-interval", "10", "--eval-iters", "0"]),
+    ]
+
+
+def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
+    """`megatron_args.sh`, `launch_megatron.sh` and the provenance README for plan `index`."""
+    entry = select_plan(plan_file, index)
+    spec = require_model(plan_file, RUNTIME)
+    groups = megatron_arguments(entry, spec)
+    header = comment_block(summary_lines(plan_file, entry, index))
+    files = {
+        ARGS_FILE: _args_file(groups, header),
+        LAUNCH_FILE: _launch_file(plan_file, entry, header),
+    }
+    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "Megatron-LM", {
+        ARGS_FILE: "the Megatron-LM arguments as bash arrays (source it; MEGATRON_ARGS holds all)",
+        LAUNCH_FILE: "torchrun launch of Megatron-LM's pretrain_gpt.py with those arguments",
+    })
+    return files
+
+
+def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
+    if spec.position_embedding == "alibi":
+        raise ExportError(f"{RUNTIME}: model {spec.name} uses ALiBi positions; Megatron-LM's "
+                          "--position-embedding-type has no ALiBi (learned_absolute, rope, ...)")
+    if spec.embedding_norm:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has a norm after the word embedding "
+                          "(BLOOM style); Megatron-LM's GPT model has no such layer")
+    if spec.linear_bias and not spec.qkv_bias:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has MLP/output biases but no QKV bias; "
+                          "Megatron-LM's --disable-bias-linear / --add-qkv-bias cannot express that")
+    args = [
+        "--num-layers", str(spec.num_layers),
+        "--hidden-size", str(spec.hidden_size),
+        "--ffn-hidden-size", str(spec.ffn_hidden_size),
+        "--num-attention-heads", str(spec.num_attention_heads),
+    ]
+    if spec.head_dim is not None and spec.head_dim * spec.num_attention_heads != spec.hidden_size:
+        args += ["--kv-channels", str(spec.head_dim)]
+    if spec.num_kv_heads != spec.num_attention_heads:
+        args += ["--group-query-attention", "--num-query-groups", str(spec.num_kv_heads)]
+    args += [
+        "--seq-length", str(entry.seq),
+        "--max-position-embeddings", str(max(spec.max_position_embeddings, entry.seq)),
+        "--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute",
+        "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+    ]
+    if spec.activation == "swiglu":
+        args.append("--swiglu")
+    if not spec.tie_embeddings:
+        args.append("--untie-embeddings-and-output-weights")
+    if not spec.linear_bias:
+        args.append("--disable-bias-linear")
+        if spec.qkv_bias:
+            args.append("--add-qkv-bias")
+    if spec.is_moe:
+        args += ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
+                 "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size)]
+        if spec.num_shared_experts:
+            shared = spec.num_shared_experts * spec.expert_ffn_hidden_size
+            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+    return args
+
+
+def _check_schedule(entry: PlanEntry) -> None:
+    if entry.pp == 1:
+        return  # no pipeline: Megatron-LM runs micro-batches back to back whatever the name
+    if entry.schedule == "1f1b" and entry.vpp == 1:
+        return
+    if entry.schedule == "interleaved_1f1b" and entry.vpp >= 2:
+        if entry.num_microbatches < entry.pp:
+            raise ExportError(
+                f"{RUNTIME}: interleaved 1F1B with {entry.num_microbatches} micro-batches < pp "
+                f"{entry.pp}; Megatron-LM needs at least pp micro-batches per virtual-stage group"
+            )
+        return
+    raise ExportError(
+        f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by Megatron-LM, which "
+        "runs 1F1B (vpp=1) and interleaved 1F1B (vpp>=2) only (no GPipe, looped BFS, ZB-H1/H2, "
+        "ZB-V or DualPipeV); re-plan with --schedule 1f1b or interleaved_1f1b, or export to torch"
+    )
+
+
+def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
+    _check_schedule(entry)
+    args = ["--tensor-model-parallel-size", str(entry.tp),
+            "--pipeline-model-parallel-size", str(entry.pp)]
+    args += _stage_args(entry, spec)
+    if entry.vpp >= 2:
+        _, per_round = interleave_rounds(entry.pp, entry.num_microbatches)
+        if per_round != entry.pp:
+            args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(per_round)]
+    if entry.cp > 1:
+        if entry.seq % (2 * entry.cp):
+            raise ExportError(f"{RUNTIME}: seq {entry.seq} is not a multiple of 2 x cp "
+                              f"({2 * entry.cp}), which Megatron-LM's context parallelism needs")
+        args += ["--context-parallel-size", str(entry.cp)]
+    if entry.sequence_parallel and entry.tp > 1:
+        args.append("--sequence-parallel")
+    args += _data_parallel_args(entry)
+    return args
+
+
+def _stage_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
+    if entry.pp == 1:
+        return []
+    sizes = stage_sizes(entry)
+    if len(set(sizes)) == 1:
+        return ["--num-virtual-stages-per-pipeline-rank", str(entry.vpp)] if entry.vpp > 1 else []
+    middle = sizes[1:-1]
+    if entry.vpp == 1 and len(set(middle)) <= 1 and all(s > 0 for s in sizes):
+        args = []
+        even = middle[0] if middle else None
+        if even is None or sizes[0] != even:
+            args += ["--decoder-first-pipeline-num-layers", str(sizes[0])]
+        if even is None or sizes[-1] != even:
+            args += ["--decoder-last-pipeline-num-layers", str(sizes[-1])]
+        return args
+    return ["--pipeline-model-parallel-layout", pipeline_layout(sizes)]
+
+
+def pipeline_layout(sizes: list[int]) -> str:
+    """Megatron-LM's `--pipeline-model-parallel-layout` for virtual-stage sizes in model order:
+    stages joined by `|`, the embedding `E` first, the loss `L` last, `t*n` for n layers."""
+    stages = []
+    for i, n in enumerate(sizes):
+        parts = (["E"] if i == 0 else []) + ([f"t*{n}" if n > 1 else "t"] if n else [])
+        parts += ["L"] if i == len(sizes) - 1 else []
+        stages.append(",".join(parts))
+    return "|".join(stages)
+
+
+def _data_parallel_args(entry: PlanEntry) -> list[str]:
+    if entry.zero_stage >= 2:
+        if entry.pp > 1:
+            raise ExportError(
+                f"{RUNTIME}: ZeRO-{entry.zero_stage} sharding is Megatron-FSDP in Megatron-LM, which is "
+                "not documented with pipeline parallelism; re-plan with zero_stage <= 1 or pp = 1"
+            )
+        strategy = "optim_grads" if entry.zero_stage == 2 else "optim_grads_params"
+        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
+                "--ckpt-format", "fsdp_dtensor"] + (["--overlap-grad-reduce"] if entry.dp > 1 else [])
+    args = ["--use-distributed-optimizer"] if entry.zero_stage == 1 else []
+    if entry.dp > 1:
+        args.append("--overlap-grad-reduce")
+        if entry.zero_stage == 1:
+            args.append("--overlap-param-gather")
+    return args
+
+
+def _recompute_args(entry: PlanEntry) -> list[str]:
+    mode = uniform_recompute(entry, RUNTIME)
+    if mode == "selective":
+        return ["--recompute-granularity", "selective"]
+    if mode == "full":
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]
+    return []
+
+
+def _precision_args(entry: PlanEntry) -> list[str]:
+    if entry.dtype in ("bf16", "fp16"):
+        return [f"--{entry.dtype}"]
+    if entry.dtype == "fp32":
+        return []
+    raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' has no Megatron-LM export here "
+                      "(bf16, fp16, fp32); FP8 needs Transformer Engine recipe arguments")
+
+
+def _args_file(groups: list[ArgGroup], header: str) -> str:
+    out = ["#!/usr/bin/env bash", "# Megatron-LM arguments written by `planner export --to megatron`.",
+           "# Source this file; MEGATRON_ARGS holds every argument below.", "#", header.rstrip(), ""]
+    for name, what, args in groups:
+        out.append(f"# {what}")
+        out.append(f"{name}=(")
+        out += [f"    {line}" for line in _pair_lines(args)] or ["    # (none: Megatron-LM's default applies)"]
+        out.append(")")
+        out.append("")
+    names = " ".join(f'"${{{name}[@]}}"' for name, _, _ in groups)
+    out.append(f"MEGATRON_ARGS=({names})")
+    return "\n".join(out) + "\n"
+
+
+def _pair_lines(args: list[str]) -> list[str]:
+    """One option per line, with its value(s) on the same line."""
+    lines: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not lines:
+            lines.append([arg])
+        else:
+            lines[-1].append(arg)
+    return [" ".join(shlex.quote(a) for a in line) for line in lines]
+
+
+def _launch_file(plan_file: PlanFile, entry: PlanEntry, header: str) -> str:
+    per_node = plan_file.cluster.gpus_per_node if plan_file.cluster else min(8, entry.num_gpus)
+    per_node = min(per_node, entry.num_gpus)
+    nodes = max(1, entry.num_gpus // per_node)
+    connections = ""
+    if (entry.tp > 1 or entry.cp > 1) and entry.zero_stage < 2:
+        connections = ("# TP / CP communication must be issued in order with compute (Megatron-LM asserts\n"
+                       "# this on GPUs before Blackwell; Megatron-FSDP wants it unset).\n"
+                       "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    return f"""#!/usr/bin/env bash
+# Launch Megatron-LM's GPT pretraining for the planned layout ({entry.num_gpus} GPUs:
+# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
+# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
+#
+{header.rstrip()}
+set -euo pipefail
+HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:?set MEGATRON_LM_DIR to a Megatron-LM checkout}}"
+source "$HERE/{ARGS_FILE}"
+{connections}
+torchrun \\
+    --nproc-per-node {per_node} \\
+    --nnodes {nodes} \\
+    --node-rank "${{NODE_RANK:-0}}" \\
+    --master-addr "${{MASTER_ADDR:-localhost}}" \\
+    --master-port "${{MASTER_PORT:-6000}}" \\
+    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\
+    "${{MEGATRON_ARGS[@]}}" \\
+    "$@"
+"""

@@ -1,0 +1,231 @@
+"""Plan -> a torchtitan 0.3 recipe (`planner_recipe.py`) and the planned schedule as CSV.
+
+torchtitan 0.3 (the PyPI release) no longer reads TOML job files: `torchtitan.train` takes
+`--module M --config F`, imports `M` (a module path on PYTHONPATH works) and calls `F()` for a
+`Trainer.Config`, which it then re-validates and lets the command line override. The recipe
+starts from torchtitan's stock `llama3_8b` training settings (optimizer, LR schedule, data,
+checkpointing: the plan does not choose them), replaces the model by the planned shape built
+from torchtitan's own Llama-3 components, and sets every parallelism field from the plan.
+
+Stage cuts are given as `module_fqns_per_model_part` (one list of module names per virtual
+stage, in model order; torchtitan places them looped or V-shaped from the schedule class).
+With pipeline parallelism the planner's per-rank action order is written as `schedule.csv`
+and named by `pipeline_parallel_schedule_csv`, so torchtitan runs exactly the simulated
+order (its `_PipelineScheduleRuntime`); `pipeline_parallel_schedule` still names a torch
+schedule class with the same stage placement, which torchtitan uses to place stages.
+
+Data parallelism maps to torchtitan's FSDP2 / HSDP: ZeRO-0 is `data_parallel_replicate_degree`
+(DDP-like replication), ZeRO-1/2 shard with `fsdp_reshard_after_forward="never"` (gradients
+and optimizer state sharded, parameters kept gathered between forward and backward: ZeRO-2,
+which holds no more memory than ZeRO-1 for the same communication), ZeRO-3 reshards always.
+"""
+
+from __future__ import annotations
+
+import pprint
+
+from planner.errors import ExportError
+from planner.export.common import (
+    PROVENANCE_FILE,
+    Files,
+    comment_block,
+    provenance_readme,
+    require_model,
+    select_plan,
+    summary_lines,
+    uniform_recompute,
+)
+from planner.plan import PlanEntry, PlanFile
+from planner.spec import ModelSpec
+
+RUNTIME = "torchtitan"
+RECIPE_FILE = "planner_recipe.py"
+CSV_FILE = "schedule.csv"
+CONFIG_FUNCTION = "planner_plan"
+TORCHTITAN_VERSION = "0.3.0"
+
+LOOP_CLASS_FOR_CSV = {1: "1F1B", 2: "Interleaved1F1B"}
+"""Schedule class named beside a CSV for a schedule torch has no class for: only its stage
+placement (looped) and its single/multi-stage kind matter then."""
+
+
+def export_torchtitan(plan_file: PlanFile, index: int = 0) -> Files:
+    """`planner_recipe.py`, `schedule.csv` (pipeline parallel plans) and the provenance."""
+    entry = select_plan(plan_file, index)
+    spec = require_model(plan_file, RUNTIME)
+    _check_model(entry, spec)
+    settings = recipe_settings(entry, spec)
+    files = {RECIPE_FILE: _recipe(plan_file, entry, index, spec, settings)}
+    described = {RECIPE_FILE: (
+        f"torchtitan {TORCHTITAN_VERSION} recipe: `PYTHONPATH=. torchrun --nproc-per-node "
+        f"{min(8, entry.num_gpus)} -m torchtitan.train --module planner_recipe --config {CONFIG_FUNCTION}`")}
+    if entry.pp > 1:
+        from planner.schedule import generate, to_csv
+
+        files[CSV_FILE] = to_csv(generate(entry.schedule, entry.pp, entry.num_microbatches, entry.vpp))
+        described[CSV_FILE] = "the planned per-rank action order (torch compute-only CSV) the recipe names"
+    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torchtitan", described)
+    return files
+
+
+def recipe_settings(entry: PlanEntry, spec: ModelSpec) -> dict[str, dict]:
+    """Field values of the recipe's config sections (`training`, `parallelism`) and the
+    activation-checkpoint choice, as plain data."""
+    ac = {"none": None, "selective": "SelectiveAC", "full": "FullAC"}[uniform_recompute(entry, RUNTIME)]
+    training = {
+        "local_batch_size": entry.mbs * (entry.num_microbatches if entry.pp > 1 else 1),
+        "global_batch_size": entry.global_batch,
+        "seq_len": entry.seq,
+        "mixed_precision_param": "bfloat16" if entry.dtype == "bf16" else "float32",
+        "disable_cuda_graphs": entry.pp > 1,
+    }
+    parallelism = {
+        "tensor_parallel_degree": entry.tp,
+        "enable_sequence_parallel": entry.sequence_parallel and entry.tp > 1,
+        "context_parallel_degree": entry.cp,
+        "pipeline_parallel_degree": entry.pp,
+    }
+    if entry.zero_stage == 0:
+        parallelism |= {"data_parallel_replicate_degree": entry.dp, "data_parallel_shard_degree": 1}
+    else:
+        parallelism |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": entry.dp,
+                        "fsdp_reshard_after_forward": "always" if entry.zero_stage == 3 else "never"}
+    if entry.pp > 1:
+        parallelism |= {
+            "pipeline_parallel_schedule": _schedule_class(entry),
+            "pipeline_parallel_schedule_csv": CSV_FILE,
+            "pipeline_parallel_microbatch_size": entry.mbs,
+            "module_fqns_per_model_part": module_fqns_per_stage(entry, spec),
+        }
+    return {"training": training, "parallelism": parallelism, "activation_checkpoint": {"policy": ac}}
+
+
+def module_fqns_per_stage(entry: PlanEntry, spec: ModelSpec) -> list[list[str]]:
+    """torchtitan module names of each virtual stage in model order: the embedding with the
+    first stage, the final norm and LM head with the last."""
+    ranges = entry.ranges_in_model_order()
+    parts = []
+    for i, (start, end) in enumerate(ranges):
+        names = ["tok_embeddings"] if i == 0 else []
+        names += [f"layers.{layer}" for layer in range(start, end)]
+        names += ["norm", "lm_head"] if i == len(ranges) - 1 else []
+        parts.append(names)
+    return parts
+
+
+def _schedule_class(entry: PlanEntry) -> str:
+    from planner.schedule import TORCH_SCHEDULE_CLASS
+
+    name = TORCH_SCHEDULE_CLASS[entry.schedule]
+    if name is None or (entry.schedule == "zb_h1" and entry.vpp == 1):
+        name = LOOP_CLASS_FOR_CSV[min(entry.vpp, 2)]
+    return name
+
+
+def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
+    if spec.family != "llama" or spec.norm != "rmsnorm" or spec.activation != "swiglu" \
+            or spec.position_embedding != "rope":
+        raise ExportError(f"{RUNTIME}: model {spec.name} is not a Llama-style decoder (RMSNorm, SwiGLU, "
+                          "RoPE); torchtitan's llama3 model is the one this exporter targets")
+    if spec.qkv_bias or spec.linear_bias or spec.embedding_norm or spec.is_moe:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has biases, an embedding norm or experts, "
+                          "which torchtitan's llama3 model does not have")
+    if spec.tie_embeddings and entry.pp > 1:
+        raise ExportError(f"{RUNTIME}: tied input/output embeddings with pipeline parallelism "
+                          f"(pp={entry.pp}); torchtitan refuses weight tying under PP")
+    if entry.dtype not in ("bf16", "fp32"):
+        raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}': torchtitan trains in bfloat16 mixed "
+                          "precision or float32")
+    if entry.tp > 1 and (spec.num_attention_heads % entry.tp or spec.num_kv_heads % entry.tp):
+        raise ExportError(f"{RUNTIME}: tp {entry.tp} must divide the attention heads "
+                          f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads})")
+
+
+def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
+            settings: dict[str, dict]) -> str:
+    model = {
+        "dim": spec.hidden_size, "n_layers": spec.num_layers, "n_heads": spec.num_attention_heads,
+        "n_kv_heads": spec.num_kv_heads, "head_dim": spec.kv_channels,
+        "ffn_hidden_dim": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
+        "max_seq_len": max(spec.max_position_embeddings, entry.seq), "tie_embeddings": spec.tie_embeddings,
+    }
+    policy = settings["activation_checkpoint"]["policy"]
+    ac_line = "None" if policy is None else f"{policy}.Config()"
+    return f'''"""torchtitan {TORCHTITAN_VERSION} recipe for a planned layout, written by `planner export --to torchtitan`.
+
+    PYTHONPATH=. torchrun --nproc-per-node {min(8, entry.num_gpus)} [--nnodes ...] -m torchtitan.train \\
+        --module planner_recipe --config {CONFIG_FUNCTION}
+
+Start from this folder (the schedule CSV path is relative). Optimizer, LR schedule, data and
+checkpointing come from torchtitan's stock llama3_8b recipe; override them on the command
+line (e.g. --hf_assets_path, --dataloader.dataset) or below.
+"""
+
+{comment_block(summary_lines(plan_file, entry, index)).rstrip()}
+
+from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+from torchtitan.models.llama3 import Llama3Model, parallelize_llama
+from torchtitan.models.llama3.config_registry import llama3_8b
+from torchtitan.models.llama3.model import Llama3TransformerBlock
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
+
+# The planned model's shape.
+MODEL = {pprint.pformat(model, sort_dicts=False)}
+
+# Batch and sequence (local batch: one data-parallel rank's sequences per optimizer step, split
+# into pipeline micro-batches with PP; without PP, global / (local x dp) steps accumulate).
+TRAINING = {pprint.pformat(settings["training"], sort_dicts=False)}
+
+# Parallel layout: degrees, data-parallel sharding, pipeline schedule and stage cuts.
+PARALLELISM = {pprint.pformat(settings["parallelism"], sort_dicts=False, width=100)}
+
+
+def planner_model_spec() -> ModelSpec:
+    """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE)."""
+    m = MODEL
+    rope = ComplexRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
+    layers = [
+        Llama3TransformerBlock.Config(
+            attention_norm=RMSNorm.Config(normalized_shape=m["dim"]),
+            ffn_norm=RMSNorm.Config(normalized_shape=m["dim"]),
+            attention=make_gqa_config(
+                dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
+                wqkv_param_init={{}}, wo_param_init={{}}, inner_attention=get_attention_config("flex"),
+                rope=rope, fuse_qkv=True),
+            feed_forward=make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
+                                         w1_param_init={{}}, w2w3_param_init={{}}),
+        )
+        for _ in range(m["n_layers"])
+    ]
+    model = Llama3Model.Config(
+        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
+        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"]),
+        norm=RMSNorm.Config(normalized_shape=m["dim"]),
+        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"]),
+        layers=layers,
+    )
+    return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
+                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
+                     state_dict_adapter=Llama3StateDictAdapter)
+
+
+def {CONFIG_FUNCTION}() -> Trainer.Config:
+    """The planned layout on torchtitan's stock llama3_8b training settings."""
+    config = llama3_8b()
+    config.model_spec = planner_model_spec()
+    config.loss = ChunkedLossWrapper.Config(
+        loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+    for key, value in TRAINING.items():
+        setattr(config.training, key, value)
+    for key, value in PARALLELISM.items():
+        setattr(config.parallelism, key, value)
+    # Activation recomputation: {settings["activation_checkpoint"]["policy"] or "none"}.
+    config.activation_checkpoint = {ac_line}
+    return config
+'''

@@ -1,0 +1,214 @@
+"""Predict one layout: per-chunk costs from the cost model, the pipeline schedule's timing,
+data-parallel communication and the optimizer step, memory per pipeline rank.
+
+    step = max_r(finish_r + exposed_dp_r) + max_r(optimizer_r)
+
+finish_r is when pipeline rank r ends its last compute action in the schedule simulation;
+exposed_dp_r is the part of its gradient reduction (and, with a distributed optimizer, the
+parameter all-gather) that does not overlap the backward (forward) of one micro-batch,
+never less than one bucket; the optimizer step is memory-bound over the rank's shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost import memory
+from planner.cost.model import CostModel
+from planner.cost.shapes import Shard, model_flops_per_token
+from planner.layout import Layout
+from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
+from planner.plan import MemoryBreakdown, Predicted
+from planner.units import GiB
+
+GRAD_BUCKET_PARAMS = 40e6
+"""Megatron-LM's default gradient bucket (40M parameters): the last one cannot overlap."""
+OPTIMIZER_BYTES_PER_PARAM = 30.0
+"""Adam step traffic per locally owned parameter: read fp32 master, grad, m, v (16 B),
+write master, m, v (12 B) and the bf16 copy (2 B)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankMemory:
+    """Bytes on one pipeline rank."""
+
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.other
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """Everything predicted for one layout (hot-path form of `plan.Predicted`)."""
+
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    bubble_fraction: float
+    memory: tuple[RankMemory, ...]
+    time_breakdown_s: dict[str, float]
+    timing: PipelineTiming
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(m.total for m in self.memory)
+
+    def to_predicted(self) -> Predicted:
+        """The JSON-contract form (memory in GiB)."""
+        worst = max(self.memory, key=lambda m: m.total)
+        return Predicted(
+            step_time_s=self.step_time_s,
+            tokens_per_s=self.tokens_per_s,
+            mfu=self.mfu,
+            bubble_fraction=self.bubble_fraction,
+            memory_gb_per_stage=[round(m.total / GiB, 3) for m in self.memory],
+            memory_breakdown_gb=MemoryBreakdown(
+                weights=round(worst.weights / GiB, 3),
+                grads=round(worst.grads / GiB, 3),
+                optimizer=round(worst.optimizer / GiB, 3),
+                activations=round(worst.activations / GiB, 3),
+                other=round(worst.other / GiB, 3),
+            ),
+            time_breakdown_s={k: round(v, 6) for k, v in self.time_breakdown_s.items()},
+        )
+
+
+def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
+    """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
+    activation bytes per micro-batch, transient bytes, parameters, and the p2p time."""
+    spec = model.spec
+    shard = Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp,
+                  sequence_parallel=layout.sequence_parallel)
+    last_stage = layout.num_virtual_stages - 1
+    pp, vpp = layout.pp, layout.vpp
+    fwd = [[0.0] * vpp for _ in range(pp)]
+    bwd_in = [[0.0] * vpp for _ in range(pp)]
+    bwd_w = [[0.0] * vpp for _ in range(pp)]
+    act = [[0.0] * vpp for _ in range(pp)]
+    extra = [0.0] * pp
+    params = [0.0] * pp
+    tp_comm = [0.0] * pp
+    embedding_rank = head_rank = -1
+    for rank, chunk, stage, (start, end) in layout.chunks():
+        block = model.layer_costs("transformer", shard, layout.recompute[rank])
+        parts = [(block, end - start)]
+        if stage == 0:
+            parts.append((model.layer_costs("embedding", shard), 1))
+            embedding_rank = rank
+        if stage == last_stage:
+            parts.append((model.layer_costs("head", shard), 1))
+            head_rank = rank
+        for costs, count in parts:
+            fwd[rank][chunk] += count * (costs.forward_s + costs.comm_forward_s)
+            bwd_in[rank][chunk] += count * (costs.backward_input_s + costs.comm_backward_s)
+            bwd_w[rank][chunk] += count * costs.backward_weight_s
+            act[rank][chunk] += count * costs.activation_bytes
+            params[rank] += count * costs.param_count
+            tp_comm[rank] += count * (costs.comm_forward_s + costs.comm_backward_s)
+            if count:
+                extra[rank] = max(extra[rank], costs.peak_extra_bytes)
+    if spec.tie_embeddings and embedding_rank == head_rank:
+        params[head_rank] -= spec.vocab_size * spec.hidden_size / layout.tp
+    p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
+    p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
+    return ChunkCosts(
+        forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
+        activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
+    )
+
+
+def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
+    """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
+    costs = chunk_costs(model, layout, seq)
+    timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
+    dp_exposed = [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
+    optimizer = [_optimizer_time(model, layout, costs.params[r]) for r in range(layout.pp)]
+    finish = [timing.finish_s[r] + dp_exposed[r] for r in range(layout.pp)]
+    critical = max(range(layout.pp), key=lambda r: finish[r])
+    step = finish[critical] + max(optimizer)
+    tokens = global_batch * seq
+    model_flops = model_flops_per_token(model.spec, seq) * tokens
+    peak = model.cluster.gpu.peak_flops(model.options.dtype)
+    mfu = model_flops / (step * layout.num_gpus * peak)
+    busy = timing.busy_s[critical]
+    m = layout.num_microbatches
+    breakdown = {
+        "compute": busy - m * costs.tp_comm_s[critical],
+        "tp_cp_comm": m * costs.tp_comm_s[critical],
+        "pipeline_bubble": timing.finish_s[critical] - busy,
+        "dp_comm_exposed": dp_exposed[critical],
+        "optimizer": max(optimizer),
+    }
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s=tokens / step,
+        mfu=mfu,
+        bubble_fraction=timing.bubble_fraction,
+        memory=tuple(_rank_memory(model, layout, costs, timing, r) for r in range(layout.pp)),
+        time_breakdown_s=breakdown,
+        timing=timing,
+    )
+
+
+def _dp_shards(layout: Layout) -> int:
+    return layout.dp * layout.cp
+
+
+def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
+    """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
+    all-gather of the rank's weights over the DP x CP group, minus what overlaps."""
+    shards = _dp_shards(layout)
+    if shards == 1:
+        return 0.0
+    net, opts = model.network, model.options
+    stride = layout.tp
+    params = costs.params[rank]
+    grad_bytes = params * opts.grad_reduce_bytes
+    param_bytes = params * model.dtype_bytes
+    bucket = min(1.0, GRAD_BUCKET_PARAMS / max(params, 1.0))
+    if layout.zero_stage == 0:
+        reduce = net.all_reduce(grad_bytes, shards, stride)
+        gather = 0.0
+    else:
+        reduce = net.reduce_scatter(grad_bytes, shards, stride)
+        gather = net.all_gather(param_bytes, shards, stride)
+    backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
+    forward = sum(costs.forward_s[rank])
+    exposed = reduce if not opts.overlap_grad_reduce else max(reduce * bucket, reduce - backward)
+    if gather:
+        exposed += gather if not opts.overlap_param_gather else max(gather * bucket, gather - forward)
+    return exposed
+
+
+def _optimizer_time(model: CostModel, layout: Layout, params: float) -> float:
+    """Memory-bound Adam step over the parameters this GPU owns, plus the grad-norm read."""
+    owned = params / _dp_shards(layout) if layout.zero_stage >= 1 else params
+    nbytes = owned * OPTIMIZER_BYTES_PER_PARAM + params * model.options.grad_reduce_bytes
+    return model.analytic.elementwise_time(nbytes, kernels=8)
+
+
+def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, timing: PipelineTiming, rank: int) -> RankMemory:
+    state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
+    params = costs.params[rank]
+    activations = timing.peak_activation_bytes[rank] + costs.extra_bytes[rank]
+    weights = params * state.weights
+    if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
+        weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
+    tensors = weights + params * (state.grads + state.optimizer) + activations
+    return RankMemory(
+        weights=weights,
+        grads=params * state.grads,
+        optimizer=params * state.optimizer,
+        activations=activations,
+        other=memory.other_bytes(tensors),
+    )
+
+
+def _layers_on(layout: Layout, rank: int) -> int:
+    return sum(end - start for start, end in layout.stage_layers[rank])
