@@ -128,7 +128,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     dp_exposed = [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
-    optimizer = [_optimizer_time(model, layout, costs.params[r]) for r in range(layout.pp)]
+    optimizer = [optimizer_time(model, layout.zero_stage, _dp_shards(layout), costs.params[r])
+                 for r in range(layout.pp)]
     finish = [timing.finish_s[r] + dp_exposed[r] for r in range(layout.pp)]
     critical = max(range(layout.pp), key=lambda r: finish[r])
     step = finish[critical] + max(optimizer)
@@ -150,7 +151,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         tokens_per_s=tokens / step,
         mfu=mfu,
         bubble_fraction=timing.bubble_fraction,
-        memory=tuple(_rank_memory(model, layout, costs, timing, r) for r in range(layout.pp)),
+        memory=layout_memory(model, layout, costs, timing.peak_activation_bytes),
         time_breakdown_s=breakdown,
         timing=timing,
     )
@@ -178,6 +179,8 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     else:
         reduce = net.reduce_scatter(grad_bytes, shards, stride)
         gather = net.all_gather(param_bytes, shards, stride)
+    if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
+        reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
     forward = sum(costs.forward_s[rank])
     exposed = reduce if not opts.overlap_grad_reduce else max(reduce * bucket, reduce - backward)
@@ -186,17 +189,24 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     return exposed
 
 
-def _optimizer_time(model: CostModel, layout: Layout, params: float) -> float:
+def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
     """Memory-bound Adam step over the parameters this GPU owns, plus the grad-norm read."""
-    owned = params / _dp_shards(layout) if layout.zero_stage >= 1 else params
+    owned = params / dp_shards if zero_stage >= 1 else params
     nbytes = owned * OPTIMIZER_BYTES_PER_PARAM + params * model.options.grad_reduce_bytes
     return model.analytic.elementwise_time(nbytes, kernels=8)
 
 
-def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, timing: PipelineTiming, rank: int) -> RankMemory:
+def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
+                  peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
+    """Memory of every pipeline rank, given the peak bytes of activations each holds."""
+    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r) for r in range(layout.pp))
+
+
+def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activations: float,
+                 rank: int) -> RankMemory:
     state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
     params = costs.params[rank]
-    activations = timing.peak_activation_bytes[rank] + costs.extra_bytes[rank]
+    activations = peak_activations + costs.extra_bytes[rank]
     weights = params * state.weights
     if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
         weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)

@@ -8,6 +8,8 @@ from planner.cli import catalog as _catalog  # noqa: F401,E402
 from planner.cli import simulate as _simulate  # noqa: F401,E402
 from planner.cli import cost as _cost  # noqa: F401,E402
 from planner.cli import evaluate as _evaluate  # noqa: F401,E402
+from planner.cli import plan as _plan  # noqa: F401,E402
+from planner.cli import sweep as _sweep  # noqa: F401,E402
 from planner.cli import export as _export  # noqa: F401,E402
 from planner.cli import profile as _profile  # noqa: F401,E402
 

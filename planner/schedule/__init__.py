@@ -36,6 +36,7 @@ from planner.schedule.simulate import (
     TimelineEntry,
     compile_order,
     compile_schedule,
+    peak_held_counts,
     simulate,
 )
 from planner.schedule.validate import OrderInfo, check_order
@@ -66,6 +67,7 @@ __all__ = [
     "from_csv",
     "generate",
     "optimal_schedule",
+    "peak_held_counts",
     "rank_stages",
     "schedule_info",
     "simulate",

@@ -274,6 +274,31 @@ def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, .
     return tuple(peaks)
 
 
+def peak_held_counts(order: PipelineOrder, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per rank, the per-chunk counts of micro-batches held (F started, backward not ended)
+    at the moments its activations can peak, without the dominated ones: the rank's peak
+    bytes are the largest dot product of one of these with its per-chunk activation bytes.
+    Depends on the action order only, not on the costs (chunk c = c-th smallest stage)."""
+    result = []
+    for rank in sorted(order):
+        actions = order[rank]
+        chunk_of = {s: c for c, s in enumerate(sorted({a.stage_index for a in actions}))}
+        held = [0] * vpp
+        tops: set[tuple[int, ...]] = set()
+        for stage, kind, _ in actions:
+            if kind == F:
+                held[chunk_of[stage]] += 1
+                tops.add(tuple(held))
+            elif kind == W or kind == B:
+                held[chunk_of[stage]] -= 1
+        kept: list[tuple[int, ...]] = []
+        for v in sorted(tops, key=sum, reverse=True):
+            if not any(all(a >= b for a, b in zip(u, v)) for u in kept):
+                kept.append(v)
+        result.append(tuple(sorted(kept)))
+    return tuple(result)
+
+
 def simulate(
     schedule: PipelineOrder | CompiledSchedule, costs: StageCosts, *, timeline: bool = False
 ) -> SimResult:

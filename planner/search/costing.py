@@ -1,0 +1,189 @@
+"""What one candidate costs: its floors before cut points (memory, step time), the per-rank
+cost tables the cut solvers take, and the Layout a set of cuts makes.
+
+Memory of pipeline rank r mirrors `planner.predict` exactly for one chunk per rank:
+
+    (1 + FRAGMENTATION) x (params_r x state + peak activations_r + transient_r) + allowance
+
+with params_r = n_r x block + the embedding (first stage) and head (last stage), peak
+activations = the micro-batch x chunk activations the schedule keeps in flight on r (its
+`peak_inflight`, counted from the action order) times the rank's activations per chunk.
+With V > 1 chunks per rank the in-flight count is spread evenly over the chunks, which the
+final `predict` of each plan checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.cost import memory
+from planner.cost.model import CostModel, LayerCosts
+from planner.cost.shapes import Shard
+from planner.layout import Layout, even_stage_layers, stage_layers_from_counts
+from planner.plan import virtual_stage
+from planner.predict import RankMemory, layout_memory, optimizer_time
+from planner.pipeline import ChunkCosts
+from planner.schedule import SCHEDULES, generate, peak_held_counts
+from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
+from planner.search.partition import Cuts, RankCosts, split_into_chunks
+from planner.search.space import Candidate
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Layer costs of one candidate: the block in each allowed mode, embedding and head."""
+
+    blocks: tuple[LayerCosts, ...]
+    embedding: LayerCosts
+    head: LayerCosts
+
+
+def shard_of(candidate: Candidate, seq: int) -> Shard:
+    """The micro-batch shape one GPU of the candidate sees."""
+    return Shard(mbs=candidate.mbs, seq=seq, tp=candidate.tp, cp=candidate.cp,
+                 sequence_parallel=candidate.sequence_parallel)
+
+
+def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
+    """The candidate's layer costs (cached by the cost model)."""
+    shard = shard_of(candidate, seq)
+    return Parts(
+        blocks=tuple(model.layer_costs("transformer", shard, mode) for mode in candidate.modes),
+        embedding=model.layer_costs("embedding", shard),
+        head=model.layer_costs("head", shard),
+    )
+
+
+def total_s(costs: LayerCosts) -> float:
+    """Forward, backward and exposed TP/CP communication of one micro-batch."""
+    return costs.forward_s + costs.comm_forward_s + costs.backward_s + costs.comm_backward_s
+
+
+def _forward_share(costs: LayerCosts) -> float:
+    total = total_s(costs)
+    return (costs.forward_s + costs.comm_forward_s) / total if total > 0 else 1.0
+
+
+def state_bytes(candidate: Candidate) -> float:
+    """Weight, gradient and optimizer bytes per parameter under the candidate's ZeRO stage."""
+    s = memory.state_bytes_per_param(candidate.zero_stage, candidate.dp * candidate.cp)
+    return s.weights + s.grads + s.optimizer
+
+
+def total_params(model: CostModel, parts: Parts) -> float:
+    """Parameters of one tensor-parallel shard of the whole model."""
+    spec = model.spec
+    params = spec.num_layers * parts.blocks[0].param_count + parts.embedding.param_count + parts.head.param_count
+    if spec.tie_embeddings:
+        params -= parts.head.param_count
+    return params
+
+
+def memory_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
+    """Bytes the most loaded GPU needs at least, whatever the cuts: its share of the state."""
+    tensors = total_params(model, parts) * state_bytes(candidate) / candidate.pp
+    return (1 + memory.FRAGMENTATION) * tensors + memory.FIXED_ALLOWANCE_BYTES
+
+
+def step_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
+    """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step)."""
+    spec = model.spec
+    work = spec.num_layers * min(total_s(b) for b in parts.blocks) + total_s(parts.embedding)
+    split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
+    share = FIRST_CHUNK_SHARE / candidate.vpp
+    if split:
+        share *= min(_forward_share(x) for x in (*parts.blocks, parts.embedding))
+    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp)
+    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
+                               total_params(model, parts) / candidate.pp)
+    return pipeline + optimizer
+
+
+def head_rank(candidate: Candidate) -> int:
+    """The pipeline rank holding the last stage (head and loss)."""
+    return 0 if SCHEDULES[candidate.schedule].placement == "v" and candidate.pp > 1 else candidate.pp - 1
+
+
+def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
+               limit_bytes: float) -> RankCosts:
+    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes."""
+    pp, vpp = candidate.pp, candidate.vpp
+    state = state_bytes(candidate)
+    grow = 1 + memory.FRAGMENTATION
+    last = head_rank(candidate)
+    fixed_s, fixed_bytes, layer_bytes = [], [], []
+    for rank in range(pp):
+        fixed = [p for p, on in ((parts.embedding, rank == 0), (parts.head, rank == last)) if on]
+        params = sum(p.param_count for p in fixed)
+        if model.spec.tie_embeddings and rank == 0 and last == 0:
+            params -= parts.head.param_count
+        held = inflight[rank] / vpp
+        fixed_s.append(sum(total_s(p) for p in fixed))
+        fixed_bytes.append(tuple(
+            grow * (params * state + held * sum(p.activation_bytes for p in fixed)
+                    + max([block.peak_extra_bytes] + [p.peak_extra_bytes for p in fixed]))
+            + memory.FIXED_ALLOWANCE_BYTES
+            for block in parts.blocks
+        ))
+        layer_bytes.append(tuple(
+            grow * (block.param_count * state + held * block.activation_bytes) for block in parts.blocks
+        ))
+    return RankCosts(
+        modes=candidate.modes,
+        fixed_s=tuple(fixed_s),
+        fixed_bytes=tuple(fixed_bytes),
+        layer_s=tuple(total_s(b) for b in parts.blocks),
+        layer_bytes=tuple(layer_bytes),
+        limit_bytes=limit_bytes,
+        min_layers=vpp,
+    )
+
+
+def layout_of(candidate: Candidate, stage_layers, recompute: tuple[str, ...]) -> Layout:
+    """The Layout of a candidate with these cuts and per-rank recompute modes."""
+    return Layout(
+        tp=candidate.tp, pp=candidate.pp, dp=candidate.dp, cp=candidate.cp, vpp=candidate.vpp,
+        mbs=candidate.mbs, num_microbatches=candidate.num_microbatches, schedule=candidate.schedule,
+        recompute=recompute, sequence_parallel=candidate.sequence_parallel,
+        zero_stage=candidate.zero_stage, stage_layers=stage_layers,
+    )
+
+
+def solved_layout(candidate: Candidate, cuts: Cuts, num_layers: int) -> Layout:
+    """The Layout of the cut solver's answer: each rank's layers spread over its chunks."""
+    pp, vpp = candidate.pp, candidate.vpp
+    counts = [0] * (pp * vpp)
+    for rank, layers in enumerate(cuts.layers):
+        for chunk, n in enumerate(split_into_chunks(layers, vpp)):
+            counts[virtual_stage(rank, chunk, pp, candidate.schedule)] = n
+    stage_layers = stage_layers_from_counts(counts, num_layers, pp, vpp, candidate.schedule)
+    return layout_of(candidate, stage_layers, cuts.modes)
+
+
+def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
+    """Even cuts (what `planner evaluate` assumes) in each allowed mode, the same on every rank."""
+    stage_layers = even_stage_layers(num_layers, candidate.pp, candidate.vpp, candidate.schedule)
+    return [layout_of(candidate, stage_layers, (mode,) * candidate.pp) for mode in candidate.modes]
+
+
+@lru_cache(maxsize=4096)
+def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """`peak_held_counts` of a schedule shape, cached across candidates."""
+    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp), vpp)
+
+
+def inflight_of(candidate: Candidate) -> tuple[int, ...]:
+    """Most micro-batch x chunk activations each rank holds at once under the candidate's schedule."""
+    held = held_counts(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp)
+    return tuple(max(sum(v) for v in per_rank) for per_rank in held)
+
+
+def memory_of(model: CostModel, layout: Layout, costs: ChunkCosts) -> tuple[RankMemory, ...]:
+    """Memory per pipeline rank of a layout, as `predict` finds it, without simulating."""
+    held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    peaks = tuple(
+        max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r])
+        for r in range(layout.pp)
+    )
+    return layout_memory(model, layout, costs, peaks)

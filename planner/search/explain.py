@@ -1,0 +1,157 @@
+"""Why the best plan won, and what would make an infeasible request fit.
+
+`alternatives` changes one dimension of the best plan at a time (TP, PP, micro-batch size,
+schedule, V, recompute, sequence parallelism, ZeRO), searches the best layout with that
+change (cut points re-solved) and names what it lost to: out of memory by how much, or
+the part of the step time (pipeline bubble, TP/CP or DP communication, compute, optimizer)
+that grew the most. `what_would_fit` re-runs the search with one relaxation at a time
+(recompute, ZeRO, micro-batch 1, more GPUs, a larger GPU) for a request where nothing fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from planner.catalog import resolve_gpu
+from planner.cost.model import CostModel
+from planner.layout import Layout
+from planner.plan import RECOMPUTE_MODES
+from planner.predict import Prediction
+from planner.schedule import SCHEDULES
+from planner.search.search import Accept, Found, SearchResult, search
+from planner.search.space import SearchSpace
+from planner.spec import Cluster
+from planner.units import GiB
+
+PART_NAMES = {
+    "compute": "compute (recompute, smaller GEMMs or more work per GPU)",
+    "tp_cp_comm": "TP/CP communication",
+    "pipeline_bubble": "pipeline bubble",
+    "dp_comm_exposed": "DP communication",
+    "optimizer": "optimizer step",
+}
+LARGER_GPUS = ("h200", "b200", "mi300x")
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """A one-dimension change of the best plan and how it fared."""
+
+    change: str
+    found: Found | None
+    """Its best layout, or None when nothing with this change fits."""
+    reason: str
+
+
+def layout_text(layout: Layout) -> str:
+    """A layout on one line: 'tp8 pp16 dp128 cp1 1f1b V1 mbs1 M16 recompute full'."""
+    modes = sorted(set(layout.recompute))
+    return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.schedule} V{layout.vpp} "
+            f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
+            f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}")
+
+
+def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, space: SearchSpace,
+                 accept: Accept | None = None) -> list[Alternative]:
+    """The best plan with each single change, and why each is slower or does not fit."""
+    layout = best.layout
+    pinned = _pinned(layout, space)
+    changes: list[tuple[str, SearchSpace]] = []
+    for tp in (layout.tp // 2, layout.tp * 2):
+        if tp >= 1 and (space.tp is None or tp in space.tp):
+            changes.append((f"tp {tp}", replace(pinned, tp=(tp,))))
+    for pp in (layout.pp // 2, layout.pp * 2):
+        if pp >= 1 and (space.pp is None or pp in space.pp):
+            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp)))
+    for mbs in (layout.mbs // 2, layout.mbs * 2):
+        if mbs >= 1 and (space.mbs is None or mbs in space.mbs):
+            changes.append((f"mbs {mbs}", replace(pinned, mbs=(mbs,))))
+    for name in space.schedules or SCHEDULES:
+        if name != layout.schedule and layout.pp > 1:
+            changes.append((f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp)))
+    for vpp in (layout.vpp - 1, layout.vpp + 1):
+        if layout.pp > 1 and SCHEDULES[layout.schedule].allows_vpp(vpp) and (space.vpp is None or vpp in space.vpp):
+            changes.append((f"V {vpp}", replace(pinned, vpp=(vpp,))))
+    for mode in space.recompute:
+        if set(layout.recompute) != {mode}:
+            changes.append((f"recompute {mode} everywhere",
+                            replace(pinned, recompute=(mode,), per_rank_recompute=False)))
+    if layout.tp > 1:
+        changes.append((f"sequence parallel {'off' if layout.sequence_parallel else 'on'}",
+                        replace(pinned, sequence_parallel=(not layout.sequence_parallel,))))
+    for zero in space.zero:
+        if zero != layout.zero_stage:
+            changes.append((f"zero {zero}", replace(pinned, zero=(zero,))))
+    limit = model.cluster.memory_limit_bytes
+    result = []
+    for change, changed in changes:
+        found = search(model, global_batch, seq, changed, top=1, accept=accept)
+        if found.plans:
+            result.append(Alternative(change, found.plans[0], _slower_because(best.prediction, found.plans[0].prediction)))
+        elif found.smallest_need_bytes < float("inf"):
+            over = found.smallest_need_bytes - limit
+            result.append(Alternative(change, None, f"out of memory: needs {found.smallest_need_bytes / GiB:.1f} GiB, "
+                                                    f"{over / GiB:.1f} GiB over the limit"))
+    return result
+
+
+def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,
+                   accept: Accept | None = None) -> str:
+    """One paragraph for an infeasible request: the smallest need found and what fits instead."""
+    cluster = model.cluster
+    limit = cluster.memory_limit_bytes
+    need = result.smallest_need_bytes
+    where = result.smallest_need
+    lines = [f"no layout of {model.spec.name} on {cluster.num_gpus} x {cluster.gpu.name} fits in "
+             f"{limit / GiB:.1f} GiB per GPU"]
+    if need < float("inf"):
+        shown = layout_text(where) if isinstance(where, Layout) else "its weight and optimizer state alone"
+        lines.append(f"the smallest need found is {need / GiB:.1f} GiB ({shown})")
+    tries: list[tuple[str, CostModel, SearchSpace]] = []
+    if set(space.recompute) != set(RECOMPUTE_MODES) or not space.per_rank_recompute:
+        tries.append(("--recompute full (or per rank)", model,
+                      replace(space, recompute=RECOMPUTE_MODES, per_rank_recompute=True)))
+    if 3 not in space.zero:
+        tries.append(("--zero 3 (shard weights, gradients and optimizer state)", model, replace(space, zero=(1, 2, 3))))
+    if space.mbs != (1,):
+        tries.append(("--mbs 1", model, replace(space, mbs=(1,))))
+    for factor in (2, 4, 8):
+        bigger = CostModel(model.spec, cluster.model_copy(update={"num_gpus": cluster.num_gpus * factor}),
+                           model.options, model.source)
+        tries.append((f"{factor}x the GPUs ({cluster.num_gpus * factor})", bigger, space))
+    for name in LARGER_GPUS:
+        gpu = resolve_gpu(name)
+        if gpu.memory_gib * GiB > limit and cluster.memory_limit_gib is None:
+            tries.append((f"--gpu {name} ({gpu.memory_gib:.0f} GiB)", CostModel(
+                model.spec, Cluster.of(gpu, cluster.num_gpus), model.options), space))
+    helps = []
+    for text, other_model, other_space in tries:
+        found = search(other_model, global_batch, seq, other_space, top=1, accept=accept)
+        if found.plans:
+            p = found.plans[0].prediction
+            helps.append(f"{text}: fits with {p.peak_memory_bytes / GiB:.1f} GiB, step {p.step_time_s:.2f} s, "
+                         f"MFU {p.mfu:.1%}")
+            if "GPUs" in text:
+                break  # the smallest cluster that fits is the useful one
+    if helps:
+        lines.append("what would fit: " + "; ".join(helps))
+    else:
+        lines.append("none of recompute, ZeRO-3, micro-batch 1, up to 8x the GPUs or a larger GPU fits either")
+    return "; ".join(lines)
+
+
+def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:
+    """A space holding exactly the layout's choices (recompute left to the space)."""
+    return replace(space, tp=(layout.tp,), pp=(layout.pp,), cp=(layout.cp,), vpp=(layout.vpp,), mbs=(layout.mbs,),
+                   schedules=(layout.schedule,), sequence_parallel=(layout.sequence_parallel,),
+                   zero=(layout.zero_stage,))
+
+
+def _slower_because(best: Prediction, other: Prediction) -> str:
+    slower = other.step_time_s / best.step_time_s - 1
+    deltas = {k: other.time_breakdown_s.get(k, 0.0) - best.time_breakdown_s.get(k, 0.0)
+              for k in best.time_breakdown_s}
+    part = max(deltas, key=deltas.get)
+    if slower <= 0:
+        return "as fast (a tie)"
+    return f"{slower:.1%} slower: {PART_NAMES.get(part, part)} +{deltas[part]:.3f} s"

@@ -1,0 +1,199 @@
+"""Stage cut points: how many transformer layers each pipeline rank runs, and in which
+recompute mode, so that the slowest rank's time per micro-batch is as small as it can be
+while every rank fits its memory.
+
+Objective (the bottleneck): minimise max_r T_r, where rank r with n_r layers in mode m
+costs T_r = e_r + sum of its layers' time in mode m per micro-batch and needs
+c_r[m] + sum of its layers' bytes in mode m <= limit. e_r and c_r hold what does not
+scale with layers (embedding on the first stage, head and loss on the last, the rank's
+transient peak, the fixed allowance); a layer's bytes include its parameter state and its
+activations times the micro-batches the schedule keeps in flight on that rank. Under every
+schedule the busy time of the slowest rank, M x max_r T_r, is the step's dominant term,
+and the sum of all T_r is fixed by the model, so the bottleneck is the quantity cut points
+can change.
+
+Three exact solvers of the same problem:
+  * `balanced_cuts`: identical layers (every dense model here) — bisection on the
+    bottleneck with a closed-form feasibility test per rank;
+  * `dp_cuts`: per-layer costs that differ — dynamic programming over (rank, last layer);
+  * `ilp_cuts` (planner/search/ilp.py): the same as a mixed-integer program (pulp).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankCosts:
+    """Per pipeline rank r and recompute mode m (modes indexed as in `modes`)."""
+
+    modes: tuple[str, ...]
+    fixed_s: tuple[float, ...]
+    """e_r: per-micro-batch time on rank r that does not come from its transformer layers."""
+    fixed_bytes: tuple[tuple[float, ...], ...]
+    """c_r[m]: bytes on rank r that do not scale with its layers, in mode m."""
+    layer_s: tuple[float, ...]
+    """t_m: one layer's per-micro-batch time in mode m (identical layers)."""
+    layer_bytes: tuple[tuple[float, ...], ...]
+    """b_r[m]: one layer's bytes on rank r in mode m (state + in-flight activations)."""
+    limit_bytes: float
+    min_layers: int = 1
+    """Layers every rank must get (one per chunk with interleaving)."""
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.fixed_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Cuts:
+    """Layers and recompute mode per rank, and the bottleneck time they reach."""
+
+    layers: tuple[int, ...]
+    modes: tuple[str, ...]
+    bottleneck_s: float
+
+
+def _cap(costs: RankCosts, rank: int, mode: int, target: float) -> int:
+    """Most layers rank `rank` can run in `mode` within `target` seconds and the memory."""
+    room = costs.limit_bytes - costs.fixed_bytes[rank][mode]
+    if room < 0:
+        return -1
+    per_layer = costs.layer_bytes[rank][mode]
+    by_memory = math.floor(room / per_layer) if per_layer > 0 else 10**9
+    slack = target - costs.fixed_s[rank]
+    if slack < 0:
+        return -1
+    if costs.layer_s[mode] <= 0 or math.isinf(slack):
+        return by_memory
+    by_time = math.floor(slack / costs.layer_s[mode] * (1 + 1e-12))
+    return min(by_memory, by_time)
+
+
+def _caps(costs: RankCosts, num_layers: int, target: float) -> list[int] | None:
+    caps = []
+    for rank in range(costs.num_ranks):
+        best = max(_cap(costs, rank, m, target) for m in range(len(costs.modes)))
+        if best < costs.min_layers:
+            return None
+        caps.append(min(best, num_layers))
+    return caps if sum(caps) >= num_layers else None
+
+
+def balanced_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
+    """The optimal cuts for identical layers, or None when no cut fits the memory.
+
+    Feasibility of a bottleneck T is monotone in T, so bisection finds the least feasible
+    T; the optimum is one of the values e_r + n t_m, so once the interval is narrower than
+    a layer the few such values inside it are tried in order."""
+    if costs.num_ranks * costs.min_layers > num_layers or _caps(costs, num_layers, math.inf) is None:
+        return None
+    hi = max(costs.fixed_s) + num_layers * max(costs.layer_s)
+    lo = 0.0
+    resolution = 0.5 * min(costs.layer_s) if min(costs.layer_s) > 0 else 0.0
+    while hi - lo > max(resolution, 1e-12 * hi):
+        mid = 0.5 * (lo + hi)
+        if _caps(costs, num_layers, mid) is None:
+            lo = mid
+        else:
+            hi = mid
+    hi = min(t for t in _values_between(costs, num_layers, lo, hi) if _caps(costs, num_layers, t) is not None)
+    caps = _caps(costs, num_layers, hi)
+    assert caps is not None
+    layers = _trim(costs, caps, num_layers)
+    chosen = tuple(_fastest_mode(costs, r, n, hi) for r, n in enumerate(layers))
+    bottleneck = max(costs.fixed_s[r] + n * costs.layer_s[m] for r, (n, m) in enumerate(zip(layers, chosen)))
+    return Cuts(layers=tuple(layers), modes=tuple(costs.modes[m] for m in chosen), bottleneck_s=bottleneck)
+
+
+def _values_between(costs: RankCosts, num_layers: int, lo: float, hi: float) -> list[float]:
+    """The candidate bottlenecks e_r + n t_m in (lo, hi], and hi itself."""
+    values = [hi]
+    for r, fixed in enumerate(costs.fixed_s):
+        for t in costs.layer_s:
+            if t <= 0:
+                continue
+            first = max(costs.min_layers, math.floor((lo - fixed) / t))
+            for n in range(first, min(num_layers, math.ceil((hi - fixed) / t)) + 1):
+                if lo < fixed + n * t <= hi:
+                    values.append(fixed + n * t)
+    return values
+
+
+def _trim(costs: RankCosts, caps: list[int], num_layers: int) -> list[int]:
+    """Lower the caps to sum to num_layers, always taking a layer from the rank that is
+    then slowest (ties: the later rank, which holds fewer micro-batches in flight)."""
+    layers = list(caps)
+    fastest = min(costs.layer_s)
+    while sum(layers) > num_layers:
+        rank = max(
+            (r for r in range(len(layers)) if layers[r] > costs.min_layers),
+            key=lambda r: (costs.fixed_s[r] + layers[r] * fastest, r),
+        )
+        layers[rank] -= 1
+    return layers
+
+
+def _fastest_mode(costs: RankCosts, rank: int, layers: int, target: float) -> int:
+    """The quickest mode in which `rank` runs `layers` layers within target and memory."""
+    fitting = [m for m in range(len(costs.modes)) if _cap(costs, rank, m, target) >= layers]
+    return min(fitting, key=lambda m: (costs.layer_s[m], m))
+
+
+def dp_cuts(
+    layer_s: list[list[float]],
+    layer_bytes: list[list[list[float]]],
+    fixed_s: list[float],
+    fixed_bytes: list[list[float]],
+    limit_bytes: float,
+    modes: tuple[str, ...],
+    min_layers: int = 1,
+) -> Cuts | None:
+    """Optimal contiguous cuts for per-layer costs that differ: layer_s[m][l] is layer l's
+    time in mode m, layer_bytes[r][m][l] its bytes on rank r. None when nothing fits."""
+    num_layers, ranks = len(layer_s[0]), len(fixed_s)
+    prefix_s = [[0.0, *_running_sum(row)] for row in layer_s]
+    prefix_b = [[[0.0, *_running_sum(row)] for row in per_rank] for per_rank in layer_bytes]
+    inf = math.inf
+    # best[r][j]: bottleneck of ranks 0..r covering layers [0, j); choice[r][j]: (i, mode)
+    best = [[inf] * (num_layers + 1) for _ in range(ranks)]
+    choice: list[list[tuple[int, int]]] = [[(-1, -1)] * (num_layers + 1) for _ in range(ranks)]
+    for r in range(ranks):
+        starts = [0] if r == 0 else range(num_layers + 1)
+        for i in starts:
+            before = 0.0 if r == 0 else best[r - 1][i]
+            if before == inf:
+                continue
+            for j in range(i + min_layers, num_layers + 1):
+                for m in range(len(modes)):
+                    if fixed_bytes[r][m] + prefix_b[r][m][j] - prefix_b[r][m][i] > limit_bytes:
+                        continue
+                    value = max(before, fixed_s[r] + prefix_s[m][j] - prefix_s[m][i])
+                    if value < best[r][j]:
+                        best[r][j], choice[r][j] = value, (i, m)
+    if best[ranks - 1][num_layers] == inf:
+        return None
+    layers, chosen, j = [], [], num_layers
+    for r in range(ranks - 1, -1, -1):
+        i, m = choice[r][j]
+        layers.append(j - i)
+        chosen.append(modes[m])
+        j = i
+    return Cuts(layers=tuple(reversed(layers)), modes=tuple(reversed(chosen)),
+                bottleneck_s=best[ranks - 1][num_layers])
+
+
+def _running_sum(values: list[float]) -> list[float]:
+    out, total = [], 0.0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def split_into_chunks(layers: int, vpp: int) -> list[int]:
+    """A rank's layers over its vpp chunks, as even as possible (extra layers go first)."""
+    base, extra = divmod(layers, vpp)
+    return [base + (1 if c < extra else 0) for c in range(vpp)]

@@ -1,0 +1,66 @@
+"""Keeping the search to what one training runtime can run (`planner plan --runtime`).
+
+Two layers: `restrict` narrows the space up front with each runtime's fixed rules (its
+schedules, one recompute setting for every stage, its parallel dimensions), which keeps
+the search fast; `runtime_check` then asks the runtime's exporter itself about every plan
+that would enter the answer, so a plan `plan --runtime R` returns is one `export --to R`
+writes. The rules must agree with the exporters (tests/search/test_runtimes.py checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.errors import ExportError, PlannerError
+from planner.export import EXPORTERS, export_plan
+from planner.layout import Layout, entry_from_layout
+from planner.plan import ClusterSummary, PlanFile
+from planner.search.space import SearchSpace
+from planner.spec import Cluster, ModelSpec
+
+RUNTIME_RULES: dict[str, dict] = {
+    "megatron": {"schedules": ("1f1b", "interleaved_1f1b"), "per_rank_recompute": False},
+    "torchtitan": {"per_rank_recompute": False},
+    "torch": {"cp": (1,)},
+    "deepspeed": {"schedules": ("1f1b",), "per_rank_recompute": False, "tp": (1,), "cp": (1,),
+                  "recompute": ("none", "full"), "zero": (0, 1)},
+}
+"""What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
+
+
+def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
+    """The space narrowed to what `runtime` can run."""
+    if runtime not in RUNTIME_RULES:
+        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIME_RULES)}")
+    changes = {}
+    for field, allowed in RUNTIME_RULES[runtime].items():
+        if field == "per_rank_recompute":
+            changes[field] = space.per_rank_recompute and allowed
+            continue
+        current = getattr(space, field)
+        kept = allowed if current is None else tuple(v for v in current if v in allowed)
+        if not kept:
+            raise PlannerError(
+                f"{runtime} runs {field} {', '.join(map(str, allowed))} only, but the search was "
+                f"restricted to {', '.join(map(str, current))}"
+            )
+        changes[field] = kept
+    return replace(space, **changes)
+
+
+def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int):
+    """A search `accept` callback: None when `runtime`'s exporter takes the layout, else its reason."""
+    if runtime not in EXPORTERS:
+        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(EXPORTERS)}")
+    summary = ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
+
+    def check(layout: Layout) -> str | None:
+        entry = entry_from_layout(layout, global_batch, seq, None)
+        document = PlanFile(plans=[entry], model=spec, cluster=summary, planner_version="", cost_source="")
+        try:
+            export_plan(document, runtime)
+        except ExportError as exc:
+            return str(exc)
+        return None
+
+    return check

@@ -1,0 +1,211 @@
+"""Branch and bound over the layout space: the best `top` layouts of the cost model.
+
+1. Enumerate the candidates (planner/search/space.py). Each gets a memory floor (its share
+   of the weight, gradient and optimizer state) and a step-time floor (the chain bound with
+   the cheapest recompute mode and the Adam step); candidates over the memory limit go.
+2. Visit the rest in order of their step floor. Once `top` plans are known, a candidate
+   whose floor is not below the slowest of them cannot enter, and neither can any later one:
+   the search stops there.
+3. For a visited candidate, the cut solver gives the cuts and per-rank recompute modes that
+   minimise the slowest rank's time within memory; the even cuts of `planner evaluate` in
+   each recompute mode are tried too, so the answer is never worse than evaluating every
+   layout of the space with even cuts. Each layout's chain bound (cut points known) is
+   checked before its schedule is simulated by `planner.predict`, whose memory figure has
+   the last word on fitting.
+
+Nothing is lost by the bounds: each is a lower bound of the simulated step time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from planner.cost.model import CostModel
+from planner.layout import Layout
+from planner.pipeline import ChunkCosts
+from planner.predict import Prediction, chunk_costs, optimizer_time, predict
+from planner.schedule import SCHEDULES
+from planner.search.bounds import layout_bound
+from planner.search.costing import (
+    even_layouts,
+    inflight_of,
+    memory_of,
+    memory_floor,
+    parts_of,
+    rank_costs,
+    solved_layout,
+    step_floor,
+)
+from planner.search.ilp import ilp_cuts
+from planner.search.partition import balanced_cuts
+from planner.search.space import Candidate, SearchSpace, candidates
+
+CUT_SOLVERS = ("exact", "ilp")
+"""`exact`: bisection on identical layers (planner/search/partition.py); `ilp`: pulp/CBC."""
+MEMORY_RETRIES = 3
+"""Times the solver's cuts are re-solved under a tighter limit when `predict` finds them
+over memory (V > 1 spreads in-flight activations unevenly over a rank's chunks)."""
+
+Accept = Callable[[Layout], str | None]
+"""A runtime's check of a layout: None if it can run it, else why not."""
+Progress = Callable[[int, int], None]
+"""Called with (candidates visited, candidates to visit)."""
+
+
+@dataclass(slots=True)
+class SearchStats:
+    """What happened to the candidates."""
+
+    candidates: int = 0
+    pruned_memory: int = 0
+    """Discarded by the memory floor."""
+    pruned_bound: int = 0
+    """Discarded by a step-time bound (never simulated)."""
+    simulated: int = 0
+    out_of_memory: int = 0
+    """Layouts (cut points known) over the memory limit."""
+    rejected_by_runtime: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """One plan: its layout and prediction."""
+
+    layout: Layout
+    prediction: Prediction
+
+
+@dataclass(slots=True)
+class SearchResult:
+    """The best plans (fastest first), the statistics, and the smallest memory need seen."""
+
+    plans: list[Found]
+    stats: SearchStats
+    smallest_need_bytes: float = float("inf")
+    """Least predicted (or floor) memory of any layout examined, for infeasible requests."""
+    smallest_need: Layout | Candidate | None = None
+    runtime_rejections: dict[str, int] = field(default_factory=dict)
+
+
+def search(
+    model: CostModel,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace = SearchSpace(),
+    top: int = 5,
+    accept: Accept | None = None,
+    cut_solver: str = "exact",
+    progress: Progress | None = None,
+) -> SearchResult:
+    """The `top` fastest layouts of the space that fit in memory (and that `accept` allows)."""
+    started = time.perf_counter()
+    run = _Run(model, global_batch, seq, top, accept, cut_solver)
+    stats = run.result.stats
+    queue: list[tuple[float, int, Candidate]] = []
+    for index, candidate in enumerate(candidates(model.spec, model.cluster, global_batch, seq, space)):
+        stats.candidates += 1
+        parts = parts_of(model, candidate, seq)
+        floor = memory_floor(model, candidate, parts)
+        if floor > run.limit:
+            stats.pruned_memory += 1
+            run.note_need(floor, candidate)
+            continue
+        queue.append((step_floor(model, candidate, parts), index, candidate))
+    queue.sort(key=lambda item: (item[0], item[1]))
+    for visited, (floor, index, candidate) in enumerate(queue):
+        if progress is not None and visited % 64 == 0:
+            progress(visited, len(queue))
+        if floor >= run.threshold():
+            stats.pruned_bound += len(queue) - visited
+            break
+        run.visit(index, candidate)
+    if progress is not None:
+        progress(len(queue), len(queue))
+    run.result.plans = [found for _, _, found in run.best]
+    stats.seconds = time.perf_counter() - started
+    return run.result
+
+
+class _Run:
+    """The state of one search: the best plans so far and what was seen."""
+
+    def __init__(self, model: CostModel, global_batch: int, seq: int, top: int,
+                 accept: Accept | None, cut_solver: str):
+        if cut_solver not in CUT_SOLVERS:
+            raise ValueError(f"cut_solver must be one of {CUT_SOLVERS}, got {cut_solver!r}")
+        self.model, self.global_batch, self.seq, self.top = model, global_batch, seq, top
+        self.accept, self.cut_solver = accept, cut_solver
+        self.limit = model.cluster.memory_limit_bytes
+        self.result = SearchResult(plans=[], stats=SearchStats())
+        self.best: list[tuple[float, int, Found]] = []
+        self.seen: set[Layout] = set()
+
+    def threshold(self) -> float:
+        """Step time a layout must beat to enter the best plans."""
+        return self.best[-1][0] if len(self.best) >= self.top else float("inf")
+
+    def visit(self, index: int, candidate: Candidate) -> None:
+        """Try the solver's cuts (re-solved under a tighter limit while V > 1 overshoots)
+        and the even cuts of the candidate."""
+        model, layers = self.model, self.model.spec.num_layers
+        parts = parts_of(model, candidate, self.seq)
+        inflight = inflight_of(candidate)
+        target = self.limit
+        for _ in range(MEMORY_RETRIES):
+            costs = rank_costs(model, candidate, parts, inflight, target)
+            solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
+            cuts = solve(costs, layers)
+            if cuts is None:
+                break
+            peak = self.consider(index, solved_layout(candidate, cuts, layers))
+            if peak is None or peak <= self.limit or candidate.vpp == 1:
+                break
+            target -= (peak - self.limit) * 1.01
+        for layout in even_layouts(candidate, layers):
+            self.consider(index, layout)
+
+    def consider(self, index: int, layout: Layout) -> float | None:
+        """Bound, simulate and keep the layout if it is among the best; its peak memory,
+        or None when it was not simulated."""
+        if layout in self.seen:
+            return None
+        self.seen.add(layout)
+        stats = self.result.stats
+        costs = chunk_costs(self.model, layout, self.seq)
+        peak = max(m.total for m in memory_of(self.model, layout, costs))
+        if peak > self.limit:
+            stats.out_of_memory += 1
+            self.note_need(peak, layout)
+            return peak
+        if _bound(self.model, layout, costs) >= self.threshold():
+            stats.pruned_bound += 1
+            return None
+        prediction = predict(self.model, layout, self.global_batch, self.seq)
+        stats.simulated += 1
+        reason = self.accept(layout) if self.accept is not None else None
+        if reason is not None:
+            stats.rejected_by_runtime += 1
+            self.result.runtime_rejections[reason] = self.result.runtime_rejections.get(reason, 0) + 1
+            return peak
+        bisect.insort(self.best, (prediction.step_time_s, index, Found(layout, prediction)),
+                      key=lambda item: (item[0], item[1]))
+        del self.best[self.top:]
+        return peak
+
+    def note_need(self, need: float, where: Layout | Candidate) -> None:
+        """Remember the smallest memory need seen, for an infeasible request."""
+        if need < self.result.smallest_need_bytes:
+            self.result.smallest_need_bytes = need
+            self.result.smallest_need = where
+
+
+def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
+    """Chain bound of the layout plus its Adam step."""
+    split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
+    shards = layout.dp * layout.cp
+    optimizer = max(optimizer_time(model, layout.zero_stage, shards, p) for p in costs.params)
+    return layout_bound(costs, layout.num_microbatches, split) + optimizer

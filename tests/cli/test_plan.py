@@ -1,0 +1,184 @@
+"""`planner plan` and `planner sweep`: the JSON contract, agreement with `evaluate` and the
+exporters, restrictions, explanations, infeasible requests and user errors."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from planner.catalog import resolve_model
+from planner.errors import ExportError
+from planner.export import export_plan
+from planner.layout import even_stage_layers
+from planner.plan import PlanEntry, PlanFile, parse_plan_file
+from planner.schedule import SCHEDULES
+from planner.search.runtimes import RUNTIME_RULES
+from planner.search.space import SearchSpace
+
+BASE = ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "64", "--seq", "4096"]
+KEYS = {"tp", "pp", "dp", "cp", "vpp", "mbs", "num_microbatches", "global_batch", "seq", "schedule",
+        "recompute", "sequence_parallel", "zero_stage", "stage_layers", "predicted"}
+
+
+def _plans(cli, *argv, base=BASE):
+    code, out, err = cli("plan", *base, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)["plans"]
+
+
+def test_json_contract(cli):
+    plans = _plans(cli, "--top", "3")
+    assert 1 <= len(plans) <= 3
+    times = [p["predicted"]["step_time_s"] for p in plans]
+    assert times == sorted(times)
+    for plan in plans:
+        assert KEYS <= set(plan)
+        assert plan["tp"] * plan["pp"] * plan["dp"] * plan["cp"] == 16
+        assert plan["dp"] * plan["mbs"] * plan["num_microbatches"] == 64
+        assert max(plan["predicted"]["memory_gb_per_stage"]) <= 79.2
+        assert plan["schedule"] in SCHEDULES
+
+
+def test_best_plan_is_what_evaluate_predicts(cli):
+    plan = _plans(cli, "--top", "1", "--pp", "2", "--tp", "2")[0]
+    entry = PlanEntry.model_validate(plan)
+    counts = [end - start for start, end in entry.ranges_in_model_order()]
+    recompute = plan["recompute"] if isinstance(plan["recompute"], str) else ",".join(plan["recompute"])
+    code, out, err = cli("evaluate", *BASE, "--tp", "2", "--pp", "2", "--vpp", str(plan["vpp"]),
+                         "--mbs", str(plan["mbs"]), "--schedule", plan["schedule"], "--recompute", recompute,
+                         "--sp" if plan["sequence_parallel"] else "--no-sp",
+                         "--stage-layers", ",".join(map(str, counts)), "--json")
+    assert code == 0, err
+    evaluated = json.loads(out)["plans"][0]["predicted"]
+    assert evaluated["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=1e-9)
+    assert evaluated["memory_gb_per_stage"] == plan["predicted"]["memory_gb_per_stage"]
+
+
+def test_plan_beats_every_even_layout_evaluate_finds(cli):
+    """Brute force through the CLI on a small space: evaluate each layout, keep the best that fits."""
+    best = _plans(cli, "--top", "1", "--pp", "1,2,4", "--tp", "1,2", "--mbs", "1,2",
+                  "--schedules", "1f1b,zb_h1", "--vpp", "1", "--recompute", "none,full", "--sp")[0]
+    reference = float("inf")
+    for tp in (1, 2):
+        for pp in (1, 2, 4):
+            for mbs in (1, 2):
+                for schedule in (("1f1b",) if pp == 1 else ("1f1b", "zb_h1")):
+                    for recompute in ("none", "full"):
+                        code, out, err = cli("evaluate", *BASE, "--tp", str(tp), "--pp", str(pp), "--mbs",
+                                             str(mbs), "--schedule", schedule, "--recompute", recompute, "--json")
+                        assert code == 0, err
+                        p = json.loads(out)["plans"][0]["predicted"]
+                        if max(p["memory_gb_per_stage"]) <= 79.2:
+                            reference = min(reference, p["step_time_s"])
+    assert best["predicted"]["step_time_s"] <= reference * (1 + 1e-9)
+
+
+def test_restrictions_are_kept(cli):
+    plans = _plans(cli, "--tp", "2", "--pp", "2,4", "--schedules", "1f1b,interleaved_1f1b", "--mbs", "1",
+                   "--recompute", "full", "--uniform-recompute", "--no-sp")
+    for plan in plans:
+        assert plan["tp"] == 2 and plan["pp"] in (2, 4) and plan["mbs"] == 1
+        assert plan["schedule"] in ("1f1b", "interleaved_1f1b")
+        assert plan["recompute"] == "full" and plan["sequence_parallel"] is False
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "deepspeed", "torchtitan"])
+def test_runtime_plans_export(cli, tmp_path, runtime):
+    path = tmp_path / "plan.json"
+    code, out, err = cli("plan", *BASE, "--runtime", runtime, "--top", "3", "-o", str(path), "--json")
+    assert code == 0, err
+    document = parse_plan_file(path.read_text())
+    for index, entry in enumerate(document.plans):
+        export_plan(document, runtime, index)  # raises if the runtime cannot run it
+        if runtime == "deepspeed":
+            assert entry.tp == 1 and entry.schedule == "1f1b"
+        if runtime == "megatron":
+            assert entry.schedule in ("1f1b", "interleaved_1f1b")
+
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIME_RULES))
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_runtime_schedule_rules_agree_with_the_exporters(runtime, schedule):
+    """The up-front rule and the exporter's own refusal say the same about each schedule."""
+    spec = resolve_model("tiny-llama")
+    info = SCHEDULES[schedule]
+    vpp = info.min_vpp if info.min_vpp > 1 else 1
+    pp = 2
+    entry = PlanEntry(tp=1, pp=pp, dp=1, cp=1, vpp=vpp, mbs=1, num_microbatches=8, global_batch=8, seq=128,
+                      schedule=schedule, recompute="none", sequence_parallel=False, zero_stage=1,
+                      stage_layers=_ranges(spec.num_layers, pp, vpp, schedule), predicted=None)
+    document = PlanFile(plans=[entry], model=spec)
+    try:
+        export_plan(document, runtime)
+        exported = True
+    except ExportError:
+        exported = False
+    allowed = RUNTIME_RULES[runtime].get("schedules")
+    assert exported == (allowed is None or schedule in allowed)
+    assert SearchSpace(schedules=allowed).schedules == allowed
+
+
+def _ranges(layers, pp, vpp, schedule):
+    cuts = even_stage_layers(layers, pp, vpp, schedule)
+    return [list(c[0]) for c in cuts] if vpp == 1 else [[list(r) for r in c] for c in cuts]
+
+
+def test_explain_names_why_alternatives_lost(cli):
+    code, out, err = cli("plan", *BASE, "--top", "1", "--explain")
+    assert code == 0, err
+    assert "why not something else" in out
+    assert "slower" in out
+    assert "searched" in out and "candidates" in out
+
+
+def test_infeasible_request_says_what_would_fit(cli):
+    code, out, err = cli("plan", "--model", "llama3-70b", "--gpus", "8", "--global-batch", "64", "--seq", "4096")
+    assert code == 2 and out == ""
+    assert err.startswith("error: no layout of llama3-70b")
+    assert "smallest need" in err and "what would fit" in err and "GPUs" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["--cut-solver", "magic"],
+    ["--schedules", "1f1b,warp"],
+    ["--tp", "3"],
+    ["--tp", "two"],
+    ["--recompute", "some"],
+    ["--runtime", "jax"],
+    ["--runtime", "deepspeed", "--tp", "2"],
+])
+def test_bad_input_is_one_line_and_exit_2(cli, argv):
+    code, out, err = cli("plan", *BASE, *argv)
+    assert code == 2
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_ilp_cut_solver_agrees(cli):
+    exact = _plans(cli, "--top", "1", "--pp", "4", "--tp", "1", "--mbs", "1", "--schedules", "1f1b")[0]
+    ilp = _plans(cli, "--top", "1", "--pp", "4", "--tp", "1", "--mbs", "1", "--schedules", "1f1b",
+                 "--cut-solver", "ilp")[0]
+    assert ilp["predicted"]["step_time_s"] == pytest.approx(exact["predicted"]["step_time_s"], rel=1e-9)
+
+
+def test_sweep_json_and_svg(cli, tmp_path):
+    svg = tmp_path / "sweep.svg"
+    code, out, err = cli("sweep", "--model", "llama3-8b", "--global-batch", "64", "--seq", "4096",
+                         "--vary", "gpus", "--values", "8,16", "--svg", str(svg), "--json")
+    assert code == 0, err
+    points = json.loads(out)["points"]
+    assert [p["value"] for p in points] == [8, 16]
+    for p in points:
+        plan = p["plan"]
+        assert plan["tp"] * plan["pp"] * plan["dp"] * plan["cp"] == p["value"]
+    # doubling the GPUs at a fixed batch does not slow the step
+    assert points[1]["plan"]["predicted"]["step_time_s"] <= points[0]["plan"]["predicted"]["step_time_s"]
+    root = ET.fromstring(svg.read_text())
+    assert root.tag.endswith("svg") and root.findall(".//{http://www.w3.org/2000/svg}polyline")
+
+
+def test_sweep_needs_the_fixed_inputs(cli):
+    code, out, err = cli("sweep", "--model", "llama3-8b", "--seq", "4096", "--vary", "gpus", "--values", "8")
+    assert code == 2 and "--global-batch is required" in err
