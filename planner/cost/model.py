@@ -9,7 +9,7 @@ search asks for the same few shapes many times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Protocol
 
@@ -36,6 +36,11 @@ class CostOptions:
     """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
+    elementwise_traffic: float = 1.0
+    """HBM bytes the memory-bound ops (norms, RoPE, activation, residuals) move relative to
+    fused kernels (1: Megatron/TE fused kernels or torch.compile). Eager PyTorch runs them op
+    by op with fp32 upcasts: ~3.3 for a Llama block (RMSNorm 36 B/element instead of 4,
+    complex RoPE 28 instead of 4, SwiGLU 10 instead of 6; docs/accuracy_published.md)."""
 
 
 class ComputeSource(Protocol):
@@ -53,11 +58,19 @@ class AnalyticSource:
 
     name = "analytic"
 
-    def __init__(self, spec: ModelSpec, compute: AnalyticCompute, flash: bool = True):
+    def __init__(self, spec: ModelSpec, compute: AnalyticCompute, flash: bool = True,
+                 elementwise_traffic: float = 1.0):
         self.spec, self.compute, self.flash = spec, compute, flash
+        self.elementwise_traffic = elementwise_traffic
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         work = layer_work(self.spec, kind, shard, flash=self.flash)
+        if self.elementwise_traffic != 1.0:
+            work = replace(
+                work,
+                elementwise_bytes_fwd=work.elementwise_bytes_fwd * self.elementwise_traffic,
+                elementwise_bytes_bwd=work.elementwise_bytes_bwd * self.elementwise_traffic,
+            )
         return self.compute.layer_times(work, flash=self.flash)
 
 
@@ -100,7 +113,9 @@ class CostModel:
         self.options = options
         self.network = Network.of(cluster)
         self.analytic = AnalyticCompute(cluster.gpu, options.dtype)
-        self.source = source or AnalyticSource(spec, self.analytic, options.flash_attention)
+        self.source = source or AnalyticSource(
+            spec, self.analytic, options.flash_attention, options.elementwise_traffic
+        )
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout
         )

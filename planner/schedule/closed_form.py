@@ -67,3 +67,35 @@ def zb_h1_idle_time(pp: int, forward: float, backward_input: float, backward_wei
     simulation in the tests). Compare 1F1B's (P-1)(F + I + W).
     """
     return (pp - 1) * (forward + backward_input - backward_weight)
+
+
+def inflight_closed_form(name: str, pp: int, num_microbatches: int, vpp: int) -> tuple[int, ...] | None:
+    """Most micro-batch x chunk activations each rank holds at once (F start to the end of its
+    B or W), where a closed form is known; None otherwise (then count on the order).
+
+    gpipe M; 1f1b P - r; looped_bfs M V; zb_h1 (V = 1) min(M, P); zb_h2 min(M, 2P - 1);
+    interleaved_1f1b with M % P = 0: min(M V, 2(P - r - 1) + (V - 1) P + 1) (Megatron's
+    warm-up plus the one in steady state); zb_h1 with V >= 2 and M % P = 0: P V; zbv with
+    M >= 2P: 2P; dualpipev 2P + 1. Checked against the orders in tests/schedule/test_closed_form.py.
+    """
+    p, m, v = pp, num_microbatches, vpp
+    check_shape(name, p, m, v)
+    if name == "gpipe":
+        return (m,) * p
+    if name == "1f1b":
+        return tuple(min(m, p - r) for r in range(p))
+    if name == "looped_bfs":
+        return (m * v,) * p
+    if name == "zb_h1" and v == 1:
+        return (min(m, p),) * p
+    if name == "zb_h2":
+        return (min(m, 2 * p - 1),) * p
+    if name == "interleaved_1f1b" and m % p == 0:
+        return tuple(min(m * v, 2 * (p - r - 1) + (v - 1) * p + 1) for r in range(p))
+    if name == "zb_h1" and m % p == 0:
+        return (p * v,) * p
+    if name == "zbv" and m >= 2 * p:
+        return (2 * p,) * p
+    if name == "dualpipev":
+        return (2 * p + 1,) * p
+    return None

@@ -16,7 +16,9 @@ that tail with deferred W, so they get the first form only.
 Before cut points are known (`work_bound`), each first chunk is at least a share `c` of the
 rank's work, so the bound becomes min over x >= 0 with sum x = W of max_r (c S_r + M x_r),
 reached when all P terms are equal: T = c W / (1 - (1 - c/M)^P); it tends to M W / P (no
-bubble) as c -> 0 and adds the familiar (P - 1)/M fill-and-drain share for c = 1.
+bubble) as c -> 0 and adds the familiar (P - 1)/M fill-and-drain share for c = 1. For cuts
+whose first virtual stage holds only the embedding (as Llama 3 405B trained) rank 0 adds
+nothing to the chain: T = W / (1/M + (1 - (1 - c/M)^(P-1)) / c).
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ cuts (first chunk gets ceil(n / V)) and even cuts (stage sizes within one layer 
 other, so the first chunk has at least half of n / V) satisfy it."""
 
 
-def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, pp: int) -> float:
+def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, pp: int,
+               empty_first_stage: bool = False) -> float:
     """Least step time over every way of spreading `work_s` (one micro-batch, all ranks) over
-    `pp` ranks, when each rank's first chunk holds at least `first_chunk_share` of its work."""
+    `pp` ranks, when each rank's first chunk holds at least `first_chunk_share` of its work
+    (all but rank 0 when its first stage holds only the embedding)."""
     m, c = num_microbatches, first_chunk_share
     if pp == 1 or c <= 0:
         return m * work_s / pp
+    if empty_first_stage:  # the chain starts at rank 1: T = M x_0, ranks 1 .. P-1 equalise
+        return work_s / (1.0 / m + (1.0 - (1.0 - c / m) ** (pp - 1)) / c)
     return c * work_s / (1.0 - (1.0 - c / m) ** pp)
 
 

@@ -14,6 +14,7 @@ final `predict` of each plan checks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,6 +26,8 @@ from planner.plan import virtual_stage
 from planner.predict import RankMemory, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, peak_held_counts
+from planner.schedule.actions import B, F, W
+from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
 from planner.search.space import Candidate
@@ -86,15 +89,51 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
     return (1 + memory.FRAGMENTATION) * tensors + memory.FIXED_ALLOWANCE_BYTES
 
 
-def step_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
-    """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step)."""
+def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
+    """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
+    with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
     spec = model.spec
-    work = spec.num_layers * min(total_s(b) for b in parts.blocks) + total_s(parts.embedding)
+    blocks = parts.blocks if mode is None else (parts.blocks[mode],)
+    work = spec.num_layers * min(total_s(b) for b in blocks) + total_s(parts.embedding)
+    split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
+    share = FIRST_CHUNK_SHARE / candidate.vpp
+    if split:
+        share *= min(_forward_share(x) for x in (*blocks, parts.embedding))
+    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
+    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
+                               total_params(model, parts) / candidate.pp)
+    return pipeline + optimizer
+
+
+def memory_aware_floor(model: CostModel, candidate: Candidate, parts: Parts, limit_bytes: float) -> float:
+    """`step_floor` with each layer in the cheapest recompute mode memory allows: rank r holds
+    at most cap_r(m) layers in mode m, so at most sum_r cap_r(m) layers can run in mode m or a
+    faster one. Infinite when no mode fits. With V > 1 chunks the held activations are left
+    out of the caps (their spread over chunks is not known before the cuts), which keeps the
+    floor valid but weak, so the search refines only one-chunk candidates."""
+    inflight = inflight_of(candidate) if candidate.vpp == 1 else (0,) * candidate.pp
+    costs = rank_costs(model, candidate, parts, inflight, limit_bytes)
+    layers = model.spec.num_layers
+    order = sorted(range(len(costs.modes)), key=lambda m: costs.layer_s[m])
+    best_cap = [-1] * costs.num_ranks
+    placed = 0
+    work = total_s(parts.embedding)
+    for m in order:
+        for r in range(costs.num_ranks):
+            room = limit_bytes - costs.fixed_bytes[r][m]
+            if room >= 0:
+                per_layer = costs.layer_bytes[r][m]
+                best_cap[r] = max(best_cap[r], int(room // per_layer) if per_layer > 0 else layers)
+        reach = min(layers, sum(max(0, c) for c in best_cap))
+        work += costs.layer_s[m] * (reach - placed)
+        placed = reach
+    if placed < layers:
+        return math.inf
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
         share *= min(_forward_share(x) for x in (*parts.blocks, parts.embedding))
-    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp)
+    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
     optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
                                total_params(model, parts) / candidate.pp)
     return pipeline + optimizer
@@ -162,28 +201,76 @@ def solved_layout(candidate: Candidate, cuts: Cuts, num_layers: int) -> Layout:
 
 
 def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
-    """Even cuts (what `planner evaluate` assumes) in each allowed mode, the same on every rank."""
-    stage_layers = even_stage_layers(num_layers, candidate.pp, candidate.vpp, candidate.schedule)
-    return [layout_of(candidate, stage_layers, (mode,) * candidate.pp) for mode in candidate.modes]
+    """Even cuts in each allowed mode, the same on every rank: the cuts `planner evaluate`
+    assumes or, for an `empty_ends` candidate, the same over all but the first and last
+    virtual stages, which hold only the embedding and the head."""
+    pp, vpp, schedule = candidate.pp, candidate.vpp, candidate.schedule
+    if candidate.empty_ends:
+        middle = [end - start for start, end in
+                  sorted(r for per_rank in even_stage_layers(num_layers, pp * vpp - 2, 1, "1f1b") for r in per_rank)]
+        cuts = stage_layers_from_counts([0, *middle, 0], num_layers, pp, vpp, schedule)
+    else:
+        cuts = even_stage_layers(num_layers, pp, vpp, schedule)
+    return [layout_of(candidate, cuts, (mode,) * pp) for mode in candidate.modes]
+
+
+@lru_cache(maxsize=4096)
+def _order(schedule: str, pp: int, num_microbatches: int, vpp: int):
+    return generate(schedule, pp, num_microbatches, vpp)
 
 
 @lru_cache(maxsize=4096)
 def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
-    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp), vpp)
+    return peak_held_counts(_order(schedule, pp, num_microbatches, vpp), vpp)
+
+
+@lru_cache(maxsize=4096)
+def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[int, ...]:
+    known = inflight_closed_form(schedule, pp, num_microbatches, vpp)
+    if known is not None:
+        return known
+    peaks = []
+    for rank in range(pp):
+        held = peak = 0
+        for action in _order(schedule, pp, num_microbatches, vpp)[rank]:
+            kind = action.computation_type
+            if kind == F:
+                held += 1
+                peak = max(peak, held)
+            elif kind == W or kind == B:
+                held -= 1
+        peaks.append(peak)
+    return tuple(peaks)
 
 
 def inflight_of(candidate: Candidate) -> tuple[int, ...]:
     """Most micro-batch x chunk activations each rank holds at once under the candidate's schedule."""
-    held = held_counts(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp)
-    return tuple(max(sum(v) for v in per_rank) for per_rank in held)
+    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp)
 
 
-def memory_of(model: CostModel, layout: Layout, costs: ChunkCosts) -> tuple[RankMemory, ...]:
-    """Memory per pipeline rank of a layout, as `predict` finds it, without simulating."""
+def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float | None:
+    """The most loaded GPU's need in bytes when the layout is over the memory limit, else None.
+
+    Exact for one chunk per rank (in-flight count x activations). With V chunks the held
+    micro-batches spread unevenly over chunks of unequal size, so the in-flight count times
+    the smallest and the largest chunk bracket the peak; the order's held counts decide only
+    when the bracket straddles the limit."""
+    limit = model.cluster.memory_limit_bytes
+    inflight = _inflight(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    low = tuple(n * min(costs.activation_bytes[r]) for r, n in enumerate(inflight))
+    need = max(m.total for m in layout_memory(model, layout, costs, low))
+    if need > limit:
+        return need
+    if layout.vpp == 1:
+        return None
+    high = tuple(n * max(costs.activation_bytes[r]) for r, n in enumerate(inflight))
+    if max(m.total for m in layout_memory(model, layout, costs, high)) <= limit:
+        return None
     held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
-    peaks = tuple(
+    exact = tuple(
         max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r])
         for r in range(layout.pp)
     )
-    return layout_memory(model, layout, costs, peaks)
+    need = max(m.total for m in layout_memory(model, layout, costs, exact))
+    return need if need > limit else None

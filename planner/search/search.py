@@ -19,6 +19,7 @@ Nothing is lost by the bounds: each is a lower bound of the simulated step time.
 from __future__ import annotations
 
 import bisect
+import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,8 @@ from planner.search.bounds import layout_bound
 from planner.search.costing import (
     even_layouts,
     inflight_of,
-    memory_of,
+    excess_memory,
+    memory_aware_floor,
     memory_floor,
     parts_of,
     rank_costs,
@@ -105,7 +107,7 @@ def search(
     started = time.perf_counter()
     run = _Run(model, global_batch, seq, top, accept, cut_solver)
     stats = run.result.stats
-    queue: list[tuple[float, int, Candidate]] = []
+    queue: list[tuple[float, int, bool, Candidate]] = []
     for index, candidate in enumerate(candidates(model.spec, model.cluster, global_batch, seq, space)):
         stats.candidates += 1
         parts = parts_of(model, candidate, seq)
@@ -114,17 +116,28 @@ def search(
             stats.pruned_memory += 1
             run.note_need(floor, candidate)
             continue
-        queue.append((step_floor(model, candidate, parts), index, candidate))
-    queue.sort(key=lambda item: (item[0], item[1]))
-    for visited, (floor, index, candidate) in enumerate(queue):
-        if progress is not None and visited % 64 == 0:
-            progress(visited, len(queue))
+        # the memory-aware floor knows held activations only with one chunk per rank
+        queue.append((step_floor(model, candidate, parts), index, candidate.vpp > 1, candidate))
+    heapq.heapify(queue)
+    total, visited = len(queue), 0
+    while queue:
+        floor, index, refined, candidate = heapq.heappop(queue)
         if floor >= run.threshold():
-            stats.pruned_bound += len(queue) - visited
+            stats.pruned_bound += len(queue) + 1
             break
+        if not refined:  # a tighter floor now that it is this candidate's turn; re-queue with it
+            tighter = memory_aware_floor(model, candidate, parts_of(model, candidate, seq), run.limit)
+            if tighter == float("inf"):
+                stats.pruned_memory += 1
+                continue
+            heapq.heappush(queue, (max(floor, tighter), index, True, candidate))
+            continue
+        visited += 1
+        if progress is not None and visited % 64 == 0:
+            progress(total - len(queue), total)
         run.visit(index, candidate)
     if progress is not None:
-        progress(len(queue), len(queue))
+        progress(total, total)
     run.result.plans = [found for _, _, found in run.best]
     stats.seconds = time.perf_counter() - started
     return run.result
@@ -155,7 +168,7 @@ class _Run:
         parts = parts_of(model, candidate, self.seq)
         inflight = inflight_of(candidate)
         target = self.limit
-        for _ in range(MEMORY_RETRIES):
+        for _ in range(0 if candidate.empty_ends else MEMORY_RETRIES):
             costs = rank_costs(model, candidate, parts, inflight, target)
             solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
             cuts = solve(costs, layers)
@@ -165,8 +178,9 @@ class _Run:
             if peak is None or peak <= self.limit or candidate.vpp == 1:
                 break
             target -= (peak - self.limit) * 1.01
-        for layout in even_layouts(candidate, layers):
-            self.consider(index, layout)
+        for mode, layout in enumerate(even_layouts(candidate, layers)):
+            if step_floor(model, candidate, parts, mode) < self.threshold():
+                self.consider(index, layout)
 
     def consider(self, index: int, layout: Layout) -> float | None:
         """Bound, simulate and keep the layout if it is among the best; its peak memory,
@@ -176,16 +190,21 @@ class _Run:
         self.seen.add(layout)
         stats = self.result.stats
         costs = chunk_costs(self.model, layout, self.seq)
-        peak = max(m.total for m in memory_of(self.model, layout, costs))
+        if _bound(self.model, layout, costs) >= self.threshold():
+            stats.pruned_bound += 1
+            return None
+        need = excess_memory(self.model, layout, costs)
+        if need is not None:
+            stats.out_of_memory += 1
+            self.note_need(need, layout)
+            return need
+        prediction = predict(self.model, layout, self.global_batch, self.seq)
+        stats.simulated += 1
+        peak = prediction.peak_memory_bytes
         if peak > self.limit:
             stats.out_of_memory += 1
             self.note_need(peak, layout)
             return peak
-        if _bound(self.model, layout, costs) >= self.threshold():
-            stats.pruned_bound += 1
-            return None
-        prediction = predict(self.model, layout, self.global_batch, self.seq)
-        stats.simulated += 1
         reason = self.accept(layout) if self.accept is not None else None
         if reason is not None:
             stats.rejected_by_runtime += 1

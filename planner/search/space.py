@@ -72,6 +72,9 @@ class Candidate:
     zero_stage: int
     modes: tuple[str, ...]
     """Recompute modes the cut solver may choose from, per rank."""
+    empty_ends: bool = False
+    """Cut with the first and last virtual stages holding only the embedding and the head
+    (as Llama 3 405B trained), the other layers even; otherwise solver and even cuts."""
 
 
 def meshes(spec: ModelSpec, cluster: Cluster, seq: int, space: SearchSpace) -> Iterator[tuple[int, int, int, int]]:
@@ -100,12 +103,15 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
                 continue
             m = global_batch // (dp * mbs)
             for schedule, vpp in schedule_shapes(spec, pp, m, space):
+                ends = [e for e in (False, True) if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
+                        and (pp > 1 or not e)]
                 for sp in sorted({bool(v) and tp > 1 for v in sp_values}, reverse=True):
                     for zero in space.zero:
                         for modes in mode_sets:
-                            yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
-                                            num_microbatches=m, schedule=schedule,
-                                            sequence_parallel=sp, zero_stage=zero, modes=modes)
+                            for empty_ends in ends:
+                                yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
+                                                num_microbatches=m, schedule=schedule, sequence_parallel=sp,
+                                                zero_stage=zero, modes=modes, empty_ends=empty_ends)
 
 
 def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:
@@ -118,7 +124,7 @@ def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: Sear
         info = SCHEDULES[name]
         top = info.max_vpp if info.max_vpp is not None else MAX_DEFAULT_VPP
         for vpp in space.vpp or range(info.min_vpp, top + 1):
-            if not info.allows_vpp(vpp) or pp * vpp > spec.num_layers:
+            if not info.allows_vpp(vpp) or pp * vpp > spec.num_layers + 2:  # + embedding-only and head-only stages
                 continue
             try:
                 check_shape(name, pp, num_microbatches, vpp)

@@ -47,3 +47,27 @@ def test_headline_numbers(name, pp, m, vpp, expected):
 def test_closed_form_refuses_undefined_shapes():
     with pytest.raises(ScheduleError, match="vpp"):
         bubble_closed_form("1f1b", 4, 8, 2)
+
+
+def test_inflight_closed_form_matches_the_orders():
+    """Wherever a closed form is claimed, it equals the count over the generated order."""
+    from planner.schedule import SCHEDULES, generate, peak_held_counts
+    from planner.schedule.closed_form import inflight_closed_form
+    from planner.schedule.registry import check_shape
+
+    claimed = 0
+    for name, info in SCHEDULES.items():
+        for pp in range(2, 9):
+            for vpp in range(info.min_vpp, min(info.max_vpp or 4, 4) + 1):
+                for m in range(1, 4 * pp + 1):
+                    try:
+                        check_shape(name, pp, m, vpp)
+                    except Exception:
+                        continue
+                    formula = inflight_closed_form(name, pp, m, vpp)
+                    if formula is None:
+                        continue
+                    claimed += 1
+                    held = peak_held_counts(generate(name, pp, m, vpp), vpp)
+                    assert formula == tuple(max(sum(v) for v in per_rank) for per_rank in held), (name, pp, m, vpp)
+    assert claimed > 1000

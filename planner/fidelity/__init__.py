@@ -1,0 +1,1 @@
+"""Fidelity checks: planner's predictions against measured runs and published figures."""

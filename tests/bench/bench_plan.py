@@ -1,0 +1,79 @@
+"""Search speed: the issue's two reference requests, timed end to end in-process.
+
+    taskset -c 0 python tests/bench/bench_plan.py            # one core, as the README's figures
+    python tests/bench/bench_plan.py --repeats 3 --json
+
+Prints per request the wall time (best of --repeats, each in a fresh process state: the
+cost model's and the schedule caches are cleared), the candidates considered and what
+happened to them, and the best plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.model import CostModel
+from planner.schedule.simulate import compile_schedule
+from planner.search import costing
+from planner.search.search import search
+from planner.spec import Cluster
+
+REQUESTS = [
+    # model, GPUs, global batch, seq, target seconds (issue 4)
+    ("llama3-405b", 16384, 2048, 8192, 10.0),
+    ("llama3-70b", 1024, 1024, 8192, 2.0),
+]
+
+
+def _clear_caches() -> None:
+    compile_schedule.cache_clear()
+    for cached in (costing._order, costing.held_counts, costing._inflight):
+        cached.cache_clear()
+
+
+def run(repeats: int) -> list[dict]:
+    """Time each request; the best of `repeats` cold runs."""
+    rows = []
+    for name, gpus, batch, seq, target in REQUESTS:
+        best_time, result = float("inf"), None
+        for _ in range(repeats):
+            _clear_caches()
+            model = CostModel(resolve_model(name), Cluster.of(resolve_gpu("h100"), gpus))
+            started = time.perf_counter()
+            result = search(model, batch, seq)
+            best_time = min(best_time, time.perf_counter() - started)
+        top = result.plans[0]
+        s = result.stats
+        rows.append({
+            "request": f"{name} {gpus} x h100, batch {batch} x seq {seq}",
+            "seconds": round(best_time, 2), "target_s": target,
+            "candidates": s.candidates, "pruned_memory": s.pruned_memory, "pruned_bound": s.pruned_bound,
+            "layouts_over_memory": s.out_of_memory, "simulated": s.simulated,
+            "best": f"tp{top.layout.tp} pp{top.layout.pp} dp{top.layout.dp} {top.layout.schedule} "
+                    f"V{top.layout.vpp} mbs{top.layout.mbs}",
+            "best_mfu": round(top.prediction.mfu, 4),
+        })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = run(args.repeats)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print(f"{row['request']}: {row['seconds']:.2f} s (target {row['target_s']:.0f} s), "
+              f"{row['candidates']:,} candidates: {row['pruned_memory']:,} over memory by state, "
+              f"{row['pruned_bound']:,} cut by the bound, {row['layouts_over_memory']:,} layouts over memory, "
+              f"{row['simulated']:,} simulated; best {row['best']} MFU {row['best_mfu']:.1%}")
+
+
+if __name__ == "__main__":
+    main()
