@@ -66,7 +66,7 @@ def evaluate_command(
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
     as_json: bool = opt.JSON,
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`."),
+    out: Path | None = opt.OUT,
 ) -> None:
     """Predict step time, throughput, MFU, bubble and memory per GPU of one layout."""
     spec = opt.load_model(model)

@@ -21,6 +21,7 @@ INTER_BW = typer.Option(None, "--inter-node-bw", help="Scale-out GB/s per GPU pe
 MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use per GPU, GiB (default: the GPU's).")
 PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON) to use instead of the analytic compute model.")
 JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
+OUT = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`.")
 
 
 def build_cluster(

@@ -98,7 +98,7 @@ def plan_command(
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
     as_json: bool = opt.JSON,
-    out: Path | None = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`."),
+    out: Path | None = opt.OUT,
 ) -> None:
     """Search every layout and print the fastest that fit in memory."""
     if cut_solver not in CUT_SOLVERS:
