@@ -4,6 +4,7 @@ against the model and cluster, and conversion from and to the pydantic `PlanEntr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.errors import LayoutError
 from planner.plan import PlanEntry, Predicted, virtual_stage
@@ -48,6 +49,7 @@ class Layout:
         ]
 
 
+@lru_cache(maxsize=4096)
 def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tuple[tuple[LayerRange, ...], ...]:
     """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible; when
     the count does not divide, the extra layers go to the middle stages, since the first

@@ -95,14 +95,15 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     params = [0.0] * pp
     tp_comm = [0.0] * pp
     embedding_rank = head_rank = -1
+    blocks = {mode: model.layer_costs("transformer", shard, mode) for mode in set(layout.recompute)}
+    embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
     for rank, chunk, stage, (start, end) in layout.chunks():
-        block = model.layer_costs("transformer", shard, layout.recompute[rank])
-        parts = [(block, end - start)]
+        parts = [(blocks[layout.recompute[rank]], end - start)]
         if stage == 0:
-            parts.append((model.layer_costs("embedding", shard), 1))
+            parts.append((embedding, 1))
             embedding_rank = rank
         if stage == last_stage:
-            parts.append((model.layer_costs("head", shard), 1))
+            parts.append((head, 1))
             head_rank = rank
         for costs, count in parts:
             fwd[rank][chunk] += count * (costs.forward_s + costs.comm_forward_s)

@@ -14,7 +14,6 @@ final `predict` of each plan checks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -99,40 +98,6 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
         share *= min(_forward_share(x) for x in (*blocks, parts.embedding))
-    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
-    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                               total_params(model, parts) / candidate.pp)
-    return pipeline + optimizer
-
-
-def memory_aware_floor(model: CostModel, candidate: Candidate, parts: Parts, limit_bytes: float) -> float:
-    """`step_floor` with each layer in the cheapest recompute mode memory allows: rank r holds
-    at most cap_r(m) layers in mode m, so at most sum_r cap_r(m) layers can run in mode m or a
-    faster one. Infinite when no mode fits. With V > 1 chunks the held activations are left
-    out of the caps (their spread over chunks is not known before the cuts), which keeps the
-    floor valid but weak, so the search refines only one-chunk candidates."""
-    inflight = inflight_of(candidate) if candidate.vpp == 1 else (0,) * candidate.pp
-    costs = rank_costs(model, candidate, parts, inflight, limit_bytes)
-    layers = model.spec.num_layers
-    order = sorted(range(len(costs.modes)), key=lambda m: costs.layer_s[m])
-    best_cap = [-1] * costs.num_ranks
-    placed = 0
-    work = total_s(parts.embedding)
-    for m in order:
-        for r in range(costs.num_ranks):
-            room = limit_bytes - costs.fixed_bytes[r][m]
-            if room >= 0:
-                per_layer = costs.layer_bytes[r][m]
-                best_cap[r] = max(best_cap[r], int(room // per_layer) if per_layer > 0 else layers)
-        reach = min(layers, sum(max(0, c) for c in best_cap))
-        work += costs.layer_s[m] * (reach - placed)
-        placed = reach
-    if placed < layers:
-        return math.inf
-    split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
-    share = FIRST_CHUNK_SHARE / candidate.vpp
-    if split:
-        share *= min(_forward_share(x) for x in (*parts.blocks, parts.embedding))
     pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
     optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
                                total_params(model, parts) / candidate.pp)

@@ -56,30 +56,52 @@ class Cuts:
     bottleneck_s: float
 
 
-def _cap(costs: RankCosts, rank: int, mode: int, target: float) -> int:
+def _memory_caps(costs: RankCosts) -> list[list[int]]:
+    """[rank][mode] -> most layers that fit the memory (-1: not even the fixed part fits)."""
+    caps = []
+    for rank in range(costs.num_ranks):
+        row = []
+        for mode in range(len(costs.modes)):
+            room = costs.limit_bytes - costs.fixed_bytes[rank][mode]
+            per_layer = costs.layer_bytes[rank][mode]
+            row.append(-1 if room < 0 else math.floor(room / per_layer) if per_layer > 0 else 10**9)
+        caps.append(row)
+    return caps
+
+
+def _cap(costs: RankCosts, memory: list[list[int]], rank: int, mode: int, target: float) -> int:
     """Most layers rank `rank` can run in `mode` within `target` seconds and the memory."""
-    room = costs.limit_bytes - costs.fixed_bytes[rank][mode]
-    if room < 0:
-        return -1
-    per_layer = costs.layer_bytes[rank][mode]
-    by_memory = math.floor(room / per_layer) if per_layer > 0 else 10**9
+    by_memory = memory[rank][mode]
     slack = target - costs.fixed_s[rank]
-    if slack < 0:
+    if by_memory < 0 or slack < 0:
         return -1
     if costs.layer_s[mode] <= 0 or math.isinf(slack):
         return by_memory
-    by_time = math.floor(slack / costs.layer_s[mode] * (1 + 1e-12))
-    return min(by_memory, by_time)
+    return min(by_memory, math.floor(slack / costs.layer_s[mode] * (1 + 1e-12)))
 
 
-def _caps(costs: RankCosts, num_layers: int, target: float) -> list[int] | None:
-    caps = []
-    for rank in range(costs.num_ranks):
-        best = max(_cap(costs, rank, m, target) for m in range(len(costs.modes)))
+def _caps(costs: RankCosts, memory: list[list[int]], num_layers: int, target: float) -> list[int] | None:
+    """Per rank, the most layers it can run within `target` and memory (best mode), or None
+    when some rank cannot run its minimum or all together cannot hold the model."""
+    caps, total = [], 0
+    finite = not math.isinf(target)
+    for rank, fixed in enumerate(costs.fixed_s):
+        slack = target - fixed
+        if slack < 0:
+            return None
+        best = -1
+        for by_memory, per_layer in zip(memory[rank], costs.layer_s):
+            if by_memory < 0:
+                continue
+            cap = by_memory
+            if finite and per_layer > 0:
+                cap = min(cap, math.floor(slack / per_layer * (1 + 1e-12)))
+            best = max(best, cap)
         if best < costs.min_layers:
             return None
         caps.append(min(best, num_layers))
-    return caps if sum(caps) >= num_layers else None
+        total += caps[-1]
+    return caps if total >= num_layers else None
 
 
 def balanced_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
@@ -88,22 +110,24 @@ def balanced_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
     Feasibility of a bottleneck T is monotone in T, so bisection finds the least feasible
     T; the optimum is one of the values e_r + n t_m, so once the interval is narrower than
     a layer the few such values inside it are tried in order."""
-    if costs.num_ranks * costs.min_layers > num_layers or _caps(costs, num_layers, math.inf) is None:
+    memory = _memory_caps(costs)
+    if costs.num_ranks * costs.min_layers > num_layers or _caps(costs, memory, num_layers, math.inf) is None:
         return None
     hi = max(costs.fixed_s) + num_layers * max(costs.layer_s)
     lo = 0.0
     resolution = 0.5 * min(costs.layer_s) if min(costs.layer_s) > 0 else 0.0
     while hi - lo > max(resolution, 1e-12 * hi):
         mid = 0.5 * (lo + hi)
-        if _caps(costs, num_layers, mid) is None:
+        if _caps(costs, memory, num_layers, mid) is None:
             lo = mid
         else:
             hi = mid
-    hi = min(t for t in _values_between(costs, num_layers, lo, hi) if _caps(costs, num_layers, t) is not None)
-    caps = _caps(costs, num_layers, hi)
+    hi = min(t for t in _values_between(costs, num_layers, lo, hi)
+             if _caps(costs, memory, num_layers, t) is not None)
+    caps = _caps(costs, memory, num_layers, hi)
     assert caps is not None
     layers = _trim(costs, caps, num_layers)
-    chosen = tuple(_fastest_mode(costs, r, n, hi) for r, n in enumerate(layers))
+    chosen = tuple(_fastest_mode(costs, memory, r, n, hi) for r, n in enumerate(layers))
     bottleneck = max(costs.fixed_s[r] + n * costs.layer_s[m] for r, (n, m) in enumerate(zip(layers, chosen)))
     return Cuts(layers=tuple(layers), modes=tuple(costs.modes[m] for m in chosen), bottleneck_s=bottleneck)
 
@@ -136,9 +160,9 @@ def _trim(costs: RankCosts, caps: list[int], num_layers: int) -> list[int]:
     return layers
 
 
-def _fastest_mode(costs: RankCosts, rank: int, layers: int, target: float) -> int:
+def _fastest_mode(costs: RankCosts, memory: list[list[int]], rank: int, layers: int, target: float) -> int:
     """The quickest mode in which `rank` runs `layers` layers within target and memory."""
-    fitting = [m for m in range(len(costs.modes)) if _cap(costs, rank, m, target) >= layers]
+    fitting = [m for m in range(len(costs.modes)) if _cap(costs, memory, rank, m, target) >= layers]
     return min(fitting, key=lambda m: (costs.layer_s[m], m))
 
 

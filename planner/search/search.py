@@ -19,7 +19,6 @@ Nothing is lost by the bounds: each is a lower bound of the simulated step time.
 from __future__ import annotations
 
 import bisect
-import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,10 +30,10 @@ from planner.predict import Prediction, chunk_costs, optimizer_time, predict
 from planner.schedule import SCHEDULES
 from planner.search.bounds import layout_bound
 from planner.search.costing import (
+    Parts,
     even_layouts,
     inflight_of,
     excess_memory,
-    memory_aware_floor,
     memory_floor,
     parts_of,
     rank_costs,
@@ -107,7 +106,7 @@ def search(
     started = time.perf_counter()
     run = _Run(model, global_batch, seq, top, accept, cut_solver)
     stats = run.result.stats
-    queue: list[tuple[float, int, bool, Candidate]] = []
+    queue: list[tuple[float, int, Candidate, Parts]] = []
     for index, candidate in enumerate(candidates(model.spec, model.cluster, global_batch, seq, space)):
         stats.candidates += 1
         parts = parts_of(model, candidate, seq)
@@ -116,26 +115,16 @@ def search(
             stats.pruned_memory += 1
             run.note_need(floor, candidate)
             continue
-        # the memory-aware floor knows held activations only with one chunk per rank
-        queue.append((step_floor(model, candidate, parts), index, candidate.vpp > 1, candidate))
-    heapq.heapify(queue)
-    total, visited = len(queue), 0
-    while queue:
-        floor, index, refined, candidate = heapq.heappop(queue)
-        if floor >= run.threshold():
-            stats.pruned_bound += len(queue) + 1
-            break
-        if not refined:  # a tighter floor now that it is this candidate's turn; re-queue with it
-            tighter = memory_aware_floor(model, candidate, parts_of(model, candidate, seq), run.limit)
-            if tighter == float("inf"):
-                stats.pruned_memory += 1
-                continue
-            heapq.heappush(queue, (max(floor, tighter), index, True, candidate))
-            continue
-        visited += 1
+        queue.append((step_floor(model, candidate, parts), index, candidate, parts))
+    queue.sort(key=lambda item: (item[0], item[1]))
+    total = len(queue)
+    for visited, (floor, index, candidate, parts) in enumerate(queue):
         if progress is not None and visited % 64 == 0:
-            progress(total - len(queue), total)
-        run.visit(index, candidate)
+            progress(visited, total)
+        if floor >= run.threshold():
+            stats.pruned_bound += total - visited
+            break
+        run.visit(index, candidate, parts)
     if progress is not None:
         progress(total, total)
     run.result.plans = [found for _, _, found in run.best]
@@ -161,11 +150,10 @@ class _Run:
         """Step time a layout must beat to enter the best plans."""
         return self.best[-1][0] if len(self.best) >= self.top else float("inf")
 
-    def visit(self, index: int, candidate: Candidate) -> None:
+    def visit(self, index: int, candidate: Candidate, parts: Parts) -> None:
         """Try the solver's cuts (re-solved under a tighter limit while V > 1 overshoots)
         and the even cuts of the candidate."""
         model, layers = self.model, self.model.spec.num_layers
-        parts = parts_of(model, candidate, self.seq)
         inflight = inflight_of(candidate)
         target = self.limit
         for _ in range(0 if candidate.empty_ends else MEMORY_RETRIES):
