@@ -35,13 +35,17 @@ def test_saved_activations_match_the_analytic_model(one_thread, model, kind, tp,
                                              ("tiny-llama", "head")])
 def test_input_plus_weight_backward_is_the_full_backward(one_thread, model, kind):
     # big enough that the split's own overhead (graph analysis, one autograd call per
-    # parameter group) is small; passes interleave, so load on the machine hits both alike
-    row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"),
-                        Settings(device="cpu", dtype="fp32", warmup=2, repeats=11))
-    assert row.status == "ok", row.message
-    split = row.backward_input_ms + row.backward_weight_ms
-    assert split == pytest.approx(row.backward_ms, rel=0.25)
-    assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms) > 0
+    # parameter group) is small; passes interleave, so load on the machine hits both alike.
+    # A shared 2-core CI machine still moves one measurement by 20-30%: the median of three
+    # independent measurements is compared.
+    ratios = []
+    for _ in range(3):
+        row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"),
+                            Settings(device="cpu", dtype="fp32", warmup=2, repeats=11))
+        assert row.status == "ok", row.message
+        assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms) > 0
+        ratios.append((row.backward_input_ms + row.backward_weight_ms) / row.backward_ms)
+    assert sorted(ratios)[1] == pytest.approx(1.0, rel=0.25)
 
 
 def test_embedding_runs_its_whole_backward_as_weight_step(one_thread):
