@@ -49,28 +49,29 @@ class Layout:
         ]
 
 
-@lru_cache(maxsize=4096)
-def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tuple[tuple[LayerRange, ...], ...]:
-    """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible; when
+def even_stage_counts(num_layers: int, stages: int) -> list[int]:
+    """Layers of each of `stages` contiguous stages in model order, as even as possible; when
     the count does not divide, the extra layers go to the middle stages, since the first
     and last also carry the embedding and the head."""
+    base, extra = divmod(num_layers, stages)
+    order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
+    sizes = [base] * stages
+    for s in order[:extra]:
+        sizes[s] += 1
+    return sizes
+
+
+@lru_cache(maxsize=4096)
+def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tuple[tuple[LayerRange, ...], ...]:
+    """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible
+    (`even_stage_counts`), as [rank][chunk] layer ranges."""
     stages = pp * vpp
     if num_layers < stages:
         raise LayoutError(
             f"{num_layers} layers cannot fill {pp} pipeline ranks x {vpp} chunks = {stages} "
             "virtual stages; lower --pp or --vpp"
         )
-    base, extra = divmod(num_layers, stages)
-    order = sorted(range(stages), key=lambda s: (abs(s - (stages - 1) / 2), s))
-    sizes = [base] * stages
-    for s in order[:extra]:
-        sizes[s] += 1
-    starts = [sum(sizes[:s]) for s in range(stages)]
-    by_stage = [(starts[s], starts[s] + sizes[s]) for s in range(stages)]
-    return tuple(
-        tuple(by_stage[virtual_stage(rank, chunk, pp, schedule)] for chunk in range(vpp))
-        for rank in range(pp)
-    )
+    return stage_layers_from_counts(even_stage_counts(num_layers, stages), num_layers, pp, vpp, schedule)
 
 
 def stage_layers_from_counts(

@@ -31,14 +31,6 @@ def parse_recompute(text: str, pp: int) -> tuple[str, ...]:
     return tuple(modes)
 
 
-def parse_counts(text: str) -> list[int]:
-    """Comma-separated integers, e.g. '19,20,21,20'."""
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise LayoutError(f"--stage-layers takes comma-separated layer counts, got '{text}'") from None
-
-
 @app.command("evaluate")
 def evaluate_command(
     model: str = opt.MODEL,
@@ -84,7 +76,8 @@ def evaluate_command(
     if stage_layers is None:
         cuts = even_stage_layers(spec.num_layers, pp, vpp, schedule)
     else:
-        cuts = stage_layers_from_counts(parse_counts(stage_layers), spec.num_layers, pp, vpp, schedule)
+        counts = list(opt.int_list(stage_layers, "--stage-layers"))
+        cuts = stage_layers_from_counts(counts, spec.num_layers, pp, vpp, schedule)
     layout = Layout(
         tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
         schedule=schedule, recompute=parse_recompute(recompute, pp),

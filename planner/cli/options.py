@@ -8,6 +8,7 @@ import typer
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
+from planner.errors import LayoutError
 from planner.spec import Cluster, ModelSpec
 
 MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `planner models`) or a config.json path.")
@@ -58,3 +59,21 @@ def build_cost_model(
 def load_model(name_or_path: str) -> ModelSpec:
     """The model named on the command line."""
     return resolve_model(name_or_path)
+
+
+def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
+    """'4,8' -> (4, 8); None stays None."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise LayoutError(f"{flag} takes comma-separated integers, got '{text}'") from None
+    if any(v < 0 for v in values):
+        raise LayoutError(f"{flag} values must not be negative, got '{text}'")
+    return values
+
+
+def name_list(text: str | None) -> tuple[str, ...] | None:
+    """'1f1b,zb_h1' -> ('1f1b', 'zb_h1'); None stays None."""
+    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())

@@ -22,24 +22,6 @@ from planner.search.space import SearchSpace
 from planner.units import GiB
 
 
-def int_list(text: str | None, flag: str) -> tuple[int, ...] | None:
-    """'4,8' -> (4, 8); None stays None."""
-    if text is None:
-        return None
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise LayoutError(f"{flag} takes comma-separated integers, got '{text}'") from None
-    if any(v < 0 for v in values):
-        raise LayoutError(f"{flag} values must be positive, got '{text}'")
-    return values
-
-
-def name_list(text: str | None) -> tuple[str, ...] | None:
-    """'1f1b,zb_h1' -> ('1f1b', 'zb_h1'); None stays None."""
-    return None if text is None else tuple(x.strip() for x in text.split(",") if x.strip())
-
-
 def build_space(tp, pp, cp, vpp, mbs, schedules, recompute, per_rank, sequence_parallel, zero, runtime) -> SearchSpace:
     """The search space from the command-line restrictions (and the runtime's rules)."""
     for flag, values in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp), ("--mbs", mbs)):
@@ -105,9 +87,9 @@ def plan_command(
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
     spec = opt.load_model(model)
     cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb)
-    space = build_space(int_list(tp, "--tp"), int_list(pp, "--pp"), int_list(cp, "--cp"),
-                        int_list(vpp, "--vpp"), int_list(mbs, "--mbs"), name_list(schedules),
-                        name_list(recompute), per_rank, sequence_parallel, int_list(zero, "--zero"), runtime)
+    space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
+                        opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
+                        opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
     cost_model = opt.build_cost_model(spec, cluster, profile, CostOptions())
     accept = runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.cli.plan import build_space, int_list, name_list
+from planner.cli.plan import build_space
 from planner.cli.sweep_plot import line_chart
 from planner.cost.model import CostOptions
 from planner.errors import LayoutError, PlannerError
@@ -46,7 +46,7 @@ def sweep_command(
     """Search the best plan for each value of one input, e.g. to choose a cluster size."""
     if vary not in VARIABLES:
         raise LayoutError(f"--vary must be one of {', '.join(VARIABLES)}, got '{vary}'")
-    points = int_list(values, "--values")
+    points = opt.int_list(values, "--values")
     if not points or 0 in points:
         raise LayoutError("--values needs at least one positive integer")
     fixed = {"gpus": gpus, "global-batch": global_batch, "seq": seq}
@@ -54,8 +54,8 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
-    space = build_space(int_list(tp, "--tp"), int_list(pp, "--pp"), None, None, int_list(mbs, "--mbs"),
-                        name_list(schedules), None, True, None, None, runtime)
+    space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
+                        opt.name_list(schedules), None, True, None, None, runtime)
     rows = []
     for value in points:
         job = {**fixed, vary: value}

@@ -63,6 +63,7 @@ from planner.schedule import (
     schedule_info,
     simulate,
 )
+from planner.search.partition import split_into_chunks
 from planner.torch_blocks import BlockConfig, Transformer, lm_loss
 
 
@@ -172,10 +173,9 @@ def stage_layer_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]
     """[first, end) layers of each stage: an even split, earlier stages one more if uneven."""
     if num_stages > num_layers:
         raise ValueError(f"{num_stages} stages need at least as many layers, got {num_layers}")
-    base, extra = divmod(num_layers, num_stages)
     bounds = [0]
-    for s in range(num_stages):
-        bounds.append(bounds[-1] + base + (1 if s < extra else 0))
+    for count in split_into_chunks(num_layers, num_stages):
+        bounds.append(bounds[-1] + count)
     return list(zip(bounds, bounds[1:]))
 
 

@@ -20,12 +20,11 @@ from functools import lru_cache
 from planner.cost import memory
 from planner.cost.model import CostModel, LayerCosts
 from planner.cost.shapes import Shard
-from planner.layout import Layout, even_stage_layers, stage_layers_from_counts
+from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import virtual_stage
 from planner.predict import RankMemory, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
-from planner.schedule import SCHEDULES, generate, peak_held_counts
-from planner.schedule.actions import B, F, W
+from planner.schedule import SCHEDULES, generate, peak_held_counts, stage_to_rank
 from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
@@ -106,7 +105,8 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
 
 def head_rank(candidate: Candidate) -> int:
     """The pipeline rank holding the last stage (head and loss)."""
-    return 0 if SCHEDULES[candidate.schedule].placement == "v" and candidate.pp > 1 else candidate.pp - 1
+    pp, vpp = candidate.pp, candidate.vpp
+    return stage_to_rank(pp * vpp - 1, pp, vpp, SCHEDULES[candidate.schedule].placement)
 
 
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
@@ -171,23 +171,17 @@ def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
     virtual stages, which hold only the embedding and the head."""
     pp, vpp, schedule = candidate.pp, candidate.vpp, candidate.schedule
     if candidate.empty_ends:
-        middle = [end - start for start, end in
-                  sorted(r for per_rank in even_stage_layers(num_layers, pp * vpp - 2, 1, "1f1b") for r in per_rank)]
-        cuts = stage_layers_from_counts([0, *middle, 0], num_layers, pp, vpp, schedule)
+        counts = [0, *even_stage_counts(num_layers, pp * vpp - 2), 0]
+        cuts = stage_layers_from_counts(counts, num_layers, pp, vpp, schedule)
     else:
         cuts = even_stage_layers(num_layers, pp, vpp, schedule)
     return [layout_of(candidate, cuts, (mode,) * pp) for mode in candidate.modes]
 
 
 @lru_cache(maxsize=4096)
-def _order(schedule: str, pp: int, num_microbatches: int, vpp: int):
-    return generate(schedule, pp, num_microbatches, vpp)
-
-
-@lru_cache(maxsize=4096)
 def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
-    return peak_held_counts(_order(schedule, pp, num_microbatches, vpp), vpp)
+    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp), vpp)
 
 
 @lru_cache(maxsize=4096)
@@ -195,18 +189,7 @@ def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[
     known = inflight_closed_form(schedule, pp, num_microbatches, vpp)
     if known is not None:
         return known
-    peaks = []
-    for rank in range(pp):
-        held = peak = 0
-        for action in _order(schedule, pp, num_microbatches, vpp)[rank]:
-            kind = action.computation_type
-            if kind == F:
-                held += 1
-                peak = max(peak, held)
-            elif kind == W or kind == B:
-                held -= 1
-        peaks.append(peak)
-    return tuple(peaks)
+    return tuple(max(sum(v) for v in per_rank) for per_rank in held_counts(schedule, pp, num_microbatches, vpp))
 
 
 def inflight_of(candidate: Candidate) -> tuple[int, ...]:

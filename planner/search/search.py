@@ -156,10 +156,9 @@ class _Run:
         model, layers = self.model, self.model.spec.num_layers
         inflight = inflight_of(candidate)
         target = self.limit
+        solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
         for _ in range(0 if candidate.empty_ends else MEMORY_RETRIES):
-            costs = rank_costs(model, candidate, parts, inflight, target)
-            solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
-            cuts = solve(costs, layers)
+            cuts = solve(rank_costs(model, candidate, parts, inflight, target), layers)
             if cuts is None:
                 break
             peak = self.consider(index, solved_layout(candidate, cuts, layers))

@@ -30,7 +30,7 @@ REQUESTS = [
 
 def _clear_caches() -> None:
     compile_schedule.cache_clear()
-    for cached in (costing._order, costing.held_counts, costing._inflight):
+    for cached in (costing.held_counts, costing._inflight):
         cached.cache_clear()
 
 
