@@ -90,7 +90,7 @@ def _point(value, job, best, note) -> dict:
     if best is None:
         return {"value": value, "plan": None, "note": note}
     entry = entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
-    return {"value": value, "plan": json.loads(entry.model_dump_json())}
+    return {"value": value, "plan": entry.model_dump(mode="json")}
 
 
 def _table(model: str, vary: str, rows) -> Table:

@@ -107,6 +107,13 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
     if need < float("inf"):
         shown = layout_text(where) if isinstance(where, Layout) else "its weight and optimizer state alone"
         lines.append(f"the smallest need found is {need / GiB:.1f} GiB ({shown})")
+    def fits(text: str, other_model: CostModel, other_space: SearchSpace) -> str | None:
+        found = search(other_model, global_batch, seq, other_space, top=1, accept=accept)
+        if not found.plans:
+            return None
+        p = found.plans[0].prediction
+        return f"{text}: fits with {p.peak_memory_bytes / GiB:.1f} GiB, step {p.step_time_s:.2f} s, MFU {p.mfu:.1%}"
+
     tries: list[tuple[str, CostModel, SearchSpace]] = []
     if set(space.recompute) != set(RECOMPUTE_MODES) or not space.per_rank_recompute:
         tries.append(("--recompute full (or per rank)", model,
@@ -115,24 +122,19 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
         tries.append(("--zero 3 (shard weights, gradients and optimizer state)", model, replace(space, zero=(1, 2, 3))))
     if space.mbs != (1,):
         tries.append(("--mbs 1", model, replace(space, mbs=(1,))))
-    for factor in (2, 4, 8):
-        bigger = CostModel(model.spec, cluster.model_copy(update={"num_gpus": cluster.num_gpus * factor}),
-                           model.options, model.source)
-        tries.append((f"{factor}x the GPUs ({cluster.num_gpus * factor})", bigger, space))
+    helps = [h for h in (fits(*t) for t in tries) if h]
+    for factor in (2, 4, 8):  # only the smallest cluster that fits is worth naming
+        num_gpus = cluster.num_gpus * factor
+        bigger = CostModel(model.spec, cluster.model_copy(update={"num_gpus": num_gpus}), model.options, model.source)
+        if (h := fits(f"{factor}x the GPUs ({num_gpus})", bigger, space)) is not None:
+            helps.append(h)
+            break
     for name in LARGER_GPUS:
         gpu = resolve_gpu(name)
         if gpu.memory_gib * GiB > limit and cluster.memory_limit_gib is None:
-            tries.append((f"--gpu {name} ({gpu.memory_gib:.0f} GiB)", CostModel(
-                model.spec, Cluster.of(gpu, cluster.num_gpus), model.options), space))
-    helps = []
-    for text, other_model, other_space in tries:
-        found = search(other_model, global_batch, seq, other_space, top=1, accept=accept)
-        if found.plans:
-            p = found.plans[0].prediction
-            helps.append(f"{text}: fits with {p.peak_memory_bytes / GiB:.1f} GiB, step {p.step_time_s:.2f} s, "
-                         f"MFU {p.mfu:.1%}")
-            if "GPUs" in text:
-                break  # the smallest cluster that fits is the useful one
+            h = fits(f"--gpu {name} ({gpu.memory_gib:.0f} GiB)",
+                     CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), model.options), space)
+            helps += [h] if h else []
     if helps:
         lines.append("what would fit: " + "; ".join(helps))
     else:
