@@ -26,6 +26,8 @@ the input and the tensors saved for backward) and the device is cleaned for the 
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import math
 import platform
@@ -72,15 +74,35 @@ def default_device() -> str:
 
 
 def prepare(settings: Settings) -> None:
-    """Check the device and apply the memory cap (CUDA: the caching allocator's limit)."""
-    if settings.device == "cuda":
+    """Check the device and apply the memory cap (CUDA: the caching allocator's limit); on a
+    CPU, keep freed memory in the process as a caching allocator would."""
+    if settings.device == "cpu":
+        keep_freed_cpu_memory()
+    elif settings.device == "cuda":
         if not torch.cuda.is_available():
             raise PlannerError("--device cuda: no CUDA device is visible to torch")
         if settings.memory_cap_bytes is not None:
             total = torch.cuda.get_device_properties(0).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, settings.memory_cap_bytes / total))
-    elif settings.device != "cpu":
+    else:
         raise PlannerError(f"unknown device '{settings.device}': choose cuda or cpu")
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20
+
+
+def keep_freed_cpu_memory() -> None:
+    """Stop glibc from handing large freed blocks back to the kernel, so a CPU timing does
+    not count fresh page faults: the split backward keeps its graph alive until W, and
+    without this every I step maps new pages where the full backward reuses freed ones
+    (measured: I + W reads 1.2-1.25 B on the head instead of about 1.1). No-op off glibc."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX)
+    libc.mallopt(_M_TRIM_THRESHOLD, 2**40)
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -10,8 +10,12 @@ CPU_GRID = ["--tp", "1,2", "--mbs", "1,2", "--seq", "64,128"]
 
 @pytest.fixture(scope="session")
 def one_thread():
-    """Single-threaded torch for the session: CPU timings stay stable on a loaded machine."""
+    """Single-threaded torch for the session, freed memory kept as the profiler keeps it on a
+    CPU: timings stay stable on a loaded machine."""
     torch = pytest.importorskip("torch")
+    from planner.profile.measure import keep_freed_cpu_memory
+
+    keep_freed_cpu_memory()
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

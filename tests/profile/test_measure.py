@@ -3,6 +3,8 @@ against the full backward, parameters, out-of-memory rows."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -31,21 +33,23 @@ def test_saved_activations_match_the_analytic_model(one_thread, model, kind, tp,
     assert row.activation_bytes == pytest.approx(expected, rel=0.10)
 
 
-@pytest.mark.parametrize(("model", "kind"), [("tiny-llama", "transformer"), ("tiny-gpt", "transformer"),
-                                             ("tiny-llama", "head")])
-def test_input_plus_weight_backward_is_the_full_backward(one_thread, model, kind):
+@pytest.mark.parametrize(("model", "kind", "tolerance"), [("tiny-llama", "transformer", 0.25),
+                                                          ("tiny-gpt", "transformer", 0.25),
+                                                          ("tiny-llama", "head", 0.3)])
+def test_input_plus_weight_backward_is_the_full_backward(one_thread, model, kind, tolerance):
     # big enough that the split's own overhead (graph analysis, one autograd call per
     # parameter group) is small; passes interleave, so load on the machine hits both alike.
-    # A shared 2-core CI machine still moves one measurement by 20-30%: the median of three
-    # independent measurements is compared.
+    # A shared 2-core CI machine still moves one measurement by 20-30%: the median of five
+    # independent measurements is compared. The head's split runs its final norm's backward
+    # in both I and W, so it sits higher (1.05-1.25 over repeated runs on a 2-vCPU VM).
     ratios = []
-    for _ in range(3):
+    for _ in range(5):
         row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"),
                             Settings(device="cpu", dtype="fp32", warmup=2, repeats=11))
         assert row.status == "ok", row.message
         assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms) > 0
         ratios.append((row.backward_input_ms + row.backward_weight_ms) / row.backward_ms)
-    assert sorted(ratios)[1] == pytest.approx(1.0, rel=0.25)
+    assert statistics.median(ratios) == pytest.approx(1.0, rel=tolerance)
 
 
 def test_embedding_runs_its_whole_backward_as_weight_step(one_thread):
