@@ -19,6 +19,7 @@ from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
+from planner.schedule import head_rank
 from planner.units import GiB
 
 GRAD_BUCKET_PARAMS = 40e6
@@ -85,37 +86,35 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     spec = model.spec
     shard = Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp,
                   sequence_parallel=layout.sequence_parallel)
-    last_stage = layout.num_virtual_stages - 1
     pp, vpp = layout.pp, layout.vpp
-    fwd = [[0.0] * vpp for _ in range(pp)]
-    bwd_in = [[0.0] * vpp for _ in range(pp)]
-    bwd_w = [[0.0] * vpp for _ in range(pp)]
-    act = [[0.0] * vpp for _ in range(pp)]
-    extra = [0.0] * pp
-    params = [0.0] * pp
-    tp_comm = [0.0] * pp
-    embedding_rank = head_rank = -1
     blocks = {mode: model.layer_costs("transformer", shard, mode) for mode in set(layout.recompute)}
     embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
-    for rank, chunk, stage, (start, end) in layout.chunks():
-        parts = [(blocks[layout.recompute[rank]], end - start)]
-        if stage == 0:
-            parts.append((embedding, 1))
-            embedding_rank = rank
-        if stage == last_stage:
-            parts.append((head, 1))
-            head_rank = rank
-        for costs, count in parts:
-            fwd[rank][chunk] += count * (costs.forward_s + costs.comm_forward_s)
-            bwd_in[rank][chunk] += count * (costs.backward_input_s + costs.comm_backward_s)
-            bwd_w[rank][chunk] += count * costs.backward_weight_s
-            act[rank][chunk] += count * costs.activation_bytes
-            params[rank] += count * costs.param_count
-            tp_comm[rank] += count * (costs.comm_forward_s + costs.comm_backward_s)
-            if count:
-                extra[rank] = max(extra[rank], costs.peak_extra_bytes)
-    if spec.tie_embeddings and embedding_rank == head_rank:
-        params[head_rank] -= spec.vocab_size * spec.hidden_size / layout.tp
+    fwd, bwd_in, bwd_w, act = [], [], [], []
+    extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    for rank, per_rank in enumerate(layout.stage_layers):
+        block = blocks[layout.recompute[rank]]
+        block_fwd = block.forward_s + block.comm_forward_s
+        block_bwd_in = block.backward_input_s + block.comm_backward_s
+        layers = [end - start for start, end in per_rank]
+        fwd.append([n * block_fwd for n in layers])
+        bwd_in.append([n * block_bwd_in for n in layers])
+        bwd_w.append([n * block.backward_weight_s for n in layers])
+        act.append([n * block.activation_bytes for n in layers])
+        total = sum(layers)
+        params[rank] = total * block.param_count
+        tp_comm[rank] = total * (block.comm_forward_s + block.comm_backward_s)
+        extra[rank] = block.peak_extra_bytes if total else 0.0
+    last_rank = head_rank(layout.schedule, pp, vpp)
+    for costs, rank, chunk in ((embedding, 0, 0), (head, last_rank, vpp - 1)):
+        fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
+        bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
+        bwd_w[rank][chunk] += costs.backward_weight_s
+        act[rank][chunk] += costs.activation_bytes
+        params[rank] += costs.param_count
+        tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
+        extra[rank] = max(extra[rank], costs.peak_extra_bytes)
+    if spec.tie_embeddings and last_rank == 0:
+        params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
     p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     return ChunkCosts(

@@ -11,12 +11,12 @@ from rich.table import Table
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
-from planner.cost.model import CostModel, CostOptions
+from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES
 from planner.search.explain import alternatives, layout_text, what_would_fit
-from planner.search.runtimes import restrict, runtime_check
+from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -90,7 +90,7 @@ def plan_command(
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
-    cost_model = opt.build_cost_model(spec, cluster, profile, CostOptions())
+    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
     accept = runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     if not result.plans:

@@ -217,8 +217,8 @@ def calibrate_command(
     efficiency = result.efficiency.model_copy(update={"source": source})
     target = resolve_gpu(to) if to else None
     moved = transfer(efficiency, target, f"{spec.name} fit transferred as fractions of peak: {source}") if target else None
-    note = (f"Efficiencies are fractions of datasheet peak: they transfer to another GPU unchanged "
-            f"(--to GPU), whose times then scale with its own peak FLOP/s and HBM bandwidth.")
+    note = ("Efficiencies are fractions of datasheet peak: they transfer to another GPU unchanged "
+            "(--to GPU), whose times then scale with its own peak FLOP/s and HBM bandwidth.")
     if as_json:
         print_json(json.dumps({
             "gpu": spec.name, "profiles": [str(p) for p in profiles], "efficiency": efficiency.model_dump(),

@@ -12,11 +12,10 @@ from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
 from planner.cli.sweep_plot import line_chart
-from planner.cost.model import CostOptions
 from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
 from planner.search.explain import layout_text
-from planner.search.runtimes import runtime_check
+from planner.search.runtimes import runtime_check, runtime_cost_options
 from planner.search.search import search
 from planner.units import GiB
 
@@ -60,7 +59,7 @@ def sweep_command(
     for value in points:
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb)
-        cost_model = opt.build_cost_model(spec, cluster, profile, CostOptions())
+        cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
         accept = runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from planner.cost.shapes import Shard
+from planner.cost.shapes import Shard, separate_matmuls
 from planner.spec import ModelSpec
 from planner.units import GiB
 
@@ -32,10 +32,17 @@ class SavedTensor(NamedTuple):
     attention core, dropped by selective recompute."""
 
 
+SELECTIVE_POLICIES = ("core_attention", "every_other_matmul")
+"""What `selective` recompute means in the runtime: Megatron-LM's core-attention recompute,
+or torchtitan's per-op checkpointing (`SelectiveAC`), which saves the attention op's and every
+other matmul's output and recomputes the rest of the block."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
+    selective_policy: str = "core_attention"
 
 
 def saved_tensors(
@@ -117,16 +124,30 @@ def activation_bytes(
     options: ActivationOptions = ActivationOptions(),
 ) -> float:
     """Bytes `kind` holds for backward per micro-batch, under `recompute`:
-    "none" keeps every saved tensor, "selective" (Megatron's core-attention recompute)
-    drops the unfused attention core's, "full" keeps only each block's input."""
+    "none" keeps every saved tensor, "selective" drops the unfused attention core's
+    (Megatron's core-attention recompute) or keeps what `every_other_matmul_saved` lists
+    (torchtitan's per-op policy), "full" keeps only each block's input."""
     saved = saved_tensors(spec, kind, shard, options)
     if kind != "transformer" or recompute == "none":
         return sum(t.bytes for t in saved)
+    if recompute == "selective" and options.selective_policy == "every_other_matmul":
+        return every_other_matmul_saved(spec, shard)
     if recompute == "selective":
         return sum(t.bytes for t in saved if t.recompute == "keep")
     if recompute == "full":
         return BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size
     raise ValueError(f"unknown recompute mode {recompute!r}")
+
+
+def every_other_matmul_saved(spec: ModelSpec, shard: Shard) -> float:
+    """Bytes a block keeps under torchtitan's per-op checkpointing: its input, the outputs of
+    its 1st, 3rd, 5th... matmul (q, v, gate, down for a SwiGLU block with separate
+    projections) and the attention op's output and log-sum-exp; everything else is recomputed."""
+    matmuls = separate_matmuls(spec, shard)
+    heads = spec.num_attention_heads / shard.tp
+    attention = (BYTES_BF16 * spec.kv_channels + BYTES_FP32) * shard.local_tokens * heads
+    block_input = BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size
+    return block_input + sum(BYTES_BF16 * g.m * g.n * g.count for g in matmuls[0::2]) + attention
 
 
 def transformer_param_count(spec: ModelSpec, tp: int = 1) -> float:

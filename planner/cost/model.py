@@ -16,7 +16,7 @@ from typing import Protocol
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute, LayerTimes
-from planner.cost.shapes import Shard, layer_work
+from planner.cost.shapes import Shard, layer_work, separate_matmuls
 from planner.spec import Cluster, ModelSpec
 from planner.units import DTYPE_BYTES
 
@@ -36,6 +36,10 @@ class CostOptions:
     """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
+    selective_policy: str = "core_attention"
+    """What recompute `selective` runs (memory.SELECTIVE_POLICIES): Megatron-LM's core-attention
+    recompute, or torchtitan's per-op policy that recomputes every other matmul and the
+    elementwise ops."""
     elementwise_traffic: float = 1.0
     """HBM bytes the memory-bound ops (norms, RoPE, activation, residuals) move relative to
     fused kernels (1: Megatron/TE fused kernels or torch.compile). Eager PyTorch runs them op
@@ -116,8 +120,12 @@ class CostModel:
         self.source = source or AnalyticSource(
             spec, self.analytic, options.flash_attention, options.elementwise_traffic
         )
+        if options.selective_policy not in memory.SELECTIVE_POLICIES:
+            raise ValueError(f"selective_policy must be one of {memory.SELECTIVE_POLICIES}, "
+                             f"got {options.selective_policy!r}")
         self.act_options = memory.ActivationOptions(
-            flash_attention=options.flash_attention, dropout=options.dropout
+            flash_attention=options.flash_attention, dropout=options.dropout,
+            selective_policy=options.selective_policy,
         )
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
 
@@ -128,6 +136,7 @@ class CostModel:
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none") -> LayerCosts:
         times = self.source.layer_times(kind, shard)
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
+        comm_bwd += self._recompute_comm(kind, shard, recompute)
         hidden = 1.0 - self.options.tp_comm_overlap
         recompute_s = self._recompute_time(kind, shard, recompute, times)
         saved = self._measured_activation_bytes(kind, shard, recompute)
@@ -156,23 +165,49 @@ class CostModel:
         )
 
     def _measured_activation_bytes(self, kind: str, shard: Shard, recompute: str) -> float | None:
-        """Saved bytes from a measured profile of the same dtype, where it has them."""
+        """Saved bytes from a measured profile of the same dtype, where it has them (the
+        profiler's `selective` is the core-attention policy)."""
         measured = getattr(self.source, "activation_bytes", None)
         profile = getattr(self.source, "profile", None)
         if measured is None or profile is None or profile.dtype != self.options.dtype:
             return None
+        if recompute == "selective" and self.options.selective_policy != "core_attention":
+            return None
         return measured(kind, shard, recompute)
 
     def _recompute_time(self, kind: str, shard: Shard, recompute: str, times: LayerTimes) -> float:
-        """Full recompute re-runs the block's forward; selective re-runs the attention core."""
+        """Full recompute re-runs the block's forward; selective re-runs the attention core
+        or, under the every-other-matmul policy, the 2nd, 4th... matmul and the elementwise ops."""
         if kind != "transformer" or recompute == "none":
             return 0.0
         if recompute == "full":
             return times.forward_s
+        if self.options.selective_policy == "every_other_matmul":
+            work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
+            matmuls = separate_matmuls(self.spec, shard)[1::2]
+            elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
+            return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
+                    + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
         work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
         return self.analytic.attention_time(
             work.attention_flops, work.attention_seq, False, self.options.flash_attention
         )
+
+    def _recompute_comm(self, kind: str, shard: Shard, recompute: str) -> float:
+        """TP collectives the recomputation re-runs. torchtitan's per-op policy keeps
+        reduce-scatter outputs but not all-gathers or all-reduces, and its recompute runs up to
+        the MLP's down projection: the two sequence-parallel all-gathers (attention and MLP
+        inputs), or without sequence parallelism the attention output's all-reduce. Full
+        recompute re-runs the block's forward with its collectives."""
+        if kind != "transformer" or shard.tp == 1 or recompute == "none":
+            return 0.0
+        net, tp = self.network, shard.tp
+        act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
+        if recompute == "full":
+            return self._tp_cp_comm(kind, shard)[0]
+        if self.options.selective_policy != "every_other_matmul":
+            return 0.0
+        return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
 
     def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float]:
         """Forward and backward communication of the layer inside its TP and CP groups:

@@ -108,6 +108,24 @@ def transformer_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
     return tuple(gemms)
 
 
+def separate_matmuls(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
+    """The block's forward matmuls with one projection per matmul (q, k, v, out, gate, up,
+    down for a SwiGLU block), in the order a torch module runs them: the order a per-op
+    checkpoint policy counts them in."""
+    d, tp = spec.kv_channels, shard.tp
+    swiglu = spec.activation == "swiglu"
+    out: list[Gemm] = []
+    for g in transformer_gemms(spec, shard):
+        if g.name == "qkv":
+            q, kv = spec.num_attention_heads * d // tp, spec.num_kv_heads * d // tp
+            out += [g._replace(name="q", n=q), g._replace(name="k", n=kv), g._replace(name="v", n=kv)]
+        elif g.name.endswith("_up") and swiglu:
+            out += [g._replace(name=g.name.replace("up", "gate"), n=g.n // 2), g._replace(n=g.n // 2)]
+        else:
+            out.append(g)
+    return tuple(out)
+
+
 def attention_core_flops(spec: ModelSpec, shard: Shard, flash: bool) -> float:
     """Forward FLOPs of QK^T and AV on one shard. A fused causal (flash) kernel skips the
     masked half: 2*b*s^2*a*d/(tp*cp); the unfused path computes the full square, twice that."""

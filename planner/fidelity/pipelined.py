@@ -25,7 +25,8 @@ for the others, and `p2p_s` from step 2. torch's per-action runtime cost (schedu
 bookkeeping, posting gloo sends and receives) is not added: it is about a millisecond against
 actions of 10-80 ms here, below this benchmark's noise (see docs/accuracy_pipelined.md).
 Memory compared is autograd's saved activations per rank (simulator: `activation_bytes` held
-from F to I, `weight_grad_bytes` from I to W); weights, gradients and communication buffers
+from F to I, `weight_grad_bytes` from I to W, and under the split `retained_bytes` from W to
+the end of the step); weights, gradients and communication buffers
 are not in either figure. Not modelled (nor run): the optimizer step and gradient scaling
 (`scale_grads=False`).
 """
@@ -181,7 +182,8 @@ def stage_layer_ranges(num_layers: int, num_stages: int) -> list[tuple[int, int]
 
 def stage_costs(m: CaseMeasurement) -> StageCosts:
     """The simulator's costs from the measurements: F, I, W, or B as I and W = 0 when the
-    schedule does not split the backward (torch then runs one full backward call)."""
+    schedule does not split the backward (torch then runs one full backward call, which frees
+    the whole graph); with the split, what W leaves held stays until the step ends."""
     split = schedule_info(m.schedule).split_backward
 
     def table(value: Callable[[ChunkProfile], float]) -> tuple[tuple[float, ...], ...]:
@@ -194,6 +196,8 @@ def stage_costs(m: CaseMeasurement) -> StageCosts:
         p2p_s=m.p2p_s,
         activation_bytes=table(lambda c: float(c.activation_bytes)),
         weight_grad_bytes=table(lambda c: float(min(c.weight_grad_bytes, c.activation_bytes))),
+        retained_bytes=table(lambda c: float(min(c.retained_bytes, c.weight_grad_bytes, c.activation_bytes))
+                             if split else 0.0),
     )
 
 

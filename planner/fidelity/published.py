@@ -31,6 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.memory import SELECTIVE_POLICIES
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
@@ -77,6 +78,8 @@ class PublishedRun(BaseModel):
     grad_reduce_bytes: int = Field(ge=2, le=4)
     elementwise_traffic: float = Field(default=1.0, ge=1.0)
     """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
+    selective_policy: str = "core_attention"
+    """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     tflops_per_gpu: float | None = Field(default=None, gt=0)
     mfu: float | None = Field(default=None, gt=0, lt=1)
@@ -88,6 +91,8 @@ class PublishedRun(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> PublishedRun:
+        if self.selective_policy not in SELECTIVE_POLICIES:
+            raise ValueError(f"selective_policy must be one of {', '.join(SELECTIVE_POLICIES)}")
         if self.tp * self.pp * self.cp * self.dp != self.gpus:
             raise ValueError(
                 f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp} != {self.gpus} GPUs"
@@ -183,6 +188,7 @@ def build(run: PublishedRun) -> tuple[CostModel, Layout]:
         tp_comm_overlap=run.tp_comm_overlap,
         grad_reduce_bytes=run.grad_reduce_bytes,
         elementwise_traffic=run.elementwise_traffic,
+        selective_policy=run.selective_policy,
     )
     if run.stage_layers is None:
         cuts = even_stage_layers(spec.num_layers, run.pp, run.vpp, run.schedule)

@@ -28,6 +28,7 @@ from planner.schedule.registry import (
     TORCH_SCHEDULE_CLASS,
     ScheduleInfo,
     check_shape,
+    head_rank,
     schedule_info,
 )
 from planner.schedule.simulate import (
@@ -60,6 +61,7 @@ __all__ = [
     "check_order",
     "check_send_recv",
     "check_shape",
+    "head_rank",
     "compile_order",
     "compile_schedule",
     "compute_only",

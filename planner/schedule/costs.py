@@ -49,6 +49,10 @@ class StageCosts:
     weight_grad_bytes: Table | None = None
     """Bytes of those still held after I until W ends (the paper's M_W: layer inputs and output
     gradients that dW needs); None holds all of activation_bytes until W (upper bound)."""
+    retained_bytes: Table | None = None
+    """Bytes of those still held after the micro-batch's last backward action (W, or B) until
+    the step ends: what the runtime keeps referenced (torch's schedule keeps each micro-batch's
+    loss, and with it the graph its weight-gradient pass does not walk). None: nothing."""
     slowdown: tuple[float, ...] | None = None
     """Per-rank factor multiplying every compute time of that rank (straggler), 1.0 = nominal."""
 
@@ -58,19 +62,14 @@ class StageCosts:
             raise ScheduleError("StageCosts.forward_s must have at least one rank and one chunk")
         for name in ("forward_s", "backward_input_s", "backward_weight_s"):
             _check_table(name, getattr(self, name), num_ranks, vpp)
-        for name in ("activation_bytes", "weight_grad_bytes"):
+        for name in ("activation_bytes", "weight_grad_bytes", "retained_bytes"):
             table = getattr(self, name)
             if table is not None:
                 _check_table(name, table, num_ranks, vpp)
-        if self.weight_grad_bytes is not None:
-            if self.activation_bytes is None:
-                raise ScheduleError("StageCosts.weight_grad_bytes needs activation_bytes too")
-            pairs = zip(_flat(self.weight_grad_bytes), _flat(self.activation_bytes))
-            if any(held > total for held, total in pairs):
-                raise ScheduleError(
-                    "StageCosts.weight_grad_bytes (held until W) cannot exceed activation_bytes "
-                    "(held until I) on any chunk"
-                )
+        self._check_nested("weight_grad_bytes", "held until W", "activation_bytes", "held until I")
+        self._check_nested("retained_bytes", "held until the step ends",
+                           "weight_grad_bytes" if self.weight_grad_bytes is not None else "activation_bytes",
+                           "held until the backward ends")
         if self.p2p_s < 0:
             raise ScheduleError(f"StageCosts.p2p_s must be >= 0, got {self.p2p_s}")
         if self.slowdown is not None and (
@@ -78,6 +77,18 @@ class StageCosts:
         ):
             raise ScheduleError(
                 f"StageCosts.slowdown needs {num_ranks} positive factors, got {self.slowdown}"
+            )
+
+    def _check_nested(self, inner: str, inner_what: str, outer: str, outer_what: str) -> None:
+        """`inner` bytes are a part of `outer` bytes on every chunk."""
+        table = getattr(self, inner)
+        if table is None:
+            return
+        if self.activation_bytes is None:
+            raise ScheduleError(f"StageCosts.{inner} needs activation_bytes too")
+        if any(part > whole for part, whole in zip(_flat(table), _flat(getattr(self, outer)))):
+            raise ScheduleError(
+                f"StageCosts.{inner} ({inner_what}) cannot exceed {outer} ({outer_what}) on any chunk"
             )
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import ScheduleError
+from planner.schedule.actions import stage_to_rank
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +77,11 @@ def schedule_info(name: str) -> ScheduleInfo:
         raise ScheduleError(
             f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}"
         ) from None
+
+
+def head_rank(name: str, pp: int, vpp: int) -> int:
+    """The pipeline rank that runs the last virtual stage (head and loss) of schedule `name`."""
+    return stage_to_rank(pp * vpp - 1, pp, vpp, schedule_info(name).placement)
 
 
 def interleave_rounds(pp: int, num_microbatches: int) -> tuple[int, int]:

@@ -254,10 +254,11 @@ def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, .
     if costs.activation_bytes is None:
         return None
     held_after_i = costs.weight_grad_bytes or costs.activation_bytes
+    retained = costs.retained_bytes or tuple((0.0,) * len(row) for row in costs.activation_bytes)
     info = compiled.info
     peaks = []
     for r in range(info.num_ranks):
-        full, kept = costs.activation_bytes[r], held_after_i[r]
+        full, kept, stays = costs.activation_bytes[r], held_after_i[r], retained[r]
         held = peak = 0.0
         for stage, kind, _ in compiled.rank_actions[r]:
             c = info.stage_chunk[stage]
@@ -267,9 +268,9 @@ def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, .
             elif kind == I:
                 held -= full[c] - kept[c]
             elif kind == W:
-                held -= kept[c]
+                held -= kept[c] - stays[c]
             else:
-                held -= full[c]
+                held -= full[c] - stays[c]
         peaks.append(peak)
     return tuple(peaks)
 

@@ -22,9 +22,9 @@ from planner.cost.model import CostModel, LayerCosts
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import virtual_stage
-from planner.predict import RankMemory, layout_memory, optimizer_time
+from planner.predict import layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
-from planner.schedule import SCHEDULES, generate, peak_held_counts, stage_to_rank
+from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
@@ -81,10 +81,53 @@ def total_params(model: CostModel, parts: Parts) -> float:
     return params
 
 
-def memory_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
-    """Bytes the most loaded GPU needs at least, whatever the cuts: its share of the state."""
-    tensors = total_params(model, parts) * state_bytes(candidate) / candidate.pp
+def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...]) -> float:
+    """Bytes the most loaded GPU needs at least, whatever the cuts and recompute modes.
+
+    Rank r with n_r layers holds their state and, at its in-flight peak, `inflight[r]`
+    chunk activations of at least floor(n_r / V) layers each (its smallest chunk), in the
+    mode that saves the least. Both are linear in n_r, c_r + k_r n_r, so the continuous
+    relaxation of min over cuts of max_r (sum n_r = L) is exact in closed form:
+    T = (L + sum c_r / k_r) / sum 1 / k_r; it is never above the best integer cuts."""
+    pp, vpp = candidate.pp, candidate.vpp
+    state = state_bytes(candidate)
+    last = head_rank(candidate.schedule, pp, vpp)
+    least_saved = min(block.activation_bytes for block in parts.blocks)
+    slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
+    inverse_sum = weighted_sum = 0.0
+    for rank in range(pp):
+        per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
+        fixed = state * _fixed_params(model, parts, rank, last) - per_layer_act * slack
+        per_layer = state * parts.blocks[0].param_count + per_layer_act / vpp
+        inverse_sum += 1.0 / per_layer
+        weighted_sum += fixed / per_layer
+    tensors = (model.spec.num_layers + weighted_sum) / inverse_sum
+    tensors = max(tensors, total_params(model, parts) * state / pp)
     return (1 + memory.FRAGMENTATION) * tensors + memory.FIXED_ALLOWANCE_BYTES
+
+
+def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
+                        layout: Layout) -> float:
+    """Bytes the most loaded GPU of `layout`, cut from `candidate`, needs at least: each
+    rank's state, and its in-flight count times its smallest chunk's activations."""
+    state = state_bytes(candidate)
+    last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
+    worst = 0.0
+    for rank, per_rank in enumerate(layout.stage_layers):
+        layers = [end - start for start, end in per_rank]
+        block = parts.blocks[candidate.modes.index(layout.recompute[rank])]
+        params = sum(layers) * block.param_count + _fixed_params(model, parts, rank, last)
+        worst = max(worst, params * state + inflight[rank] * min(layers) * block.activation_bytes)
+    return (1 + memory.FRAGMENTATION) * worst + memory.FIXED_ALLOWANCE_BYTES
+
+
+def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:
+    """Parameters of rank `rank` outside its transformer layers: the embedding on the
+    first rank, the head on `last` (once when tied and on the same rank)."""
+    params = (parts.embedding.param_count if rank == 0 else 0) + (parts.head.param_count if rank == last else 0)
+    if model.spec.tie_embeddings and rank == 0 and last == 0:
+        params -= parts.head.param_count
+    return params
 
 
 def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
@@ -103,25 +146,17 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
     return pipeline + optimizer
 
 
-def head_rank(candidate: Candidate) -> int:
-    """The pipeline rank holding the last stage (head and loss)."""
-    pp, vpp = candidate.pp, candidate.vpp
-    return stage_to_rank(pp * vpp - 1, pp, vpp, SCHEDULES[candidate.schedule].placement)
-
-
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
                limit_bytes: float) -> RankCosts:
     """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes."""
     pp, vpp = candidate.pp, candidate.vpp
     state = state_bytes(candidate)
     grow = 1 + memory.FRAGMENTATION
-    last = head_rank(candidate)
+    last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed_s, fixed_bytes, layer_bytes = [], [], []
     for rank in range(pp):
         fixed = [p for p, on in ((parts.embedding, rank == 0), (parts.head, rank == last)) if on]
-        params = sum(p.param_count for p in fixed)
-        if model.spec.tie_embeddings and rank == 0 and last == 0:
-            params -= parts.head.param_count
+        params = _fixed_params(model, parts, rank, last)
         held = inflight[rank] / vpp
         fixed_s.append(sum(total_s(p) for p in fixed))
         fixed_bytes.append(tuple(

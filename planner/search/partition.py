@@ -109,12 +109,12 @@ def balanced_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
 
     Feasibility of a bottleneck T is monotone in T, so bisection finds the least feasible
     T; the optimum is one of the values e_r + n t_m, so once the interval is narrower than
-    a layer the few such values inside it are tried in order."""
+    a layer a bisection over the few such values inside it ends it."""
     memory = _memory_caps(costs)
-    if costs.num_ranks * costs.min_layers > num_layers or _caps(costs, memory, num_layers, math.inf) is None:
+    unbounded = _caps(costs, memory, num_layers, math.inf)
+    if costs.num_ranks * costs.min_layers > num_layers or unbounded is None:
         return None
-    hi = max(costs.fixed_s) + num_layers * max(costs.layer_s)
-    lo = 0.0
+    lo, hi = _bracket(costs, memory, unbounded, num_layers)
     resolution = 0.5 * min(costs.layer_s) if min(costs.layer_s) > 0 else 0.0
     while hi - lo > max(resolution, 1e-12 * hi):
         mid = 0.5 * (lo + hi)
@@ -122,14 +122,40 @@ def balanced_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
             lo = mid
         else:
             hi = mid
-    hi = min(t for t in _values_between(costs, num_layers, lo, hi)
-             if _caps(costs, memory, num_layers, t) is not None)
+    values = sorted(set(_values_between(costs, num_layers, lo, hi)))
+    first, last = 0, len(values) - 1  # values[last] == hi is feasible; feasibility is monotone
+    while first < last:
+        middle = (first + last) // 2
+        if _caps(costs, memory, num_layers, values[middle]) is None:
+            first = middle + 1
+        else:
+            last = middle
+    hi = values[last]
     caps = _caps(costs, memory, num_layers, hi)
     assert caps is not None
     layers = _trim(costs, caps, num_layers)
     chosen = tuple(_fastest_mode(costs, memory, r, n, hi) for r, n in enumerate(layers))
     bottleneck = max(costs.fixed_s[r] + n * costs.layer_s[m] for r, (n, m) in enumerate(zip(layers, chosen)))
     return Cuts(layers=tuple(layers), modes=tuple(costs.modes[m] for m in chosen), bottleneck_s=bottleneck)
+
+
+def _bracket(costs: RankCosts, memory: list[list[int]], unbounded: list[int], num_layers: int) -> tuple[float, float]:
+    """An infeasible and a feasible bottleneck around the optimum. Below: every rank's
+    minimum, and the fastest mode's time spread perfectly over the ranks. Above: one more
+    fastest layer than that, which suffices unless memory binds; else each rank at the
+    most layers the memory allows it (`unbounded`), in a mode that holds them."""
+    fastest = min(costs.layer_s)
+    ranks = costs.num_ranks
+    below = max(max(costs.fixed_s) + costs.min_layers * fastest,
+                (sum(costs.fixed_s) + num_layers * fastest) / ranks) * (1 - 1e-9)
+    near = below + fastest
+    if fastest > 0 and _caps(costs, memory, num_layers, near) is not None:
+        return below, near
+    above = max(
+        fixed + min(t for cap, t in zip(memory[r], costs.layer_s) if cap >= unbounded[r]) * unbounded[r]
+        for r, fixed in enumerate(costs.fixed_s)
+    )
+    return max(below, near if fastest > 0 else below), above
 
 
 def _values_between(costs: RankCosts, num_layers: int, lo: float, hi: float) -> list[float]:

@@ -4,13 +4,14 @@ Two layers: `restrict` narrows the space up front with each runtime's fixed rule
 schedules, one recompute setting for every stage, its parallel dimensions), which keeps
 the search fast; `runtime_check` then asks the runtime's exporter itself about every plan
 that would enter the answer, so a plan `plan --runtime R` returns is one `export --to R`
-writes. The rules must agree with the exporters (tests/search/test_runtimes.py checks it).
+writes. The rules must agree with the exporters (tests/cli/test_plan.py checks it).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.cost.model import CostOptions
 from planner.errors import ExportError, PlannerError
 from planner.export import EXPORTERS, export_plan
 from planner.layout import Layout, entry_from_layout
@@ -26,6 +27,17 @@ RUNTIME_RULES: dict[str, dict] = {
                   "recompute": ("none", "full"), "zero": (0, 1)},
 }
 """What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
+
+RUNTIME_COSTS: dict[str, dict] = {
+    "torchtitan": {"selective_policy": "every_other_matmul"},
+}
+"""How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
+(what the torchtitan exporter writes for `selective`) recomputes every other matmul."""
+
+
+def runtime_cost_options(runtime: str | None) -> CostOptions:
+    """The cost model's options for plans that `runtime` will run (defaults: Megatron-LM's)."""
+    return CostOptions(**RUNTIME_COSTS.get(runtime or "", {}))
 
 
 def restrict(space: SearchSpace, runtime: str) -> SearchSpace:

@@ -32,8 +32,9 @@ from planner.search.bounds import layout_bound
 from planner.search.costing import (
     Parts,
     even_layouts,
-    inflight_of,
     excess_memory,
+    inflight_of,
+    layout_memory_floor,
     memory_floor,
     parts_of,
     rank_costs,
@@ -110,7 +111,7 @@ def search(
     for index, candidate in enumerate(candidates(model.spec, model.cluster, global_batch, seq, space)):
         stats.candidates += 1
         parts = parts_of(model, candidate, seq)
-        floor = memory_floor(model, candidate, parts)
+        floor = memory_floor(model, candidate, parts, inflight_of(candidate))
         if floor > run.limit:
             stats.pruned_memory += 1
             run.note_need(floor, candidate)
@@ -161,21 +162,27 @@ class _Run:
             cuts = solve(rank_costs(model, candidate, parts, inflight, target), layers)
             if cuts is None:
                 break
-            peak = self.consider(index, solved_layout(candidate, cuts, layers))
+            peak = self.consider(index, solved_layout(candidate, cuts, layers), candidate, parts, inflight)
             if peak is None or peak <= self.limit or candidate.vpp == 1:
                 break
             target -= (peak - self.limit) * 1.01
         for mode, layout in enumerate(even_layouts(candidate, layers)):
             if step_floor(model, candidate, parts, mode) < self.threshold():
-                self.consider(index, layout)
+                self.consider(index, layout, candidate, parts, inflight)
 
-    def consider(self, index: int, layout: Layout) -> float | None:
-        """Bound, simulate and keep the layout if it is among the best; its peak memory,
-        or None when it was not simulated."""
+    def consider(self, index: int, layout: Layout, candidate: Candidate, parts: Parts,
+                 inflight: tuple[int, ...]) -> float | None:
+        """Bound, simulate and keep the layout (cut from `candidate`) if it is among the best;
+        its peak memory (or a floor of it), or None when it was not simulated."""
         if layout in self.seen:
             return None
         self.seen.add(layout)
         stats = self.result.stats
+        floor = layout_memory_floor(self.model, candidate, parts, inflight, layout)
+        if floor > self.limit:
+            stats.out_of_memory += 1
+            self.note_need(floor, layout)
+            return floor
         costs = chunk_costs(self.model, layout, self.seq)
         if _bound(self.model, layout, costs) >= self.threshold():
             stats.pruned_bound += 1

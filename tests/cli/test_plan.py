@@ -98,6 +98,21 @@ def test_runtime_plans_export(cli, tmp_path, runtime):
             assert entry.schedule in ("1f1b", "interleaved_1f1b")
 
 
+def test_torchtitan_plans_are_costed_with_its_selective_checkpointing(cli):
+    """torchtitan's `selective` (SelectiveAC, what its exporter writes) recomputes every other
+    matmul: its selective plan is slower and smaller than the same layout under Megatron's
+    core-attention recompute, which flash attention makes nearly free."""
+    restrict = ("--recompute", "selective", "--pp", "1", "--zero", "3", "--mbs", "1", "--top", "1")
+    [titan] = _plans(cli, "--runtime", "torchtitan", *restrict)
+    [megatron] = _plans(cli, "--runtime", "megatron", *restrict, "--tp", str(titan["tp"]),
+                        "--sp" if titan["sequence_parallel"] else "--no-sp")
+    assert titan["tp"] == megatron["tp"]
+    assert titan["predicted"]["step_time_s"] > megatron["predicted"]["step_time_s"]
+    assert max(titan["predicted"]["memory_gb_per_stage"]) < max(megatron["predicted"]["memory_gb_per_stage"])
+    document = PlanFile(plans=[PlanEntry.model_validate(titan)], model=resolve_model("llama3-8b"))
+    assert "SelectiveAC" in "".join(export_plan(document, "torchtitan").values())
+
+
 @pytest.mark.parametrize("runtime", sorted(RUNTIME_RULES))
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_runtime_schedule_rules_agree_with_the_exporters(runtime, schedule):

@@ -60,7 +60,6 @@ def test_two_process_schedules_within_25_percent():
     assert [r.schedule for r in rows] == [c.schedule for c in DEFAULT_CASES]
     for row in rows:
         assert abs(row.error) <= 0.25, format_table([row])
-        # non-split schedules free everything at B: the saved-bytes model is exact there
-        if row.schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
-            for predicted, measured in zip(row.predicted_peak_bytes, row.measured_peak_bytes):
-                assert predicted == pytest.approx(measured, rel=0.02)
+        # saved bytes held F to I, I to W, and (split backward) W to the step's end
+        for predicted, measured in zip(row.predicted_peak_bytes, row.measured_peak_bytes):
+            assert predicted == pytest.approx(measured, rel=0.02)

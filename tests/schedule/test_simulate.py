@@ -202,6 +202,33 @@ def test_costs_must_fit_the_schedule():
     with pytest.raises(ScheduleError, match="cannot exceed"):
         StageCosts(forward_s=((1.0,),), backward_input_s=((1.0,),), backward_weight_s=((1.0,),),
                    activation_bytes=((1.0,),), weight_grad_bytes=((2.0,),))
+    with pytest.raises(ScheduleError, match="retained_bytes .* cannot exceed weight_grad_bytes"):
+        StageCosts(forward_s=((1.0,),), backward_input_s=((1.0,),), backward_weight_s=((1.0,),),
+                   activation_bytes=((3.0,),), weight_grad_bytes=((1.0,),), retained_bytes=((2.0,),))
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "vpp"), [("1f1b", 4, 8, 1), ("zb_h1", 4, 8, 1), ("zbv", 2, 8, 2),
+                                                   ("interleaved_1f1b", 2, 4, 2)])
+def test_retained_bytes_stay_until_the_step_ends(name, pp, m, vpp):
+    """Bytes retained after each backward pile up: with everything retained a rank ends holding
+    every micro-batch of every chunk; with a part r retained, the last of them adds r per
+    earlier micro-batch on top of the held-count peak it could not exceed otherwise."""
+    compiled = compile_schedule(name, pp, m, vpp)
+    base = _uniform(pp, vpp, 1, 1, 1)
+    ones = tuple((1.0,) * vpp for _ in range(pp))
+
+    def peaks(retained):
+        costs = StageCosts(forward_s=base.forward_s, backward_input_s=base.backward_input_s,
+                           backward_weight_s=base.backward_weight_s, activation_bytes=ones,
+                           retained_bytes=retained)
+        return simulate(compiled, costs).peak_activation_bytes
+
+    assert peaks(ones) == (float(m * vpp),) * pp
+    plain, none_kept = peaks(None), peaks(tuple((0.0,) * vpp for _ in range(pp)))
+    assert plain == none_kept
+    half = peaks(tuple((0.5,) * vpp for _ in range(pp)))
+    for r in range(pp):
+        assert plain[r] < half[r] <= plain[r] + 0.5 * m * vpp
 
 
 def test_timeline_and_compiled_cache():

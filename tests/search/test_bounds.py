@@ -1,16 +1,24 @@
-"""The search's bounds never exceed what the simulator finds, and the held counts it uses
-for memory agree with the simulator's own activation peaks."""
+"""The search's bounds never exceed what the simulator finds (time and memory), and the
+held counts it uses for memory agree with the simulator's own activation peaks."""
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.model import CostModel
+from planner.layout import stage_layers_from_counts
 from planner.pipeline import ChunkCosts
+from planner.predict import predict
 from planner.schedule import SCHEDULES, StageCosts, check_shape, compile_schedule, generate, peak_held_counts, simulate
 from planner.search.bounds import FIRST_CHUNK_SHARE, layout_bound, work_bound
+from planner.search.costing import inflight_of, layout_memory_floor, layout_of, memory_floor, parts_of
+from planner.search.space import Candidate, SearchSpace, candidates
+from planner.spec import Cluster
 
 
 @st.composite
@@ -86,3 +94,45 @@ def test_work_bound_closed_forms():
     # c = 1: T = W / (1 - (1 - 1/M)^P) lies between uniform 1F1B's M W / P and (M + P - 1) W / P
     t = work_bound(w, 1.0, m, p)
     assert m * w / p < t <= (m + p - 1) * w / p
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.data())
+def test_memory_floors_never_exceed_the_predicted_peak(data):
+    """Any cuts (at least one layer per chunk, or empty end stages for such candidates)
+    and any recompute mode per rank: the candidate's floor and the layout's floor are at
+    most the memory `predict` finds."""
+    model = _small_model()
+    candidate = data.draw(st.sampled_from(_small_candidates()))
+    pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
+    stages = pp * vpp
+    inner = stages - 2 if candidate.empty_ends else stages
+    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=inner - 1, max_size=inner - 1,
+                                     unique=True)))
+    counts = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
+    if candidate.empty_ends:
+        counts = [0, *counts, 0]
+    recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
+    stage_layers = stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule)
+    layout = layout_of(candidate, stage_layers, recompute)
+    parts = parts_of(model, candidate, SEQ)
+    inflight = inflight_of(candidate)
+    peak = predict(model, layout, BATCH, SEQ).peak_memory_bytes
+    assert memory_floor(model, candidate, parts, inflight) <= peak * (1 + 1e-9)
+    assert layout_memory_floor(model, candidate, parts, inflight, layout) <= peak * (1 + 1e-9)
+
+
+SEQ, BATCH = 2048, 64
+
+
+@lru_cache(maxsize=1)
+def _small_model() -> CostModel:
+    return CostModel(resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 64))
+
+
+@lru_cache(maxsize=1)
+def _small_candidates() -> list[Candidate]:
+    """Every pipelined candidate of llama3-8b on 64 GPUs, ZeRO 0-3 (state sharding differs)."""
+    model = _small_model()
+    space = SearchSpace(zero=(0, 1, 2, 3))
+    return [c for c in candidates(model.spec, model.cluster, BATCH, SEQ, space) if c.pp > 1]
