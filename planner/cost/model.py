@@ -21,6 +21,9 @@ from planner.spec import Cluster, ModelSpec
 from planner.units import DTYPE_BYTES
 
 
+CP_COMM = ("ring", "all_gather")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostOptions:
     """Runtime behaviours the costs depend on (Megatron-LM's recommended defaults)."""
@@ -36,6 +39,10 @@ class CostOptions:
     """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
+    cp_comm: str = "ring"
+    """How context parallelism moves K and V (CP_COMM): a ring of sends hidden behind the
+    attention core (Megatron-LM, torchtitan), or one all-gather before it and a
+    reduce-scatter of their gradients after it, exposed (Llama 3's all-gather CP)."""
     selective_policy: str = "core_attention"
     """What recompute `selective` runs (memory.SELECTIVE_POLICIES): Megatron-LM's core-attention
     recompute, or torchtitan's per-op policy that recomputes every other matmul and the
@@ -120,6 +127,8 @@ class CostModel:
         self.source = source or AnalyticSource(
             spec, self.analytic, options.flash_attention, options.elementwise_traffic
         )
+        if options.cp_comm not in CP_COMM:
+            raise ValueError(f"cp_comm must be one of {CP_COMM}, got {options.cp_comm!r}")
         if options.selective_policy not in memory.SELECTIVE_POLICIES:
             raise ValueError(f"selective_policy must be one of {memory.SELECTIVE_POLICIES}, "
                              f"got {options.selective_policy!r}")
@@ -231,14 +240,26 @@ class CostModel:
             return (stats + (one_way if shard.sequence_parallel else 0.0), one_way) if tp > 1 else (0, 0)
         fwd = bwd = 2 * collective if tp > 1 else 0.0
         if shard.cp > 1:
-            fwd_cp, bwd_cp = self._ring_attention_comm(shard)
+            cp_comm = self._gathered_kv_comm if self.options.cp_comm == "all_gather" else self._ring_attention_comm
+            fwd_cp, bwd_cp = cp_comm(shard)
             fwd, bwd = fwd + fwd_cp, bwd + bwd_cp
         return fwd, bwd
 
+    def _kv_bytes(self, shard: Shard) -> float:
+        """K and V of one GPU's tokens (its CP and TP shard)."""
+        kv_heads = max(self.spec.num_kv_heads / shard.tp, 1)
+        return 2 * self.dtype_bytes * shard.local_tokens * kv_heads * self.spec.kv_channels
+
+    def _gathered_kv_comm(self, shard: Shard) -> tuple[float, float]:
+        """All-gather CP (Llama 3): K and V gathered over the CP group before attention, their
+        gradients reduce-scattered after it, neither overlapped."""
+        gathered = self._kv_bytes(shard) * shard.cp
+        return (self.network.all_gather(gathered, shard.cp, shard.tp),
+                self.network.all_gather(gathered, shard.cp, shard.tp))
+
     def _ring_attention_comm(self, shard: Shard) -> tuple[float, float]:
         spec, net = self.spec, self.network
-        kv_heads = max(spec.num_kv_heads / shard.tp, 1)
-        kv_bytes = 2 * self.dtype_bytes * shard.local_tokens * kv_heads * spec.kv_channels
+        kv_bytes = self._kv_bytes(shard)
         steps = shard.cp - 1
         hop = net.p2p(kv_bytes, shard.cp, shard.tp)
         work = layer_work(spec, "transformer", shard, flash=self.options.flash_attention)
