@@ -469,6 +469,7 @@ def _worker(rank: int, world: int, port: int, config: BenchConfig, cases: Sequen
     finally:
         dist.destroy_process_group()
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

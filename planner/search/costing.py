@@ -14,6 +14,7 @@ final `predict` of each plan checks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -106,19 +107,27 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     return (1 + memory.FRAGMENTATION) * tensors + memory.FIXED_ALLOWANCE_BYTES
 
 
-def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
-                        layout: Layout) -> float:
-    """Bytes the most loaded GPU of `layout`, cut from `candidate`, needs at least: each
-    rank's state, and its in-flight count times its smallest chunk's activations."""
+def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
+                        inflight: tuple[int, ...]) -> Callable[[Layout], float]:
+    """For layouts cut from `candidate`: the bytes the most loaded GPU needs at least, each
+    rank's state and its in-flight count times its smallest chunk's activations."""
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
-    worst = 0.0
-    for rank, per_rank in enumerate(layout.stage_layers):
-        layers = [end - start for start, end in per_rank]
-        block = parts.blocks[candidate.modes.index(layout.recompute[rank])]
-        params = sum(layers) * block.param_count + _fixed_params(model, parts, rank, last)
-        worst = max(worst, params * state + inflight[rank] * min(layers) * block.activation_bytes)
-    return (1 + memory.FRAGMENTATION) * worst + memory.FIXED_ALLOWANCE_BYTES
+    fixed = [state * _fixed_params(model, parts, rank, last) for rank in range(candidate.pp)]
+    per_mode = {mode: (state * block.param_count, block.activation_bytes)
+                for mode, block in zip(candidate.modes, parts.blocks)}
+    grow = 1 + memory.FRAGMENTATION
+
+    def floor(layout: Layout) -> float:
+        worst = 0.0
+        for rank, per_rank in enumerate(layout.stage_layers):
+            layers = [end - start for start, end in per_rank]
+            layer_state, activation = per_mode[layout.recompute[rank]]
+            need = fixed[rank] + sum(layers) * layer_state + inflight[rank] * min(layers) * activation
+            worst = max(worst, need)
+        return grow * worst + memory.FIXED_ALLOWANCE_BYTES
+
+    return floor
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:

@@ -156,29 +156,29 @@ class _Run:
         and the even cuts of the candidate."""
         model, layers = self.model, self.model.spec.num_layers
         inflight = inflight_of(candidate)
+        memory_floor_of = layout_memory_floor(model, candidate, parts, inflight)
         target = self.limit
         solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
         for _ in range(0 if candidate.empty_ends else MEMORY_RETRIES):
             cuts = solve(rank_costs(model, candidate, parts, inflight, target), layers)
             if cuts is None:
                 break
-            peak = self.consider(index, solved_layout(candidate, cuts, layers), candidate, parts, inflight)
+            peak = self.consider(index, solved_layout(candidate, cuts, layers), memory_floor_of)
             if peak is None or peak <= self.limit or candidate.vpp == 1:
                 break
             target -= (peak - self.limit) * 1.01
         for mode, layout in enumerate(even_layouts(candidate, layers)):
             if step_floor(model, candidate, parts, mode) < self.threshold():
-                self.consider(index, layout, candidate, parts, inflight)
+                self.consider(index, layout, memory_floor_of)
 
-    def consider(self, index: int, layout: Layout, candidate: Candidate, parts: Parts,
-                 inflight: tuple[int, ...]) -> float | None:
-        """Bound, simulate and keep the layout (cut from `candidate`) if it is among the best;
-        its peak memory (or a floor of it), or None when it was not simulated."""
+    def consider(self, index: int, layout: Layout, memory_floor_of: Callable[[Layout], float]) -> float | None:
+        """Bound, simulate and keep the layout if it is among the best; its peak memory (or
+        `memory_floor_of` it when that is already over), or None when it was not simulated."""
         if layout in self.seen:
             return None
         self.seen.add(layout)
         stats = self.result.stats
-        floor = layout_memory_floor(self.model, candidate, parts, inflight, layout)
+        floor = memory_floor_of(layout)
         if floor > self.limit:
             stats.out_of_memory += 1
             self.note_need(floor, layout)

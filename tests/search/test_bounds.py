@@ -119,7 +119,7 @@ def test_memory_floors_never_exceed_the_predicted_peak(data):
     inflight = inflight_of(candidate)
     peak = predict(model, layout, BATCH, SEQ).peak_memory_bytes
     assert memory_floor(model, candidate, parts, inflight) <= peak * (1 + 1e-9)
-    assert layout_memory_floor(model, candidate, parts, inflight, layout) <= peak * (1 + 1e-9)
+    assert layout_memory_floor(model, candidate, parts, inflight)(layout) <= peak * (1 + 1e-9)
 
 
 SEQ, BATCH = 2048, 64
