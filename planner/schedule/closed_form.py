@@ -24,7 +24,7 @@ zb_h1 with V >= 2 and M < P has no closed form here: it is computed by simulatin
 from __future__ import annotations
 
 from planner.schedule.costs import StageCosts
-from planner.schedule.registry import check_shape
+from planner.schedule.registry import check_shape, interleave_rounds
 from planner.schedule.simulate import compile_schedule, simulate
 
 
@@ -73,10 +73,11 @@ def inflight_closed_form(name: str, pp: int, num_microbatches: int, vpp: int) ->
     """Most micro-batch x chunk activations each rank holds at once (F start to the end of its
     B or W), where a closed form is known; None otherwise (then count on the order).
 
-    gpipe M; 1f1b P - r; looped_bfs M V; zb_h1 (V = 1) min(M, P); zb_h2 min(M, 2P - 1);
-    interleaved_1f1b with M % P = 0: min(M V, 2(P - r - 1) + (V - 1) P + 1) (Megatron's
-    warm-up plus the one in steady state); zb_h1 with V >= 2 and M % P = 0: P V; zbv with
-    M >= 2P: 2P; dualpipev 2P + 1. Checked against the orders in tests/schedule/test_closed_form.py.
+    gpipe M; 1f1b P - r; looped_bfs M V; zb_h2 min(M, 2P - 1); with R micro-batches per
+    interleaving round (`interleave_rounds`; R = P when P divides M): interleaved_1f1b
+    min(M V, (V - 1) R + 2(P - 1 - r) + 1) (the warm-up plus the one in steady state), zb_h1
+    min(M V, (V - 1) R + P) (min(M, P) at V = 1); zbv with M >= 2P: 2P; dualpipev 2P + 1.
+    Checked against the orders in tests/schedule/test_closed_form.py.
     """
     p, m, v = pp, num_microbatches, vpp
     check_shape(name, p, m, v)
@@ -86,14 +87,14 @@ def inflight_closed_form(name: str, pp: int, num_microbatches: int, vpp: int) ->
         return tuple(min(m, p - r) for r in range(p))
     if name == "looped_bfs":
         return (m * v,) * p
-    if name == "zb_h1" and v == 1:
-        return (min(m, p),) * p
     if name == "zb_h2":
         return (min(m, 2 * p - 1),) * p
-    if name == "interleaved_1f1b" and m % p == 0:
-        return tuple(min(m * v, 2 * (p - r - 1) + (v - 1) * p + 1) for r in range(p))
-    if name == "zb_h1" and m % p == 0:
-        return (p * v,) * p
+    if name in ("interleaved_1f1b", "zb_h1"):
+        _, per_round = interleave_rounds(p, m)
+        if name == "interleaved_1f1b":  # the warm-up, then one more in steady state
+            return tuple(min(m * v, (v - 1) * per_round + 2 * (p - 1 - r) + 1) for r in range(p))
+        # warm-up (V-1)R + P-1-r, then one more, and W trails I by r backwards: r more
+        return (min(m * v, (v - 1) * per_round + p),) * p
     if name == "zbv" and m >= 2 * p:
         return (2 * p,) * p
     if name == "dualpipev":

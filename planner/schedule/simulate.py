@@ -286,12 +286,18 @@ def peak_held_counts(order: PipelineOrder, vpp: int) -> tuple[tuple[tuple[int, .
         chunk_of = {s: c for c, s in enumerate(sorted({a.stage_index for a in actions}))}
         held = [0] * vpp
         tops: set[tuple[int, ...]] = set()
+        rising = False  # within a run of F's only the last count can be a peak
         for stage, kind, _ in actions:
             if kind == F:
                 held[chunk_of[stage]] += 1
-                tops.add(tuple(held))
+                rising = True
             elif kind == W or kind == B:
+                if rising:
+                    tops.add(tuple(held))
+                    rising = False
                 held[chunk_of[stage]] -= 1
+        if rising:
+            tops.add(tuple(held))
         kept: list[tuple[int, ...]] = []
         for v in sorted(tops, key=sum, reverse=True):
             if not any(all(a >= b for a, b in zip(u, v)) for u in kept):
