@@ -9,12 +9,12 @@ import typer
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
-from planner.cost.model import CostOptions
 from planner.errors import LayoutError
 from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import predict
 from planner.schedule import check_shape
+from planner.search.runtimes import runtime_cost_options
 from planner.units import GiB
 
 
@@ -52,6 +52,8 @@ def evaluate_command(
     zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage (1 = distributed optimizer)."),
     stage_layers: str | None = typer.Option(None, "--stage-layers", help="Layers per virtual stage in "
                                             "model order, comma-separated (default: as even as possible)."),
+    runtime: str | None = typer.Option(None, "--runtime", help="Cost the layout as this runtime runs it "
+                                       "(torchtitan: its per-op selective checkpointing); default Megatron-LM's."),
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     intra_node_bw: float | None = opt.INTRA_BW,
     inter_node_bw: float | None = opt.INTER_BW,
@@ -85,7 +87,7 @@ def evaluate_command(
         zero_stage=zero, stage_layers=cuts,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
-    cost_model = opt.build_cost_model(spec, cluster, profile, CostOptions())
+    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted())
     document = plan_file([entry], spec, cluster, cost_model.source.name)

@@ -37,6 +37,8 @@ RUNTIME_COSTS: dict[str, dict] = {
 
 def runtime_cost_options(runtime: str | None) -> CostOptions:
     """The cost model's options for plans that `runtime` will run (defaults: Megatron-LM's)."""
+    if runtime is not None and runtime not in RUNTIME_RULES:
+        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIME_RULES)}")
     return CostOptions(**RUNTIME_COSTS.get(runtime or "", {}))
 
 

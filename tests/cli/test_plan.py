@@ -101,7 +101,8 @@ def test_runtime_plans_export(cli, tmp_path, runtime):
 def test_torchtitan_plans_are_costed_with_its_selective_checkpointing(cli):
     """torchtitan's `selective` (SelectiveAC, what its exporter writes) recomputes every other
     matmul: its selective plan is slower and smaller than the same layout under Megatron's
-    core-attention recompute, which flash attention makes nearly free."""
+    core-attention recompute, which flash attention makes nearly free, and `evaluate
+    --runtime torchtitan` predicts it as the plan did."""
     restrict = ("--recompute", "selective", "--pp", "1", "--zero", "3", "--mbs", "1", "--top", "1")
     [titan] = _plans(cli, "--runtime", "torchtitan", *restrict)
     [megatron] = _plans(cli, "--runtime", "megatron", *restrict, "--tp", str(titan["tp"]),
@@ -111,6 +112,15 @@ def test_torchtitan_plans_are_costed_with_its_selective_checkpointing(cli):
     assert max(titan["predicted"]["memory_gb_per_stage"]) < max(megatron["predicted"]["memory_gb_per_stage"])
     document = PlanFile(plans=[PlanEntry.model_validate(titan)], model=resolve_model("llama3-8b"))
     assert "SelectiveAC" in "".join(export_plan(document, "torchtitan").values())
+    layout = ("--tp", str(titan["tp"]), "--pp", "1", "--mbs", "1", "--recompute", "selective", "--zero", "3",
+              "--sp" if titan["sequence_parallel"] else "--no-sp", "--json")
+    for runtime, expected in (("torchtitan", titan), ("megatron", megatron)):
+        code, out, err = cli("evaluate", *BASE, *layout, "--runtime", runtime)
+        assert code == 0, err
+        [evaluated] = json.loads(out)["plans"]
+        assert evaluated["predicted"]["step_time_s"] == pytest.approx(expected["predicted"]["step_time_s"])
+    code, _, err = cli("evaluate", *BASE, "--runtime", "nemo")
+    assert code == 2 and "unknown runtime 'nemo'" in err
 
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIME_RULES))
