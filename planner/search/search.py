@@ -1,19 +1,20 @@
 """Branch and bound over the layout space: the best `top` layouts of the cost model.
 
-1. Enumerate the candidates (planner/search/space.py). Each gets a memory floor (its share
-   of the weight, gradient and optimizer state) and a step-time floor (the chain bound with
-   the cheapest recompute mode and the Adam step); candidates over the memory limit go.
+1. Enumerate the candidates (planner/search/space.py). Each gets a memory floor (its
+   state and in-flight activations under the best possible cuts, in closed form) and a
+   step-time floor (the chain bound with the cheapest recompute mode and the Adam step);
+   candidates over the memory limit go.
 2. Visit the rest in order of their step floor. Once `top` plans are known, a candidate
    whose floor is not below the slowest of them cannot enter, and neither can any later one:
    the search stops there.
 3. For a visited candidate, the cut solver gives the cuts and per-rank recompute modes that
    minimise the slowest rank's time within memory; the even cuts of `planner evaluate` in
    each recompute mode are tried too, so the answer is never worse than evaluating every
-   layout of the space with even cuts. Each layout's chain bound (cut points known) is
-   checked before its schedule is simulated by `planner.predict`, whose memory figure has
-   the last word on fitting.
+   layout of the space with even cuts. Each layout's memory floor and chain bound (cut
+   points known) are checked before its schedule is simulated by `planner.predict`, whose
+   memory figure has the last word on fitting.
 
-Nothing is lost by the bounds: each is a lower bound of the simulated step time.
+Nothing is lost by the bounds: each is a lower bound of the simulated step time or memory.
 """
 
 from __future__ import annotations
