@@ -12,7 +12,7 @@ with selective recompute and 2*s*b*h (/t with SP) with full recompute.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 from planner.cost.shapes import Shard, separate_matmuls
 from planner.spec import ModelSpec
@@ -32,7 +32,8 @@ class SavedTensor(NamedTuple):
     attention core, dropped by selective recompute."""
 
 
-SELECTIVE_POLICIES = ("core_attention", "every_other_matmul")
+SelectivePolicy = Literal["core_attention", "every_other_matmul"]
+SELECTIVE_POLICIES: tuple[str, ...] = get_args(SelectivePolicy)
 """What `selective` recompute means in the runtime: Megatron-LM's core-attention recompute,
 or torchtitan's per-op checkpointing (`SelectiveAC`), which saves the attention op's and every
 other matmul's output and recomputes the rest of the block."""
@@ -42,7 +43,7 @@ other matmul's output and recomputes the rest of the block."""
 class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
-    selective_policy: str = "core_attention"
+    selective_policy: SelectivePolicy = "core_attention"
 
 
 def saved_tensors(
@@ -127,11 +128,11 @@ def activation_bytes(
     "none" keeps every saved tensor, "selective" drops the unfused attention core's
     (Megatron's core-attention recompute) or keeps what `every_other_matmul_saved` lists
     (torchtitan's per-op policy), "full" keeps only each block's input."""
+    if kind == "transformer" and recompute == "selective" and options.selective_policy == "every_other_matmul":
+        return every_other_matmul_saved(spec, shard)
     saved = saved_tensors(spec, kind, shard, options)
     if kind != "transformer" or recompute == "none":
         return sum(t.bytes for t in saved)
-    if recompute == "selective" and options.selective_policy == "every_other_matmul":
-        return every_other_matmul_saved(spec, shard)
     if recompute == "selective":
         return sum(t.bytes for t in saved if t.recompute == "keep")
     if recompute == "full":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from planner.cost import memory
 from planner.cost.comm import Network
@@ -21,7 +21,8 @@ from planner.spec import Cluster, ModelSpec
 from planner.units import DTYPE_BYTES
 
 
-CP_COMM = ("ring", "all_gather")
+CpComm = Literal["ring", "all_gather"]
+CP_COMM: tuple[str, ...] = get_args(CpComm)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,12 +40,12 @@ class CostOptions:
     """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
-    cp_comm: str = "ring"
-    """How context parallelism moves K and V (CP_COMM): a ring of sends hidden behind the
+    cp_comm: CpComm = "ring"
+    """How context parallelism moves K and V: a ring of sends hidden behind the
     attention core (Megatron-LM, torchtitan), or one all-gather before it and a
     reduce-scatter of their gradients after it, exposed (Llama 3's all-gather CP)."""
-    selective_policy: str = "core_attention"
-    """What recompute `selective` runs (memory.SELECTIVE_POLICIES): Megatron-LM's core-attention
+    selective_policy: memory.SelectivePolicy = "core_attention"
+    """What recompute `selective` runs: Megatron-LM's core-attention
     recompute, or torchtitan's per-op policy that recomputes every other matmul and the
     elementwise ops."""
     elementwise_traffic: float = 1.0
@@ -52,6 +53,11 @@ class CostOptions:
     fused kernels (1: Megatron/TE fused kernels or torch.compile). Eager PyTorch runs them op
     by op with fp32 upcasts: ~3.3 for a Llama block (RMSNorm 36 B/element instead of 4,
     complex RoPE 28 instead of 4, SwiGLU 10 instead of 6; docs/accuracy_published.md)."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
 class ComputeSource(Protocol):
@@ -127,11 +133,6 @@ class CostModel:
         self.source = source or AnalyticSource(
             spec, self.analytic, options.flash_attention, options.elementwise_traffic
         )
-        if options.cp_comm not in CP_COMM:
-            raise ValueError(f"cp_comm must be one of {CP_COMM}, got {options.cp_comm!r}")
-        if options.selective_policy not in memory.SELECTIVE_POLICIES:
-            raise ValueError(f"selective_policy must be one of {memory.SELECTIVE_POLICIES}, "
-                             f"got {options.selective_policy!r}")
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy,
@@ -145,7 +146,7 @@ class CostModel:
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none") -> LayerCosts:
         times = self.source.layer_times(kind, shard)
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
-        comm_bwd += self._recompute_comm(kind, shard, recompute)
+        comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd)
         hidden = 1.0 - self.options.tp_comm_overlap
         recompute_s = self._recompute_time(kind, shard, recompute, times)
         saved = self._measured_activation_bytes(kind, shard, recompute)
@@ -202,20 +203,20 @@ class CostModel:
             work.attention_flops, work.attention_seq, False, self.options.flash_attention
         )
 
-    def _recompute_comm(self, kind: str, shard: Shard, recompute: str) -> float:
-        """TP collectives the recomputation re-runs. torchtitan's per-op policy keeps
-        reduce-scatter outputs but not all-gathers or all-reduces, and its recompute runs up to
-        the MLP's down projection: the two sequence-parallel all-gathers (attention and MLP
-        inputs), or without sequence parallelism the attention output's all-reduce. Full
-        recompute re-runs the block's forward with its collectives."""
+    def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
+        """TP collectives the recomputation re-runs. Full recompute re-runs the block's forward
+        with its collectives (`forward_comm`). torchtitan's per-op policy keeps reduce-scatter
+        outputs but not all-gathers or all-reduces, and its recompute runs up to the MLP's down
+        projection: the two sequence-parallel all-gathers (attention and MLP inputs), or
+        without sequence parallelism the attention output's all-reduce."""
         if kind != "transformer" or shard.tp == 1 or recompute == "none":
+            return 0.0
+        if recompute == "full":
+            return forward_comm
+        if self.options.selective_policy != "every_other_matmul":
             return 0.0
         net, tp = self.network, shard.tp
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
-        if recompute == "full":
-            return self._tp_cp_comm(kind, shard)[0]
-        if self.options.selective_policy != "every_other_matmul":
-            return 0.0
         return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
 
     def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float]:

@@ -55,6 +55,7 @@ from torch.distributed.pipelining._backward import (
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
 from planner.export.torch_script_template import cut
+from planner.profile.collectives import ping_pong
 from planner.schedule import (
     TORCH_SCHEDULE_CLASS,
     SimResult,
@@ -374,12 +375,7 @@ def _p2p_seconds(config: BenchConfig, rank: int) -> float:
     dist.barrier()
     for _ in range(5 + config.p2p_repeats):
         start = time.perf_counter()
-        if rank == 0:
-            dist.send(buf, 1)
-            dist.recv(buf, 1)
-        elif rank == 1:
-            dist.recv(buf, 0)
-            dist.send(buf, 0)
+        ping_pong(buf, rank)
         samples.append((time.perf_counter() - start) / 2)
     value = torch.tensor([statistics.median(samples[5:])], dtype=torch.float64)
     dist.broadcast(value, 0)

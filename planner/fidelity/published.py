@@ -31,8 +31,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.memory import SELECTIVE_POLICIES
-from planner.cost.model import CP_COMM, CostModel, CostOptions
+from planner.cost.memory import SelectivePolicy
+from planner.cost.model import CostModel, CostOptions, CpComm
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
@@ -78,9 +78,9 @@ class PublishedRun(BaseModel):
     grad_reduce_bytes: int = Field(ge=2, le=4)
     elementwise_traffic: float = Field(default=1.0, ge=1.0)
     """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
-    cp_comm: str = "ring"
+    cp_comm: CpComm = "ring"
     """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
-    selective_policy: str = "core_attention"
+    selective_policy: SelectivePolicy = "core_attention"
     """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     tflops_per_gpu: float | None = Field(default=None, gt=0)
@@ -93,10 +93,6 @@ class PublishedRun(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> PublishedRun:
-        if self.cp_comm not in CP_COMM:
-            raise ValueError(f"cp_comm must be one of {', '.join(CP_COMM)}")
-        if self.selective_policy not in SELECTIVE_POLICIES:
-            raise ValueError(f"selective_policy must be one of {', '.join(SELECTIVE_POLICIES)}")
         if self.tp * self.pp * self.cp * self.dp != self.gpus:
             raise ValueError(
                 f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp} != {self.gpus} GPUs"

@@ -87,16 +87,19 @@ def _op(op: str, elements: int, world: int, rank: int, dev) -> Callable[[], None
         return lambda: gather(full, part)
     if op == "reduce_scatter":
         return lambda: scatter(part, full)
+    return lambda: ping_pong(full, rank)
 
-    def ping_pong() -> None:
-        if rank == 0:
-            dist.send(full, 1)
-            dist.recv(full, 1)
-        elif rank == 1:
-            dist.recv(full, 0)
-            dist.send(full, 0)
 
-    return ping_pong
+def ping_pong(buffer, rank: int) -> None:
+    """One round trip of `buffer` between ranks 0 and 1 (rank 0 sends first); others idle."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.send(buffer, 1)
+        dist.recv(buffer, 1)
+    elif rank == 1:
+        dist.recv(buffer, 0)
+        dist.send(buffer, 0)
 
 
 def _slowest_median(step: Callable[[], None], warmup: int, repeats: int, dev) -> float:

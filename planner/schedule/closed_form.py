@@ -89,11 +89,10 @@ def inflight_closed_form(name: str, pp: int, num_microbatches: int, vpp: int) ->
         return (m * v,) * p
     if name == "zb_h2":
         return (min(m, 2 * p - 1),) * p
-    if name in ("interleaved_1f1b", "zb_h1"):
-        _, per_round = interleave_rounds(p, m)
-        if name == "interleaved_1f1b":  # the warm-up, then one more in steady state
-            return tuple(min(m * v, (v - 1) * per_round + 2 * (p - 1 - r) + 1) for r in range(p))
-        # warm-up (V-1)R + P-1-r, then one more, and W trails I by r backwards: r more
+    _, per_round = interleave_rounds(p, m)
+    if name == "interleaved_1f1b":  # the warm-up, then one more in steady state
+        return tuple(min(m * v, (v - 1) * per_round + 2 * (p - 1 - r) + 1) for r in range(p))
+    if name == "zb_h1":  # warm-up (V-1)R + P-1-r, then one more, and W trails I by r backwards
         return (min(m * v, (v - 1) * per_round + p),) * p
     if name == "zbv" and m >= 2 * p:
         return (2 * p,) * p

@@ -155,7 +155,7 @@ def _bracket(costs: RankCosts, memory: list[list[int]], unbounded: list[int], nu
         fixed + min(t for cap, t in zip(memory[r], costs.layer_s) if cap >= unbounded[r]) * unbounded[r]
         for r, fixed in enumerate(costs.fixed_s)
     )
-    return max(below, near if fastest > 0 else below), above
+    return near, above
 
 
 def _values_between(costs: RankCosts, num_layers: int, lo: float, hi: float) -> list[float]:

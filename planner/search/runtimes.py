@@ -37,15 +37,14 @@ RUNTIME_COSTS: dict[str, dict] = {
 
 def runtime_cost_options(runtime: str | None) -> CostOptions:
     """The cost model's options for plans that `runtime` will run (defaults: Megatron-LM's)."""
-    if runtime is not None and runtime not in RUNTIME_RULES:
-        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIME_RULES)}")
+    if runtime is not None:
+        _check_known(runtime, RUNTIME_RULES)
     return CostOptions(**RUNTIME_COSTS.get(runtime or "", {}))
 
 
 def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
     """The space narrowed to what `runtime` can run."""
-    if runtime not in RUNTIME_RULES:
-        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(RUNTIME_RULES)}")
+    _check_known(runtime, RUNTIME_RULES)
     changes = {}
     for field, allowed in RUNTIME_RULES[runtime].items():
         if field == "per_rank_recompute":
@@ -64,8 +63,7 @@ def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
 
 def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int):
     """A search `accept` callback: None when `runtime`'s exporter takes the layout, else its reason."""
-    if runtime not in EXPORTERS:
-        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(EXPORTERS)}")
+    _check_known(runtime, EXPORTERS)
     summary = ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
 
     def check(layout: Layout) -> str | None:
@@ -78,3 +76,9 @@ def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch:
         return None
 
     return check
+
+
+def _check_known(runtime: str, known: dict) -> None:
+    """Refuse a runtime name that `known` does not hold, naming the ones it does."""
+    if runtime not in known:
+        raise PlannerError(f"unknown runtime '{runtime}': choose one of {', '.join(known)}")

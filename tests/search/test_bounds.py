@@ -96,6 +96,9 @@ def test_work_bound_closed_forms():
     assert m * w / p < t <= (m + p - 1) * w / p
 
 
+SEQ, BATCH = 2048, 64
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.data())
 def test_memory_floors_never_exceed_the_predicted_peak(data):
@@ -120,9 +123,6 @@ def test_memory_floors_never_exceed_the_predicted_peak(data):
     peak = predict(model, layout, BATCH, SEQ).peak_memory_bytes
     assert memory_floor(model, candidate, parts, inflight) <= peak * (1 + 1e-9)
     assert layout_memory_floor(model, candidate, parts, inflight)(layout) <= peak * (1 + 1e-9)
-
-
-SEQ, BATCH = 2048, 64
 
 
 @lru_cache(maxsize=1)
