@@ -1,22 +1,26 @@
 """Published training runs against planner's predictions.
 
-Each run (tests/bench/published_runs.toml) names a model, a cluster, a layout, the runtime's
-behaviours and the throughput its authors published, with the FLOP-counting convention they
-used. `evaluate_run` predicts the same layout with `planner.predict.predict` and compares
-throughput: the published figure (tokens/s, TFLOP/s or MFU, whichever the source gives) is
-converted to tokens/s per GPU through the source's own FLOP count, so the error is the same
-quantity on both sides and does not depend on how anyone counts FLOPs:
+Each run (tests/bench/published_runs.toml) names a model, a cluster, a layout, what the run
+used (attention kernel, precision, dropout, overlap flags, ZeRO) and what its authors
+published: an iteration time, a throughput (tokens/s, TFLOP/s or MFU) with the FLOP-counting
+convention they used, and peak memory where they give it. `evaluate_run` predicts the same
+layout with `planner.predict.predict` (the code path of `planner evaluate`) and compares:
 
-    error = predicted tokens/s / published tokens/s - 1  (= relative MFU error, one convention)
+    step error       = predicted step time / published step time - 1
+    throughput error = predicted tokens/s / published tokens/s - 1   (= relative MFU error)
+    memory error     = predicted peak memory / published peak memory - 1
 
-MFU is reported in planner's (PaLM) convention on both sides.
+A negative step error is an optimistic prediction (too short). When a source gives no
+iteration time, the published step time is derived from its throughput:
+global_batch * seq / (tokens/s per GPU * GPUs), the throughput converted to tokens/s through
+the source's own FLOP count, so the error does not depend on how anyone counts FLOPs.
 
 Conventions (FLOPs per token of a `seq`-token sequence):
 
     palm          6 N_matmul + 12 L a d seq        (Chowdhery et al. 2022, app. B)
     megatron_hfu  24 f L h^2 (1 + seq/6h + V/16Lh), f = 4 under full recompute, else 3
-                  (Narayanan et al. 2021, eq. 3 per token; the "TFLOPs" that
-                  Megatron-DeepSpeed logs, recomputed forward included)
+                  (Narayanan et al. 2021, eq. 3 per token; the "TFLOPs" that Megatron-LM
+                  papers and Megatron-DeepSpeed report, recomputed forward included)
 
 Pure functions: `load_runs` is the only one that reads a file.
 """
@@ -41,8 +45,13 @@ from planner.spec import Cluster, ModelSpec, validation_message
 from planner.units import GiB
 
 Convention = Literal["palm", "megatron_hfu"]
+Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
+Precision = Literal["bf16", "fp16"]
+Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal"]
 MFU_GOAL = 0.15
-"""The issue's goal: every prediction within 15% (relative) of the published figure."""
+"""The earlier goal: every throughput prediction within 15% (relative) of the published one."""
+STEP_ERROR_GOAL = 0.10
+"""Issue 12's goal: mean |step-time error| at most 10% over the published set."""
 
 
 class PublishedRun(BaseModel):
@@ -50,7 +59,13 @@ class PublishedRun(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$")
+    source_id: str = Field(pattern=r"^[a-z0-9][a-z0-9\-]*$")
+    """The publication the run comes from; errors are summarised per source."""
+    year: int = Field(ge=2019, le=2030)
+    runtime: Runtime
+    held_out: bool = False
+    """Checked, never tuned on: every third run of each source in file order."""
     model: str
     gpu: str
     gpus: int = Field(gt=0)
@@ -64,14 +79,21 @@ class PublishedRun(BaseModel):
     vpp: int = Field(ge=1)
     mbs: int = Field(ge=1)
     schedule: str
-    recompute: str
+    recompute: Literal["none", "selective", "full"]
     sequence_parallel: bool
     zero_stage: int = Field(ge=0, le=3)
     stage_layers: list[int] | None = None
     """Transformer layers per virtual stage in model order; even cuts when absent."""
     global_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
-    flash_attention: bool
+    attention: Attention
+    """The attention kernel the run used; "unfused" is Megatron's pre-2023 path (QK^T GEMM,
+    fused scale-mask-softmax, dropout, AV GEMM), which keeps the b·a·s² scores."""
+    precision: Precision
+    dropout: bool = False
+    """Attention and hidden dropout on (Megatron-LM's GPT default 0.1 before 2023)."""
+    flash_attention: bool | None = None
+    """Legacy field; when given it must agree with `attention` (flash = not "unfused")."""
     overlap_grad_reduce: bool
     overlap_param_gather: bool
     tp_comm_overlap: float = Field(ge=0, le=1)
@@ -82,14 +104,17 @@ class PublishedRun(BaseModel):
     """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
     selective_policy: SelectivePolicy = "core_attention"
     """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
+    step_time_s: float | None = Field(default=None, gt=0)
+    """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     tflops_per_gpu: float | None = Field(default=None, gt=0)
     mfu: float | None = Field(default=None, gt=0, lt=1)
     memory_gib: float | None = Field(default=None, gt=0)
     flops_convention: Convention
-    source: str
-    url: str
-    assumptions: str
+    source: str = Field(min_length=10)
+    """Paper or document, and the table / figure / row the numbers come from."""
+    url: str = Field(pattern=r"^https://")
+    assumptions: str = Field(min_length=40)
 
     @model_validator(mode="after")
     def _consistent(self) -> PublishedRun:
@@ -97,13 +122,22 @@ class PublishedRun(BaseModel):
             raise ValueError(
                 f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp} != {self.gpus} GPUs"
             )
-        if self.tokens_per_s_per_gpu is None and self.tflops_per_gpu is None and self.mfu is None:
-            raise ValueError("give at least one of tokens_per_s_per_gpu, tflops_per_gpu, mfu")
+        if self.global_batch % (self.dp * self.mbs):
+            raise ValueError(f"global_batch {self.global_batch} is not a multiple of dp x mbs")
+        published = (self.step_time_s, self.tokens_per_s_per_gpu, self.tflops_per_gpu, self.mfu)
+        if all(p is None for p in published):
+            raise ValueError("give at least one of step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu")
+        if self.flash_attention is not None and self.flash_attention != (self.attention != "unfused"):
+            raise ValueError(f"flash_attention = {self.flash_attention} contradicts attention = {self.attention!r}")
         return self
 
     @property
     def num_microbatches(self) -> int:
         return self.global_batch // (self.dp * self.mbs)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +146,8 @@ class RunResult:
 
     run: PublishedRun
     prediction: Prediction
+    predicted_step_time_s: float
+    published_step_time_s: float
     predicted_tokens_per_s_per_gpu: float
     published_tokens_per_s_per_gpu: float
     predicted_mfu: float
@@ -122,13 +158,37 @@ class RunResult:
     gpu_memory_gib: float
 
     @property
-    def error(self) -> float:
+    def step_error(self) -> float:
+        """Relative error of the predicted step time (negative: predicted too short)."""
+        return self.predicted_step_time_s / self.published_step_time_s - 1.0
+
+    @property
+    def throughput_error(self) -> float:
         """Relative error of the predicted throughput (= of the MFU, same convention)."""
         return self.predicted_tokens_per_s_per_gpu / self.published_tokens_per_s_per_gpu - 1.0
 
     @property
+    def memory_error(self) -> float | None:
+        """Relative error of the predicted peak memory, where the source publishes one."""
+        if self.run.memory_gib is None:
+            return None
+        return self.peak_memory_gib / self.run.memory_gib - 1.0
+
+    @property
     def fits(self) -> bool:
         return self.peak_memory_gib <= self.gpu_memory_gib
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSummary:
+    """Step-time (and memory) errors over a group of runs."""
+
+    runs: int
+    mean_abs: float
+    mean_signed: float
+    max_abs: float
+    memory_runs: int
+    memory_mean_abs: float | None
 
 
 def load_runs(path: Path) -> list[PublishedRun]:
@@ -145,8 +205,20 @@ def load_runs(path: Path) -> list[PublishedRun]:
             raise ConfigError(validation_message(exc, f"{path} run #{i + 1}")) from None
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
-        raise ConfigError(f"{path}: run names repeat: {names}")
+        raise ConfigError(f"{path}: run names repeat: {sorted(n for n in names if names.count(n) > 1)}")
     return runs
+
+
+def held_out_by_rule(runs: list[PublishedRun]) -> set[str]:
+    """The runs the held-out rule picks: every third run of each source in file order
+    (its 3rd, 6th, 9th, ...), fixed before any error was looked at."""
+    seen: dict[str, int] = {}
+    picked = set()
+    for run in runs:
+        seen[run.source_id] = seen.get(run.source_id, 0) + 1
+        if seen[run.source_id] % 3 == 0:
+            picked.add(run.name)
+    return picked
 
 
 def flops_per_token(spec: ModelSpec, seq: int, convention: Convention, recompute: str) -> float:
@@ -161,14 +233,41 @@ def flops_per_token(spec: ModelSpec, seq: int, convention: Convention, recompute
 
 
 def published_tokens_per_s_per_gpu(run: PublishedRun, spec: ModelSpec, peak_flops: float) -> float:
-    """The published throughput as tokens/s per GPU, through the source's own FLOP count."""
+    """The published throughput as tokens/s per GPU: from the iteration time where the
+    source gives one, else from its throughput through the source's own FLOP count."""
+    if run.step_time_s is not None:
+        return run.tokens_per_step / (run.step_time_s * run.gpus)
+    return throughput_as_tokens_per_s_per_gpu(run, spec, peak_flops)
+
+
+def throughput_as_tokens_per_s_per_gpu(run: PublishedRun, spec: ModelSpec, peak_flops: float) -> float:
+    """The published tokens/s, TFLOP/s or MFU (first given) as tokens/s per GPU."""
     if run.tokens_per_s_per_gpu is not None:
         return run.tokens_per_s_per_gpu
     per_token = flops_per_token(spec, run.seq, run.flops_convention, run.recompute)
     if run.tflops_per_gpu is not None:
         return run.tflops_per_gpu * 1e12 / per_token
-    assert run.mfu is not None
+    if run.mfu is None:
+        raise ValueError(f"{run.name}: no published throughput")
     return run.mfu * peak_flops / per_token
+
+
+def cost_options(run: PublishedRun) -> CostOptions:
+    """The CostOptions that describe what the run used. The attention kernel maps to
+    `flash_attention` (unfused: False; flash2, flash3, cudnn: True) until CostOptions has
+    an attention choice; precision maps to `dtype`."""
+    return CostOptions(
+        dtype=run.precision,
+        flash_attention=run.attention != "unfused",
+        dropout=run.dropout,
+        overlap_grad_reduce=run.overlap_grad_reduce,
+        overlap_param_gather=run.overlap_param_gather,
+        tp_comm_overlap=run.tp_comm_overlap,
+        grad_reduce_bytes=run.grad_reduce_bytes,
+        elementwise_traffic=run.elementwise_traffic,
+        selective_policy=run.selective_policy,
+        cp_comm=run.cp_comm,
+    )
 
 
 def build(run: PublishedRun) -> tuple[CostModel, Layout]:
@@ -181,16 +280,6 @@ def build(run: PublishedRun) -> tuple[CostModel, Layout]:
         intra_node_bw_gbps=run.intra_node_bw_gbps,
         inter_node_bw_gbps=run.inter_node_bw_gbps,
     )
-    options = CostOptions(
-        flash_attention=run.flash_attention,
-        overlap_grad_reduce=run.overlap_grad_reduce,
-        overlap_param_gather=run.overlap_param_gather,
-        tp_comm_overlap=run.tp_comm_overlap,
-        grad_reduce_bytes=run.grad_reduce_bytes,
-        elementwise_traffic=run.elementwise_traffic,
-        selective_policy=run.selective_policy,
-        cp_comm=run.cp_comm,
-    )
     if run.stage_layers is None:
         cuts = even_stage_layers(spec.num_layers, run.pp, run.vpp, run.schedule)
     else:
@@ -202,7 +291,7 @@ def build(run: PublishedRun) -> tuple[CostModel, Layout]:
         zero_stage=run.zero_stage, stage_layers=cuts,
     )
     check_layout(layout, spec, cluster, run.global_batch, run.seq)
-    return CostModel(spec, cluster, options), layout
+    return CostModel(spec, cluster, cost_options(run)), layout
 
 
 def evaluate_run(run: PublishedRun) -> RunResult:
@@ -211,12 +300,13 @@ def evaluate_run(run: PublishedRun) -> RunResult:
     prediction = predict(model, layout, run.global_batch, run.seq)
     peak = model.cluster.gpu.peak_flops(model.options.dtype)
     published = published_tokens_per_s_per_gpu(run, model.spec, peak)
-    predicted = prediction.tokens_per_s / run.gpus
     palm = model_flops_per_token(model.spec, run.seq)
     return RunResult(
         run=run,
         prediction=prediction,
-        predicted_tokens_per_s_per_gpu=predicted,
+        predicted_step_time_s=prediction.step_time_s,
+        published_step_time_s=run.tokens_per_step / (published * run.gpus),
+        predicted_tokens_per_s_per_gpu=prediction.tokens_per_s / run.gpus,
         published_tokens_per_s_per_gpu=published,
         predicted_mfu=prediction.mfu,
         published_mfu=published * palm / peak,
@@ -229,9 +319,34 @@ def evaluate_all(runs: list[PublishedRun]) -> list[RunResult]:
     return [evaluate_run(r) for r in runs]
 
 
+def summarize(results: list[RunResult]) -> ErrorSummary:
+    """Mean |step error|, mean signed step error, worst |step error| and mean |memory
+    error| (over the runs that publish memory) of a non-empty group of results."""
+    if not results:
+        raise ValueError("no results to summarise")
+    errors = [r.step_error for r in results]
+    memory = [abs(e) for r in results if (e := r.memory_error) is not None]
+    return ErrorSummary(
+        runs=len(errors),
+        mean_abs=sum(abs(e) for e in errors) / len(errors),
+        mean_signed=sum(errors) / len(errors),
+        max_abs=max(abs(e) for e in errors),
+        memory_runs=len(memory),
+        memory_mean_abs=sum(memory) / len(memory) if memory else None,
+    )
+
+
+def by_source(results: list[RunResult]) -> dict[str, list[RunResult]]:
+    """Results grouped by source, in file order of each source's first run."""
+    groups: dict[str, list[RunResult]] = {}
+    for r in results:
+        groups.setdefault(r.run.source_id, []).append(r)
+    return groups
+
+
 def mean_abs_error(results: list[RunResult]) -> float:
-    """Mean absolute relative error over the runs."""
-    return sum(abs(r.error) for r in results) / len(results)
+    """Mean absolute relative step-time error over the runs."""
+    return summarize(results).mean_abs
 
 
 def result_row(result: RunResult) -> dict[str, object]:
@@ -239,16 +354,23 @@ def result_row(result: RunResult) -> dict[str, object]:
     run = result.run
     return {
         "name": run.name,
+        "source_id": run.source_id,
+        "held_out": run.held_out,
+        "predicted_step_time_s": round(result.predicted_step_time_s, 4),
+        "published_step_time_s": round(result.published_step_time_s, 4),
+        "published_step_time_as_stated": run.step_time_s,
+        "step_error": round(result.step_error, 4),
+        "throughput_error": round(result.throughput_error, 4),
         "predicted_mfu": round(result.predicted_mfu, 4),
         "published_mfu": round(result.published_mfu, 4),
         "published_mfu_as_stated": run.mfu,
         "published_tflops_per_gpu_as_stated": run.tflops_per_gpu,
         "flops_convention": run.flops_convention,
-        "error": round(result.error, 4),
         "predicted_tokens_per_s_per_gpu": round(result.predicted_tokens_per_s_per_gpu, 1),
         "published_tokens_per_s_per_gpu": round(result.published_tokens_per_s_per_gpu, 1),
         "predicted_peak_memory_gib": round(result.peak_memory_gib, 2),
         "published_memory_gib": run.memory_gib,
+        "memory_error": None if result.memory_error is None else round(result.memory_error, 4),
         "gpu_memory_gib": round(result.gpu_memory_gib, 2),
         "time_breakdown_s": {k: round(v, 4) for k, v in result.prediction.time_breakdown_s.items()},
         "source": run.source,
