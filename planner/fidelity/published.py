@@ -128,7 +128,9 @@ class PublishedRun(BaseModel):
         if all(p is None for p in published):
             raise ValueError("give at least one of step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu")
         if self.flash_attention is not None and self.flash_attention != (self.attention != "unfused"):
-            raise ValueError(f"flash_attention = {self.flash_attention} contradicts attention = {self.attention!r}")
+            raise ValueError(
+                f"flash_attention = {self.flash_attention} contradicts attention = {self.attention!r}"
+            )
         return self
 
     @property

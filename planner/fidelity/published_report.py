@@ -48,7 +48,9 @@ def _span(values: list[int], thousands: bool = True) -> str:
 
 
 def _summary_cells(summary: ErrorSummary) -> list[str]:
-    memory = "–" if summary.memory_mean_abs is None else f"{summary.memory_mean_abs:.1%} ({summary.memory_runs})"
+    memory = "–"
+    if summary.memory_mean_abs is not None:
+        memory = f"{summary.memory_mean_abs:.1%} ({summary.memory_runs})"
     return [str(summary.runs), _pct(summary.mean_abs), _pct(summary.mean_signed, signed=True),
             _pct(summary.max_abs), memory]
 
@@ -67,7 +69,8 @@ def source_table(results: list[RunResult]) -> list[str]:
     for source, group in by_source(results).items():
         runs = [r.run for r in group]
         lines.append(_row([
-            source, _span([r.year for r in runs], thousands=False), ", ".join(sorted({r.runtime for r in runs})),
+            source, _span([r.year for r in runs], thousands=False),
+            ", ".join(sorted({r.runtime for r in runs})),
             ", ".join(sorted({r.gpu for r in runs})), _span([r.gpus for r in runs]),
             *_summary_cells(summarize(group)),
         ]))

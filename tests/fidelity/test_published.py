@@ -191,7 +191,8 @@ def test_stated_step_times_and_throughputs_agree_through_the_sources_flop_count(
         model, _ = build(run)
         peak = model.cluster.gpu.peak_flops(run.precision)
         from_step = run.global_batch * run.seq / (run.step_time_s * run.gpus)
-        assert throughput_as_tokens_per_s_per_gpu(run, model.spec, peak) == pytest.approx(from_step, rel=0.015)
+        stated = throughput_as_tokens_per_s_per_gpu(run, model.spec, peak)
+        assert stated == pytest.approx(from_step, rel=0.015), run.name
         checked += 1
     assert checked >= 4
 
