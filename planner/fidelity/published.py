@@ -48,8 +48,6 @@ Convention = Literal["palm", "megatron_hfu"]
 Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
 Precision = Literal["bf16", "fp16"]
 Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal"]
-MFU_GOAL = 0.15
-"""The earlier goal: every throughput prediction within 15% (relative) of the published one."""
 STEP_ERROR_GOAL = 0.10
 """Issue 12's goal: mean |step-time error| at most 10% over the published set."""
 
@@ -344,11 +342,6 @@ def by_source(results: list[RunResult]) -> dict[str, list[RunResult]]:
     for r in results:
         groups.setdefault(r.run.source_id, []).append(r)
     return groups
-
-
-def mean_abs_error(results: list[RunResult]) -> float:
-    """Mean absolute relative step-time error over the runs."""
-    return summarize(results).mean_abs
 
 
 def result_row(result: RunResult) -> dict[str, object]:
