@@ -74,13 +74,11 @@ def test_set_covers_sources_years_generations_runtimes_and_scales(runs):
     assert set(MEAN_ABS_STEP_ERROR_BOUND) == sources
 
 
-def test_every_run_cites_its_source_and_states_what_it_used(runs):
+def test_every_run_cites_a_table_or_section_of_its_source(runs):
     for run in runs:
         assert run.url.startswith("https://") and len(run.source) > 20, run.name
         assert any(word in run.source for word in ("Table", "table", "section", "row")), run.name
         assert len(run.assumptions) > 40, run.name
-        assert run.attention in ("flash2", "flash3", "cudnn", "unfused")
-        assert run.precision in ("bf16", "fp16")
 
 
 def test_held_out_runs_follow_the_stated_rule(runs):
