@@ -182,7 +182,7 @@ def build(run: PublishedRun) -> tuple[CostModel, Layout]:
         inter_node_bw_gbps=run.inter_node_bw_gbps,
     )
     options = CostOptions(
-        flash_attention=run.flash_attention,
+        attention="flash2" if run.flash_attention else "unfused",
         overlap_grad_reduce=run.overlap_grad_reduce,
         overlap_param_gather=run.overlap_param_gather,
         tp_comm_overlap=run.tp_comm_overlap,
