@@ -164,6 +164,8 @@ class CostModel:
         self.options = options
         self.network = Network.of(cluster)
         self.analytic = AnalyticCompute(cluster.gpu, options.dtype)
+        if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
+            self.analytic.attention_rates(options.attention)
         self.source = source or AnalyticSource(spec, self.analytic, options)
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
