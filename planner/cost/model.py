@@ -19,7 +19,7 @@ from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, layer_work, separate_matmuls
-from planner.spec import Cluster, ModelSpec
+from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
 
@@ -75,6 +75,15 @@ class CostOptions:
                               ("attention", ATTENTION_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+
+def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
+    """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
+    fused kernel it lacks (what the same runtime falls back to there)."""
+    kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd}
+    if options.attention in kernel and kernel[options.attention] is None:
+        return replace(options, attention="flash2")
+    return options
 
 
 class ComputeSource(Protocol):
