@@ -6,7 +6,8 @@ data-parallel communication and the optimizer step, memory per pipeline rank.
 finish_r is when pipeline rank r ends its last compute action in the schedule simulation;
 exposed_dp_r is the part of its gradient reduction (and, with a distributed optimizer, the
 parameter all-gather) that does not overlap the backward (forward) of one micro-batch,
-never less than one bucket; the optimizer step is memory-bound over the rank's shard.
+never less than one bucket, plus the slowdown the overlapped part causes in that compute
+(planner/cost/overlap.py); the optimizer step is memory-bound over the rank's shard.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from planner.cost import memory
 from planner.cost.model import CostModel
+from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
@@ -183,9 +185,10 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
     forward = sum(costs.forward_s[rank])
-    exposed = reduce if not opts.overlap_grad_reduce else max(reduce * bucket, reduce - backward)
+    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
+    exposed = reduce if not opts.overlap_grad_reduce else overlapped_extra_time(reduce, backward, sm_share, reduce * bucket)
     if gather:
-        exposed += gather if not opts.overlap_param_gather else max(gather * bucket, gather - forward)
+        exposed += gather if not opts.overlap_param_gather else overlapped_extra_time(gather, forward, sm_share, gather * bucket)
     return exposed
 
 

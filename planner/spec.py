@@ -126,6 +126,24 @@ class GpuEfficiency(BaseModel):
     kernel_overhead_us: float = Field(ge=0)
     """Fixed launch/tail cost charged per kernel."""
     source: str = ""
+    # Attention kernels, host time per op, overlap interference (issue 12, points 2-4).
+    # attention_fwd/attention_bwd above are FlashAttention-2's rates (what torch SDPA's flash
+    # backend runs and `planner profile` measures); other fused kernels have their own, None
+    # where the kernel does not run on this GPU.
+    flash3_fwd: float | None = Field(default=None, gt=0, le=1)
+    flash3_bwd: float | None = Field(default=None, gt=0, le=1)
+    cudnn_fwd: float | None = Field(default=None, gt=0, le=1)
+    cudnn_bwd: float | None = Field(default=None, gt=0, le=1)
+    attention_source: str = ""
+    host_op_us_forward: float = Field(default=0.0, ge=0)
+    """Host time per dispatched op in an eager forward (Python, autograd recording, ATen
+    dispatch, kernel launch): the floor a layer cannot run faster than without CUDA graphs."""
+    host_op_us_backward: float = Field(default=0.0, ge=0)
+    """Host time per dispatched op in the backward (the C++ autograd engine)."""
+    host_source: str = ""
+    comm_sm_fraction: float = Field(default=0.0, ge=0, lt=1)
+    """Fraction of the GPU's SMs a collective's kernels occupy while they run beside compute."""
+    overlap_source: str = ""
 
 
 class GpuSpec(BaseModel):

@@ -13,6 +13,7 @@ from planner.cli.app import app, print_json, stdout
 from planner.cost.shapes import LAYER_KINDS, Shard
 from planner.layout import check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
+from planner.search.runtimes import runtime_cost_options
 from planner.errors import LayoutError
 
 
@@ -27,6 +28,8 @@ def cost_command(
     sequence_parallel: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (with TP)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     profile: Path | None = opt.PROFILE,
+    attention: str | None = opt.ATTENTION,
+    cuda_graphs: bool = opt.CUDA_GRAPHS,
     as_json: bool = opt.JSON,
 ) -> None:
     """Per-layer forward / backward (input, weight) time, TP communication, activation
@@ -38,7 +41,8 @@ def cost_command(
     if seq % cp:
         raise LayoutError(f"sequence length {seq} is not divisible by cp {cp}")
     cluster = opt.build_cluster(gpu, max(tp * cp, 1))
-    cost_model = opt.build_cost_model(spec, cluster, profile)
+    options = runtime_cost_options(None, cluster.gpu, opt.check_attention(attention), cuda_graphs)
+    cost_model = opt.build_cost_model(spec, cluster, profile, options)
     shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1)
     layers = {}
     for kind in LAYER_KINDS:
@@ -59,11 +63,12 @@ def cost_command(
             "efficiency_source": cluster.gpu.efficiency.source,
             "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
                       "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
+            "attention": options.attention, "cuda_graphs": options.cuda_graphs,
             "layers": layers,
         }, indent=2))
         return
     table = Table(title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
-                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs)")
+                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.attention} attention)")
     columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms",
                "activations MiB", "params (M)")
     for column in columns:

@@ -59,6 +59,9 @@ def evaluate_command(
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
+    attention: str | None = opt.ATTENTION,
+    cuda_graphs: bool = opt.CUDA_GRAPHS,
+    interference: bool = opt.INTERFERENCE,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
@@ -87,7 +90,8 @@ def evaluate_command(
         zero_stage=zero, stage_layers=cuts,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
-    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
+    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted())
     document = plan_file([entry], spec, cluster, cost_model.source.name)

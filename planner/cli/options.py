@@ -23,6 +23,22 @@ MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use p
 PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON) to use instead of the analytic compute model.")
 JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
 OUT = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`.")
+# Attention kernel, CUDA graphs and overlap interference (issue 12, points 2-4).
+ATTENTION = typer.Option(None, "--attention", help="Attention kernel: flash2, flash3, cudnn or unfused "
+                         "(default: the runtime's on this GPU: Megatron-LM cudnn on Hopper, else flash2).")
+CUDA_GRAPHS = typer.Option(False, "--cuda-graphs", help="The runtime replays CUDA graphs: no host "
+                           "launch time per kernel.")
+INTERFERENCE = typer.Option(True, "--interference/--no-interference", help="Charge the slowdown that "
+                            "communication overlapped with compute causes in it.")
+
+
+def check_attention(attention: str | None) -> str | None:
+    """The --attention value, refused with the choices when unknown."""
+    from planner.cost.compute import ATTENTION_IMPLS
+
+    if attention is not None and attention not in ATTENTION_IMPLS:
+        raise LayoutError(f"unknown attention kernel '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
+    return attention
 
 
 def build_cluster(

@@ -79,6 +79,9 @@ def plan_command(
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
+    attention: str | None = opt.ATTENTION,
+    cuda_graphs: bool = opt.CUDA_GRAPHS,
+    interference: bool = opt.INTERFERENCE,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
@@ -90,7 +93,8 @@ def plan_command(
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
-    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
+    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
     accept = runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     if not result.plans:

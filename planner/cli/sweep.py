@@ -39,6 +39,9 @@ def sweep_command(
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
+    attention: str | None = opt.ATTENTION,
+    cuda_graphs: bool = opt.CUDA_GRAPHS,
+    interference: bool = opt.INTERFERENCE,
     svg: Path | None = typer.Option(None, "--svg", help="Also draw tokens/s and MFU against the varied input."),
     as_json: bool = opt.JSON,
 ) -> None:
@@ -59,7 +62,8 @@ def sweep_command(
     for value in points:
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb)
-        cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
+        cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
         accept = runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")

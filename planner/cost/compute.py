@@ -10,7 +10,13 @@ quantisation; `gemm_half_dim` is x_half), e_gemm the achieved fraction of peak o
 GEMMs, bw the HBM bandwidth and c the per-kernel overhead. The attention core runs at
 e_attn_fwd (forward) and e_attn_bwd (backward, 2.5x the forward FLOPs with flash attention,
 which recomputes QK^T: Dao 2023), with the same falloff in sequence length. Memory-bound
-kernels move their bytes at bw * e_hbm. The backward of a GEMM is a data-gradient GEMM
+kernels move their bytes at bw * e_hbm.
+
+The attention core is one of four implementations (`AttentionImpl`): the fused kernels
+FlashAttention-2 (e_attn_* = `attention_fwd/bwd`), FlashAttention-3 and cuDNN's fused attention
+(their own rates per GPU, `flash3_*` and `cudnn_*`), or unfused attention: QK^T and PV as
+batched GEMMs over the full s x s score matrix, and the softmax (with its scale and mask) and
+dropout as memory-bound passes over the b * a * s^2 scores (`shapes.attention_passes`). The backward of a GEMM is a data-gradient GEMM
 (m, k, n), charged to backward-input (I), and a weight-gradient GEMM (k, n, m), charged to
 backward-weight (W), as the zero-bubble schedules split them (Qi et al. 2024).
 
@@ -20,13 +26,17 @@ The efficiencies are per-GPU data (presets/gpus.toml); `planner profile` measure
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
-from planner.cost.shapes import LayerWork
+from planner.cost.shapes import Gemm, LayerWork
+from planner.errors import PlannerError
 from planner.spec import GpuEfficiency, GpuSpec
+
+AttentionImpl = Literal["flash2", "flash3", "cudnn", "unfused"]
+ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
 
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 """Flash attention's backward executes 5 matmuls per 2 of the forward (it recomputes QK^T)."""
-UNFUSED_BACKWARD_FLOP_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,28 +79,66 @@ class AnalyticCompute:
         memory = 2.0 * (m * k + k * n + m * n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 
-    def attention_time(self, flops: float, seq: int, backward: bool, flash: bool = True) -> float:
-        """Seconds for the attention core's forward, or its backward, given forward FLOPs."""
+    def batched_gemm_time(self, g: Gemm) -> float:
+        """Seconds for `g.count` independent GEMMs of one shape in one batched kernel."""
+        sat = self._saturation(g.m) * self._saturation(g.n) * self._saturation(g.k)
+        compute = g.flops / (self.peak * self.eff.gemm * sat)
+        memory = 2.0 * g.count * (g.m * g.k + g.k * g.n + g.m * g.n) / self.mem_bw
+        return max(compute, memory) + self.overhead_s
+
+    def attention_rates(self, attention: str) -> tuple[float, float]:
+        """Forward and backward fractions of peak of a fused attention kernel on this GPU."""
+        eff = self.eff
+        rates = {"flash2": (eff.attention_fwd, eff.attention_bwd), "flash3": (eff.flash3_fwd, eff.flash3_bwd),
+                 "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd)}.get(attention)
+        if rates is None:
+            raise PlannerError(f"unknown attention implementation '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
+        if rates[0] is None or rates[1] is None:
+            offered = [a for a in ATTENTION_IMPLS if a == "unfused" or a == "flash2"
+                       or getattr(eff, f"{a}_fwd", None) is not None]
+            raise PlannerError(f"{self.gpu.name} has no measured {attention} attention kernel: choose "
+                               f"{', '.join(offered)}")
+        return rates[0], rates[1]
+
+    def attention_time(self, flops: float, seq: int, backward: bool, attention: str = "flash2") -> float:
+        """Seconds for a fused attention core's forward, or its backward, given forward FLOPs
+        (flash-style backward: 2.5x the forward FLOPs, QK^T recomputed)."""
         if flops == 0.0:
             return 0.0
+        fwd_rate, bwd_rate = self.attention_rates(attention)
         if backward:
-            ratio = FLASH_BACKWARD_FLOP_RATIO if flash else UNFUSED_BACKWARD_FLOP_RATIO
-            return ratio * flops / (self.peak * self.eff.attention_bwd * self._saturation(seq))
-        return flops / (self.peak * self.eff.attention_fwd * self._saturation(seq))
+            return FLASH_BACKWARD_FLOP_RATIO * flops / (self.peak * bwd_rate * self._saturation(seq))
+        return flops / (self.peak * fwd_rate * self._saturation(seq))
+
+    def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
+        """Forward and backward seconds of a layer's attention core under `attention`."""
+        if attention != "unfused":
+            return (self.attention_time(work.attention_flops, work.attention_seq, False, attention),
+                    self.attention_time(work.attention_flops, work.attention_seq, True, attention))
+        forward = backward = 0.0
+        for g in work.attention_gemms:  # backward: the data-gradient GEMMs of both operands
+            forward += self.batched_gemm_time(g)
+            backward += self.batched_gemm_time(g._replace(n=g.k, k=g.n))
+            backward += self.batched_gemm_time(g._replace(m=g.k, k=g.m))
+        forward += self.elementwise_time(work.attention_bytes_fwd, work.attention_kernels)
+        backward += self.elementwise_time(work.attention_bytes_bwd, work.attention_kernels)
+        return forward, backward
 
     def elementwise_time(self, nbytes: float, kernels: int) -> float:
         """Seconds for memory-bound kernels moving nbytes in `kernels` launches."""
         return nbytes / self.mem_bw + kernels * self.overhead_s
 
-    def layer_times(self, work: LayerWork, flash: bool = True) -> LayerTimes:
-        """Forward, backward-input and backward-weight time of a layer's work."""
+    def layer_times(self, work: LayerWork, attention: str = "flash2") -> LayerTimes:
+        """Forward, backward-input and backward-weight time of a layer's work, its attention
+        core run by `attention`."""
         forward = backward_input = backward_weight = 0.0
         for g in work.gemms:
             forward += g.count * self.gemm_time(g.m, g.n, g.k)
             backward_input += g.count * self.gemm_time(g.m, g.k, g.n)
             backward_weight += g.count * self.gemm_time(g.k, g.n, g.m)
-        forward += self.attention_time(work.attention_flops, work.attention_seq, False, flash)
-        backward_input += self.attention_time(work.attention_flops, work.attention_seq, True, flash)
+        attention_fwd, attention_bwd = self.attention_core_times(work, attention)
+        forward += attention_fwd
+        backward_input += attention_bwd
         forward += self.elementwise_time(work.elementwise_bytes_fwd, work.kernels_fwd)
         backward_input += self.elementwise_time(work.elementwise_bytes_bwd, 2 * work.kernels_fwd)
         return LayerTimes(

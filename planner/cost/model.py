@@ -15,9 +15,11 @@ from typing import Literal, Protocol, get_args
 
 from planner.cost import memory
 from planner.cost.comm import Network
-from planner.cost.compute import AnalyticCompute, LayerTimes
+from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
+from planner.cost.kernel_counts import host_times, op_counts
+from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, layer_work, separate_matmuls
-from planner.spec import Cluster, ModelSpec
+from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
 
@@ -30,7 +32,6 @@ class CostOptions:
     """Runtime behaviours the costs depend on (Megatron-LM's recommended defaults)."""
 
     dtype: str = "bf16"
-    flash_attention: bool = True
     dropout: bool = False
     overlap_grad_reduce: bool = True
     """Data-parallel gradient reduction overlaps the last micro-batch's backward."""
@@ -54,10 +55,35 @@ class CostOptions:
     by op with fp32 upcasts: ~3.3 for a Llama block (RMSNorm 36 B/element instead of 4,
     complex RoPE 28 instead of 4, SwiGLU 10 instead of 6; docs/accuracy_published.md)."""
 
+    # Attention kernel, per-kernel floor and overlap interference (issue 12, points 2-4).
+    attention: AttentionImpl = "flash2"
+    """The attention core's implementation: FlashAttention-2 / -3, cuDNN fused attention, or
+    unfused (batched GEMMs and softmax passes over the full score matrix, which it keeps)."""
+    cuda_graphs: bool = False
+    """The runtime replays captured CUDA graphs: no host launch time per kernel (the GPU-side
+    per-kernel cost stays)."""
+    interference: bool = True
+    """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
+
+    @property
+    def flash_attention(self) -> bool:
+        """A fused attention kernel (anything but "unfused")."""
+        return self.attention != "unfused"
+
     def __post_init__(self) -> None:
-        for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES)):
+        for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
+                              ("attention", ATTENTION_IMPLS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+
+def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
+    """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
+    fused kernel it lacks (what the same runtime falls back to there)."""
+    kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd}
+    if options.attention in kernel and kernel[options.attention] is None:
+        return replace(options, attention="flash2")
+    return options
 
 
 class ComputeSource(Protocol):
@@ -71,24 +97,41 @@ class ComputeSource(Protocol):
 
 
 class AnalyticSource:
-    """Layer times from FLOPs and bytes over the GPU's efficiency curves."""
+    """Layer times from FLOPs and bytes over the GPU's efficiency curves, never shorter than
+    the host takes to launch the layer's kernels (unless CUDA graphs replay them)."""
 
     name = "analytic"
 
-    def __init__(self, spec: ModelSpec, compute: AnalyticCompute, flash: bool = True,
-                 elementwise_traffic: float = 1.0):
-        self.spec, self.compute, self.flash = spec, compute, flash
-        self.elementwise_traffic = elementwise_traffic
+    def __init__(self, spec: ModelSpec, compute: AnalyticCompute, options: CostOptions = CostOptions()):
+        self.spec, self.compute, self.options = spec, compute, options
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
-        work = layer_work(self.spec, kind, shard, flash=self.flash)
-        if self.elementwise_traffic != 1.0:
+        opts = self.options
+        work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout)
+        if opts.elementwise_traffic != 1.0:
             work = replace(
                 work,
-                elementwise_bytes_fwd=work.elementwise_bytes_fwd * self.elementwise_traffic,
-                elementwise_bytes_bwd=work.elementwise_bytes_bwd * self.elementwise_traffic,
+                elementwise_bytes_fwd=work.elementwise_bytes_fwd * opts.elementwise_traffic,
+                elementwise_bytes_bwd=work.elementwise_bytes_bwd * opts.elementwise_traffic,
             )
-        return self.compute.layer_times(work, flash=self.flash)
+        times = self.compute.layer_times(work, opts.attention)
+        if opts.cuda_graphs:
+            return times
+        counts = op_counts(self.spec, kind, not opts.flash_attention, opts.dropout)
+        return host_floor(times, *host_times(counts, self.compute.eff))
+
+
+def host_floor(times: LayerTimes, host_forward_s: float, host_backward_s: float) -> LayerTimes:
+    """Layer times no shorter than the host's launch time: the host runs ahead of the GPU
+    asynchronously, so a pass takes the longer of the two. A host-bound backward stretches
+    its input and weight parts alike."""
+    backward = times.backward_s
+    stretch = host_backward_s / backward if backward > 0 and host_backward_s > backward else 1.0
+    return LayerTimes(
+        forward_s=max(times.forward_s, host_forward_s),
+        backward_input_s=times.backward_input_s * stretch,
+        backward_weight_s=times.backward_weight_s * stretch,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,9 +173,9 @@ class CostModel:
         self.options = options
         self.network = Network.of(cluster)
         self.analytic = AnalyticCompute(cluster.gpu, options.dtype)
-        self.source = source or AnalyticSource(
-            spec, self.analytic, options.flash_attention, options.elementwise_traffic
-        )
+        if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
+            self.analytic.attention_rates(options.attention)
+        self.source = source or AnalyticSource(spec, self.analytic, options)
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy,
@@ -148,6 +191,9 @@ class CostModel:
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
         comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd)
         hidden = 1.0 - self.options.tp_comm_overlap
+        # the overlapped TP communication slows the GEMMs it runs beside
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+        overlapped = self.options.tp_comm_overlap * sm_share
         recompute_s = self._recompute_time(kind, shard, recompute, times)
         saved = self._measured_activation_bytes(kind, shard, recompute)
         if saved is None:
@@ -163,8 +209,8 @@ class CostModel:
             "head": memory.head_param_count,
         }[kind](self.spec, shard.tp)
         return LayerCosts(
-            forward_s=times.forward_s,
-            backward_input_s=times.backward_input_s + recompute_s,
+            forward_s=times.forward_s + overlapped * comm_fwd,
+            backward_input_s=times.backward_input_s + recompute_s + overlapped * comm_bwd,
             backward_weight_s=times.backward_weight_s,
             comm_forward_s=comm_fwd * hidden,
             comm_backward_s=comm_bwd * hidden,
@@ -192,16 +238,14 @@ class CostModel:
             return 0.0
         if recompute == "full":
             return times.forward_s
-        if self.options.selective_policy == "every_other_matmul":
-            work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
+        opts = self.options
+        work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
+        if opts.selective_policy == "every_other_matmul":
             matmuls = separate_matmuls(self.spec, shard)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
-        work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
-        return self.analytic.attention_time(
-            work.attention_flops, work.attention_seq, False, self.options.flash_attention
-        )
+        return self.analytic.attention_core_times(work, opts.attention)[0]
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
         """TP collectives the recomputation re-runs. Full recompute re-runs the block's forward
@@ -263,10 +307,11 @@ class CostModel:
         kv_bytes = self._kv_bytes(shard)
         steps = shard.cp - 1
         hop = net.p2p(kv_bytes, shard.cp, shard.tp)
-        work = layer_work(spec, "transformer", shard, flash=self.options.flash_attention)
-        attn_fwd = self.analytic.attention_time(work.attention_flops, work.attention_seq, False)
-        attn_bwd = self.analytic.attention_time(work.attention_flops, work.attention_seq, True)
+        opts = self.options
+        work = layer_work(spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
+        attn_fwd, attn_bwd = self.analytic.attention_core_times(work, opts.attention)
         per_step_fwd, per_step_bwd = attn_fwd / shard.cp, attn_bwd / shard.cp
-        fwd = steps * max(0.0, hop - per_step_fwd)
-        bwd = steps * max(0.0, 2 * hop - per_step_bwd)
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, opts.interference)
+        fwd = steps * overlapped_extra_time(hop, per_step_fwd, sm_share)
+        bwd = steps * overlapped_extra_time(2 * hop, per_step_bwd, sm_share)
         return fwd, bwd

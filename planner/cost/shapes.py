@@ -67,6 +67,13 @@ class LayerWork:
     elementwise_bytes_bwd: float
     kernels_fwd: int
     """Kernel launches in the forward (the backward is charged twice as many)."""
+    attention_gemms: tuple[Gemm, ...] = ()
+    """Unfused attention only: QK^T and PV as batched GEMMs (count = sequences x heads)."""
+    attention_bytes_fwd: float = 0.0
+    """Unfused attention only: HBM bytes of the softmax (and dropout) passes over the scores."""
+    attention_bytes_bwd: float = 0.0
+    attention_kernels: int = 0
+    """Unfused attention only: kernels of those passes, each way."""
 
     @property
     def gemm_flops(self) -> float:
@@ -134,10 +141,36 @@ def attention_core_flops(spec: ModelSpec, shard: Shard, flash: bool) -> float:
     return full / 2 if flash else full
 
 
-def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, flash: bool = True) -> LayerWork:
-    """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`."""
+SOFTMAX_BYTES = (4, 6)
+"""bf16 bytes per score element of the fused scale-mask-softmax (Megatron-LM's
+FusedScaleMaskSoftmax, one kernel): forward reads the scores and writes the probabilities;
+backward reads the probabilities and their gradient and writes the scores' gradient."""
+DROPOUT_BYTES = (5, 5)
+"""Attention dropout per score element: forward reads the probabilities, writes the output and
+a 1-byte mask; backward reads the gradient and the mask and writes the gradient."""
+
+
+def attention_passes(spec: ModelSpec, shard: Shard, dropout: bool) -> tuple[tuple[Gemm, ...], float, float, int]:
+    """Unfused attention on one shard: its batched GEMMs (QK^T, then PV, over the full square),
+    the forward and backward bytes of its memory-bound passes over the b * a * s^2 scores, and
+    their kernels each way."""
+    heads = spec.num_attention_heads // shard.tp
+    q_len, d = shard.seq // shard.cp, spec.kv_channels
+    batch = shard.mbs * heads
+    gemms = (Gemm("scores", q_len, shard.seq, d, batch), Gemm("context", q_len, d, shard.seq, batch))
+    scores = batch * q_len * shard.seq
+    fwd, bwd = SOFTMAX_BYTES[0] * scores, SOFTMAX_BYTES[1] * scores
+    if dropout:
+        fwd, bwd = fwd + DROPOUT_BYTES[0] * scores, bwd + DROPOUT_BYTES[1] * scores
+    return gemms, fwd, bwd, 1 + int(dropout)
+
+
+def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "flash2",
+               dropout: bool = False) -> LayerWork:
+    """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`, its
+    attention core run by `attention` (fused kernels, or "unfused") with or without dropout."""
     if kind == "transformer":
-        return _transformer_work(spec, shard, flash)
+        return _transformer_work(spec, shard, attention, dropout)
     if kind == "embedding":
         return _embedding_work(spec, shard)
     if kind == "head":
@@ -145,7 +178,7 @@ def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, flash: bool = True) 
     raise ValueError(f"unknown layer kind {kind!r}; expected one of {LAYER_KINDS}")
 
 
-def _transformer_work(spec: ModelSpec, shard: Shard, flash: bool) -> LayerWork:
+def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bool) -> LayerWork:
     h, tp = spec.hidden_size, shard.tp
     tokens, rep_tokens = shard.local_tokens, shard.elementwise_tokens
     ffn = spec.expert_ffn_hidden_size * max(1, spec.moe_top_k) if spec.is_moe else spec.ffn_hidden_size
@@ -158,17 +191,19 @@ def _transformer_work(spec: ModelSpec, shard: Shard, flash: bool) -> LayerWork:
     rope = 2 * tokens * q_k_width * 2 if spec.position_embedding == "rope" else 0.0
     act = (3 if spec.activation == "swiglu" else 2) * tokens * act_width * 2
     fwd_bytes = norm_and_residual + rope + act
-    attention = attention_core_flops(spec, shard, flash)
-    if not flash:  # softmax (+ mask, scale) reads and writes the score matrix in fp32
-        heads = spec.num_attention_heads // tp
-        fwd_bytes += 3 * shard.mbs * heads * (shard.seq / shard.cp) * shard.seq * 4
+    flash = attention != "unfused"
+    unfused = attention_passes(spec, shard, dropout) if not flash else ((), 0.0, 0.0, 0)
     return LayerWork(
         gemms=transformer_gemms(spec, shard),
-        attention_flops=attention,
+        attention_flops=attention_core_flops(spec, shard, flash),
         attention_seq=shard.seq // shard.cp,
         elementwise_bytes_fwd=fwd_bytes,
         elementwise_bytes_bwd=2 * fwd_bytes,
-        kernels_fwd=14 if flash else 17,
+        kernels_fwd=14,
+        attention_gemms=unfused[0],
+        attention_bytes_fwd=unfused[1],
+        attention_bytes_bwd=unfused[2],
+        attention_kernels=unfused[3],
     )
 
 

@@ -253,12 +253,11 @@ def throughput_as_tokens_per_s_per_gpu(run: PublishedRun, spec: ModelSpec, peak_
 
 
 def cost_options(run: PublishedRun) -> CostOptions:
-    """The CostOptions that describe what the run used. The attention kernel maps to
-    `flash_attention` (unfused: False; flash2, flash3, cudnn: True) until CostOptions has
-    an attention choice; precision maps to `dtype`."""
+    """The CostOptions that describe what the run used: its attention kernel, precision,
+    dropout, overlap flags and runtime behaviours."""
     return CostOptions(
         dtype=run.precision,
-        flash_attention=run.attention != "unfused",
+        attention=run.attention,
         dropout=run.dropout,
         overlap_grad_reduce=run.overlap_grad_reduce,
         overlap_param_gather=run.overlap_param_gather,

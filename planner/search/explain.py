@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.catalog import resolve_gpu
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, options_for_gpu
 from planner.layout import Layout
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import Prediction
@@ -133,7 +133,7 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
         gpu = resolve_gpu(name)
         if gpu.memory_gib * GiB > limit and cluster.memory_limit_gib is None:
             h = fits(f"--gpu {name} ({gpu.memory_gib:.0f} GiB)",
-                     CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), model.options), space)
+                     CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), options_for_gpu(model.options, gpu)), space)
             helps += [h] if h else []
     if helps:
         lines.append("what would fit: " + "; ".join(helps))

@@ -17,7 +17,7 @@ from planner.export import EXPORTERS, export_plan
 from planner.layout import Layout, entry_from_layout
 from planner.plan import ClusterSummary, PlanFile
 from planner.search.space import SearchSpace
-from planner.spec import Cluster, ModelSpec
+from planner.spec import Cluster, GpuSpec, ModelSpec
 
 RUNTIME_RULES: dict[str, dict] = {
     "megatron": {"schedules": ("1f1b", "interleaved_1f1b"), "per_rank_recompute": False},
@@ -35,11 +35,29 @@ RUNTIME_COSTS: dict[str, dict] = {
 (what the torchtitan exporter writes for `selective`) recomputes every other matmul."""
 
 
-def runtime_cost_options(runtime: str | None) -> CostOptions:
-    """The cost model's options for plans that `runtime` will run (defaults: Megatron-LM's)."""
+def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:
+    """The attention kernel `runtime` runs on `gpu`. Megatron-LM (the default runtime) runs
+    Transformer Engine's DotProductAttention, which prefers cuDNN fused attention on Hopper and
+    later and FlashAttention-2 before (NeMo docs, memory_optimizations.rst, 'Flash Attention':
+    "Transformer Engine prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao
+    flash attention on pre-Hopper"): cuDNN wherever the GPU preset has a measured cuDNN kernel.
+    torchtitan, torch.distributed.pipelining and DeepSpeed (Hugging Face models) call torch's
+    scaled_dot_product_attention, whose flash backend is FlashAttention-2 (torch bundles FA2,
+    not FA3)."""
+    if runtime in (None, "megatron") and gpu is not None and gpu.efficiency.cudnn_fwd is not None:
+        return "cudnn"
+    return "flash2"
+
+
+def runtime_cost_options(runtime: str | None, gpu: GpuSpec | None = None, attention: str | None = None,
+                         cuda_graphs: bool = False, interference: bool = True) -> CostOptions:
+    """The cost model's options for plans that `runtime` will run on `gpu` (defaults:
+    Megatron-LM's), with the attention kernel named or the runtime's default on that GPU."""
     if runtime is not None:
         _check_known(runtime, RUNTIME_RULES)
-    return CostOptions(**RUNTIME_COSTS.get(runtime or "", {}))
+    return CostOptions(**RUNTIME_COSTS.get(runtime or "", {}),
+                       attention=attention or default_attention(runtime, gpu),
+                       cuda_graphs=cuda_graphs, interference=interference)
 
 
 def restrict(space: SearchSpace, runtime: str) -> SearchSpace:

@@ -14,9 +14,9 @@ from planner.spec import Cluster
 SPEC = resolve_model("llama3-8b")
 
 
-def _cp_costs(cp_comm: str, seq: int, cp: int):
+def _cp_costs(cp_comm: str, seq: int, cp: int, interference: bool = True):
     cluster = Cluster.of(resolve_gpu("h100"), 8)  # CP inside one node (TP 1)
-    model = CostModel(SPEC, cluster, CostOptions(cp_comm=cp_comm))
+    model = CostModel(SPEC, cluster, CostOptions(cp_comm=cp_comm, interference=interference))
     return model, model.layer_costs("transformer", Shard(mbs=1, seq=seq, cp=cp))
 
 
@@ -36,8 +36,13 @@ def test_all_gather_cp_exposes_one_gather_and_one_reduce_scatter(cp):
 
 
 def test_ring_cp_hides_behind_long_attention_but_not_short():
-    _, long_seq = _cp_costs("ring", 131072, 8)
-    assert long_seq.comm_forward_s == 0.0  # each step's attention outlasts the K/V hop
+    _, hidden = _cp_costs("ring", 131072, 8, interference=False)
+    assert hidden.comm_forward_s == 0.0  # each step's attention outlasts the K/V hop
+    model, long_seq = _cp_costs("ring", 131072, 8)
+    # hidden, but its kernels hold SMs: 7 hops each slow the attention by the SM share x hop
+    hop = model.network.p2p(_kv_bytes(131072, 8), 8, 1)
+    share = resolve_gpu("h100").efficiency.comm_sm_fraction
+    assert long_seq.comm_forward_s == pytest.approx(7 * share * hop)
     model, short_seq = _cp_costs("ring", 2048, 8)
     hop = model.network.p2p(_kv_bytes(2048, 8), 8, 1)
     assert 0.0 < short_seq.comm_forward_s < 7 * hop

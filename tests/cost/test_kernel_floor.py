@@ -1,0 +1,85 @@
+"""The per-kernel floor: op counts traced from the runtime's block, the host time they take,
+and the published small-shape H100 measurement it explains."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.kernel_counts import load_counts, op_counts
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.shapes import Shard, layer_work
+from planner.spec import Cluster
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
+import count_kernels  # noqa: E402
+
+LLAMA = resolve_model("llama3-8b")
+H100 = resolve_gpu("h100")
+
+
+def _block(options: CostOptions, shard: Shard):
+    return CostModel(LLAMA, Cluster.of(H100, 8), options).layer_costs("transformer", shard)
+
+
+def test_counts_file_matches_a_fresh_cpu_trace():
+    assert load_counts() == count_kernels.trace_all()
+
+
+def test_llama_block_counts_contain_its_gemms_and_attention():
+    """Seven projections (q, k, v, o, gate, up, down) and one attention kernel forward; their
+    data- and weight-gradient GEMMs (14) and the attention backward in the backward."""
+    counts = op_counts(LLAMA, "transformer")
+    assert counts.forward_kernels >= 7 + 1 + 2  # + the two fused norms
+    assert counts.backward_kernels >= 14 + 1 + 2
+    unfused = op_counts(LLAMA, "transformer", unfused_attention=True, dropout=True)
+    assert (unfused.forward_kernels - counts.forward_kernels, unfused.backward_kernels - counts.backward_kernels) == (3, 5)
+
+
+SMALL = Shard(mbs=1, seq=2048, tp=8)
+LARGE = Shard(mbs=4, seq=8192, tp=8)
+MEASURED_SMALL_MS = (0.94, 1.13)
+"""Llama-3-8B block at TP 8, mbs 1, seq 2048 on one H100 (torch eager, bf16, SDPA flash):
+0.94 ms forward and 1.13 ms backward (issue 12, measured with `planner profile`)."""
+
+
+def test_host_floor_explains_part_of_the_small_shape_measurement():
+    """Tolerance: within 50% of the measurement, and closer than without the floor (the
+    GPU-only roofline predicted 0.32 / 0.66 ms). The floor counts ATen ops only: Python
+    module-call overhead is not modelled, so it stays short (docs/kernel_floor.md)."""
+    floor = _block(CostOptions(), SMALL)
+    gpu_only = _block(CostOptions(cuda_graphs=True), SMALL)
+    for predicted, roofline, measured in ((floor.forward_s, gpu_only.forward_s, MEASURED_SMALL_MS[0]),
+                                          (floor.backward_s, gpu_only.backward_s, MEASURED_SMALL_MS[1])):
+        assert abs(predicted * 1e3 / measured - 1) < abs(roofline * 1e3 / measured - 1)
+        assert predicted * 1e3 == pytest.approx(measured, rel=0.50)
+
+
+def test_host_floor_leaves_the_large_shape_alone():
+    """The same layer at mbs 4, seq 8192 was measured within 1% of the GPU roofline: the floor
+    must not move it."""
+    floor, gpu_only = _block(CostOptions(), LARGE), _block(CostOptions(cuda_graphs=True), LARGE)
+    assert floor.forward_s == pytest.approx(gpu_only.forward_s, rel=0.01)
+    assert floor.backward_s == pytest.approx(gpu_only.backward_s, rel=0.01)
+
+
+def test_cuda_graphs_keep_the_gpu_side_per_kernel_cost():
+    """Under CUDA graphs a layer is the roofline, GPU-side kernel overhead included: at a tiny
+    shape it is at least one overhead per GEMM of the forward."""
+    shard = Shard(mbs=1, seq=128, tp=8)
+    graphs = _block(CostOptions(cuda_graphs=True), shard)
+    work = layer_work(LLAMA, "transformer", shard)
+    assert graphs.forward_s >= len(work.gemms) * H100.efficiency.kernel_overhead_us * 1e-6
+    assert graphs.forward_s < _block(CostOptions(), shard).forward_s
+
+
+def test_host_time_is_counts_times_per_op_cost():
+    """At a tiny shape the host bounds the forward: kernels x host_op_us_forward plus views at
+    half that."""
+    counts = op_counts(LLAMA, "transformer")
+    eff = H100.efficiency
+    expected = eff.host_op_us_forward * (counts.forward_kernels + 0.5 * counts.forward_views) * 1e-6
+    assert _block(CostOptions(), Shard(mbs=1, seq=64, tp=8)).forward_s == pytest.approx(expected)
