@@ -77,6 +77,8 @@ def profile_command(
     resume: bool = typer.Option(False, "--resume", help="Continue FILE: skip the shapes it already has."),
     collectives: bool = typer.Option(False, "--collectives", help="Time collectives instead (under torchrun)."),
     max_bytes: int = typer.Option(256 * 2**20, "--max-bytes", min=1024, help="Largest collective message."),
+    block: str = typer.Option("planner", "--block",
+                              help="Whose transformer block to measure: planner | torchtitan | megatron."),
 ) -> None:
     """Measure each layer kind's forward, backward-input, backward-weight and full-backward
     time and its memory at tensor-parallel shapes; or, with --collectives under torchrun,
@@ -89,7 +91,7 @@ def profile_command(
     measure = _import_measure()
     settings = measure.Settings(
         device=device or measure.default_device(), dtype=dtype, warmup=warmup, repeats=repeats,
-        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None,
+        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None, block=block,
     )
     measure.prepare(settings)
     if collectives:
@@ -98,6 +100,7 @@ def profile_command(
     tps, mbss, seqs = _ints(tp, "--tp"), _ints(mbs, "--mbs"), _ints(seq, "--seq")
     for degree in tps:
         check_tensor_parallel(spec, degree)
+    measure.check_block(block, spec, settings.device)
     if spec.position_embedding == "learned" and max(seqs) > spec.max_position_embeddings:
         raise PlannerError(
             f"--seq {max(seqs)} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}"
@@ -127,14 +130,16 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
             raise PlannerError(f"{output} exists: pass --resume to continue it, or choose another -o")
         return Profile(
             schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
-            repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec, **env,
+            repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec,
+            block=settings.block, **env,
         )
     if not output.exists():
         raise PlannerError(f"--resume: {output} does not exist")
     profile = store.load(output)
     check_model(profile, spec, f"profile {output.name}")
     ours = {"device": env["device"], "dtype": settings.dtype, "warmup": settings.warmup,
-            "repeats": settings.repeats, "memory_cap_bytes": settings.memory_cap_bytes}
+            "repeats": settings.repeats, "memory_cap_bytes": settings.memory_cap_bytes,
+            "block": settings.block}
     for name, value in ours.items():
         if getattr(profile, name) != value:
             raise PlannerError(
@@ -146,7 +151,8 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
 
 def _summary(profile: Profile, keys: list, skipped: int, output: Path) -> None:
     rows = profile.row_map()
-    table = Table(title=f"{profile.model.name} on {profile.device}, {profile.dtype}: ms and MiB per micro-batch")
+    table = Table(title=f"{profile.model.name} ({profile.block} block) on {profile.device}, {profile.dtype}: "
+                        "ms and MiB per micro-batch")
     for column in ("kind", "tp", "mbs", "seq", "rc", "status", "fwd", "I", "W", "bwd", "(I+W)/bwd", "saved"):
         table.add_column(column, justify="left" if column in ("kind", "rc", "status") else "right")
     counts: dict[str, int] = {}

@@ -44,6 +44,12 @@ class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
     selective_policy: SelectivePolicy = "core_attention"
+    eager_swiglu: bool = False
+    """SwiGLU run op by op, `w2(silu(w1 x) * w3 x)` (torchtitan's FeedForward without
+    torch.compile): the multiply keeps silu's output as well, one more FFN-wide tensor. A
+    fused kernel (Megatron-LM's bias_swiglu, Transformer Engine, an inductor-compiled
+    region) keeps only w1 x and w3 x and recomputes silu in backward. Measured: torchtitan
+    0.3's Llama3TransformerBlock keeps exactly this tensor more (tests/profile/test_blocks.py)."""
 
 
 def saved_tensors(
@@ -107,6 +113,8 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
             SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
             SavedTensor("swiglu_output", bf16 * tokens * ffn / tp, "keep"),
         ]
+        if options.eager_swiglu:
+            saved.append(SavedTensor("silu_output", bf16 * tokens * ffn / tp, "keep"))
     else:
         saved += [
             SavedTensor("gelu_input", bf16 * tokens * ffn / tp, "keep"),

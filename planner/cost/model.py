@@ -48,6 +48,9 @@ class CostOptions:
     """What recompute `selective` runs: Megatron-LM's core-attention
     recompute, or torchtitan's per-op policy that recomputes every other matmul and the
     elementwise ops."""
+    eager_swiglu: bool = False
+    """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
+    memory.ActivationOptions.eager_swiglu)."""
     elementwise_traffic: float = 1.0
     """HBM bytes the memory-bound ops (norms, RoPE, activation, residuals) move relative to
     fused kernels (1: Megatron/TE fused kernels or torch.compile). Eager PyTorch runs them op
@@ -135,7 +138,7 @@ class CostModel:
         )
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
-            selective_policy=options.selective_policy,
+            selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
         )
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
 
