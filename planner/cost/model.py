@@ -197,7 +197,7 @@ class CostModel:
             return times.forward_s
         if self.options.selective_policy == "every_other_matmul":
             work = layer_work(self.spec, "transformer", shard, flash=self.options.flash_attention)
-            matmuls = separate_matmuls(self.spec, shard)[1::2]
+            matmuls = separate_matmuls(self.spec, shard, fused_qkv=memory.TORCHTITAN_FUSED_QKV)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
