@@ -16,7 +16,7 @@ profile() {  # model, sequence lengths
   [[ -f "$file" ]] && resume=(--resume)
   planner profile --model "$model" --tp 1,2,4,8 --mbs 1,2,4 --seq "$seqs" --recompute none,full \
     --dtype bf16 --device cuda --warmup 3 --repeats 10 "${resume[@]}" -o "$file"
-  torchrun --standalone --nproc-per-node "$GPUS" -m planner profile --collectives --model "$model" \
+  planner profile --collectives --nproc "$GPUS" --model "$model" \
     --device cuda --warmup 5 --repeats 20 -o "$file"
 }
 

@@ -75,8 +75,12 @@ def profile_command(
     repeats: int = typer.Option(10, "--repeats", min=1, help="Timed passes per shape (median)."),
     memory_cap_gb: float | None = typer.Option(None, "--memory-cap-gb", help="Memory limit, GiB (OOM above)."),
     resume: bool = typer.Option(False, "--resume", help="Continue FILE: skip the shapes it already has."),
-    collectives: bool = typer.Option(False, "--collectives", help="Time collectives instead (under torchrun)."),
-    max_bytes: int = typer.Option(256 * 2**20, "--max-bytes", min=1024, help="Largest collective message."),
+    collectives: bool = typer.Option(False, "--collectives", help="Time the node's collectives instead."),
+    max_bytes: int = typer.Option(2**30, "--max-bytes", min=1024, help="Largest collective message (bytes)."),
+    nproc: int | None = typer.Option(None, "--nproc", min=2,
+                                     help="Processes for --collectives (default: the GPUs, or 2 on a CPU)."),
+    block: str = typer.Option("planner", "--block",
+                              help="Whose transformer block to measure: planner | torchtitan | megatron."),
 ) -> None:
     """Measure each layer kind's forward, backward-input, backward-weight and full-backward
     time and its memory at tensor-parallel shapes; or, with --collectives under torchrun,
@@ -89,15 +93,16 @@ def profile_command(
     measure = _import_measure()
     settings = measure.Settings(
         device=device or measure.default_device(), dtype=dtype, warmup=warmup, repeats=repeats,
-        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None,
+        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None, block=block,
     )
     measure.prepare(settings)
     if collectives:
-        _collectives(spec, output, settings, max_bytes)
+        _collectives(spec, output, settings, max_bytes, nproc)
         return
     tps, mbss, seqs = _ints(tp, "--tp"), _ints(mbs, "--mbs"), _ints(seq, "--seq")
     for degree in tps:
         check_tensor_parallel(spec, degree)
+    measure.check_block(block, spec, settings.device)
     if spec.position_embedding == "learned" and max(seqs) > spec.max_position_embeddings:
         raise PlannerError(
             f"--seq {max(seqs)} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}"
@@ -127,14 +132,16 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
             raise PlannerError(f"{output} exists: pass --resume to continue it, or choose another -o")
         return Profile(
             schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
-            repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec, **env,
+            repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec,
+            block=settings.block, **env,
         )
     if not output.exists():
         raise PlannerError(f"--resume: {output} does not exist")
     profile = store.load(output)
     check_model(profile, spec, f"profile {output.name}")
     ours = {"device": env["device"], "dtype": settings.dtype, "warmup": settings.warmup,
-            "repeats": settings.repeats, "memory_cap_bytes": settings.memory_cap_bytes}
+            "repeats": settings.repeats, "memory_cap_bytes": settings.memory_cap_bytes,
+            "block": settings.block}
     for name, value in ours.items():
         if getattr(profile, name) != value:
             raise PlannerError(
@@ -146,7 +153,8 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
 
 def _summary(profile: Profile, keys: list, skipped: int, output: Path) -> None:
     rows = profile.row_map()
-    table = Table(title=f"{profile.model.name} on {profile.device}, {profile.dtype}: ms and MiB per micro-batch")
+    table = Table(title=f"{profile.model.name} ({profile.block} block) on {profile.device}, {profile.dtype}: "
+                        "ms and MiB per micro-batch")
     for column in ("kind", "tp", "mbs", "seq", "rc", "status", "fwd", "I", "W", "bwd", "(I+W)/bwd", "saved"):
         table.add_column(column, justify="left" if column in ("kind", "rc", "status") else "right")
     counts: dict[str, int] = {}
@@ -168,16 +176,30 @@ def _summary(profile: Profile, keys: list, skipped: int, output: Path) -> None:
     stdout.print(f"{len(keys)} shapes ({status}); {skipped} were already in {output}; wrote {output}")
 
 
-def _collectives(spec: ModelSpec, output: Path, settings: Settings, max_bytes: int) -> None:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world < 2:
-        raise PlannerError(
-            "--collectives times several ranks: launch under torchrun, e.g. "
-            "torchrun --nproc-per-node 8 -m planner profile --collectives --model M -o FILE"
-        )
+def _default_nproc(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return 2
+
+
+def _collectives(spec: ModelSpec, output: Path, settings: Settings, max_bytes: int, nproc: int | None) -> None:
+    """Time the collectives across torchrun's ranks when launched under it, else across
+    `nproc` processes spawned here; rank 0 adds the rows to `output`."""
     from planner.profile import collectives
 
-    rows = collectives.run(collectives.message_sizes(max_bytes), settings.device, settings.warmup, settings.repeats)
+    sizes = collectives.message_sizes(max_bytes)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        if nproc is not None and nproc != world:
+            raise PlannerError(f"--nproc {nproc}: this torchrun launch has {world} processes")
+        rows = collectives.run(sizes, settings.device, settings.warmup, settings.repeats)
+    else:
+        world = nproc or _default_nproc(settings.device)
+        if world < 2:
+            raise PlannerError("--collectives needs at least 2 GPUs (or --device cpu --nproc N)")
+        rows = collectives.spawn(world, sizes, settings.device, settings.warmup, settings.repeats)
     if not rows:  # ranks other than 0 write nothing
         return
     measure = _import_measure()
@@ -189,11 +211,12 @@ def _collectives(spec: ModelSpec, output: Path, settings: Settings, max_bytes: i
         profile = Profile(schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
                           repeats=settings.repeats, model=spec, **env)
     store.save(output, profile.with_collectives(rows))
-    table = Table(title=f"collectives over {world} ranks ({rows[0].backend})")
-    for column in ("op", "bytes", "time us", "algbw GB/s", "busbw GB/s"):
+    table = Table(title=f"collectives over {world} ranks ({rows[0].backend}); group = ranks 0..g-1")
+    for column in ("op", "g", "bytes", "time us", "algbw GB/s", "busbw GB/s"):
         table.add_column(column, justify="left" if column == "op" else "right")
     for r in rows:
-        table.add_row(r.op, f"{r.bytes}", f"{r.time_us:.1f}", f"{r.algbw_gbps:.2f}", f"{r.busbw_gbps:.2f}")
+        table.add_row(r.op, str(r.world_size), f"{r.bytes}", f"{r.time_us:.1f}", f"{r.algbw_gbps:.2f}",
+                      f"{r.busbw_gbps:.2f}")
     stdout.print(table)
     stdout.print(f"wrote {len(rows)} collective rows to {output}")
 

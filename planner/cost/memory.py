@@ -44,6 +44,12 @@ class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
     selective_policy: SelectivePolicy = "core_attention"
+    eager_swiglu: bool = False
+    """SwiGLU run op by op, `w2(silu(w1 x) * w3 x)` (torchtitan's FeedForward without
+    torch.compile): the multiply keeps silu's output as well, one more FFN-wide tensor. A
+    fused kernel (Megatron-LM's bias_swiglu, Transformer Engine, an inductor-compiled
+    region) keeps only w1 x and w3 x and recomputes silu in backward. Measured: torchtitan
+    0.3's Llama3TransformerBlock keeps exactly this tensor more (tests/profile/test_blocks.py)."""
 
 
 def saved_tensors(
@@ -107,6 +113,8 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
             SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
             SavedTensor("swiglu_output", bf16 * tokens * ffn / tp, "keep"),
         ]
+        if options.eager_swiglu:
+            saved.append(SavedTensor("silu_output", bf16 * tokens * ffn / tp, "keep"))
     else:
         saved += [
             SavedTensor("gelu_input", bf16 * tokens * ffn / tp, "keep"),
@@ -140,11 +148,18 @@ def activation_bytes(
     raise ValueError(f"unknown recompute mode {recompute!r}")
 
 
+TORCHTITAN_FUSED_QKV = True
+"""torchtitan 0.3 builds its Llama attention with `fuse_qkv=True` (one wqkv matmul; the
+torchtitan exporter writes the same), so its per-op policy counts q, k and v as one matmul."""
+
+
 def every_other_matmul_saved(spec: ModelSpec, shard: Shard) -> float:
-    """Bytes a block keeps under torchtitan's per-op checkpointing: its input, the outputs of
-    its 1st, 3rd, 5th... matmul (q, v, gate, down for a SwiGLU block with separate
-    projections) and the attention op's output and log-sum-exp; everything else is recomputed."""
-    matmuls = separate_matmuls(spec, shard)
+    """Bytes a block keeps under torchtitan's per-op checkpointing (`SelectiveAC`): its input,
+    the outputs of its 1st, 3rd, 5th... matmul (fused qkv, gate, down for a SwiGLU block) and
+    the attention op's output and log-sum-exp; everything else is recomputed. Measured on
+    torchtitan's own block and policy by tests/cost/test_selective_policy.py (until this
+    counted q, k, v as three matmuls and missed k: 6.9% low for tiny-llama)."""
+    matmuls = separate_matmuls(spec, shard, fused_qkv=TORCHTITAN_FUSED_QKV)
     heads = spec.num_attention_heads / shard.tp
     attention = (BYTES_BF16 * spec.kv_channels + BYTES_FP32) * shard.local_tokens * heads
     block_input = BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size

@@ -49,6 +49,9 @@ class CostOptions:
     """What recompute `selective` runs: Megatron-LM's core-attention
     recompute, or torchtitan's per-op policy that recomputes every other matmul and the
     elementwise ops."""
+    eager_swiglu: bool = False
+    """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
+    memory.ActivationOptions.eager_swiglu)."""
     elementwise_traffic: float = 1.0
     """HBM bytes the memory-bound ops (norms, RoPE, activation, residuals) move relative to
     fused kernels (1: Megatron/TE fused kernels or torch.compile). Eager PyTorch runs them op
@@ -178,7 +181,7 @@ class CostModel:
         self.source = source or AnalyticSource(spec, self.analytic, options)
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
-            selective_policy=options.selective_policy,
+            selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
         )
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
 
@@ -241,7 +244,7 @@ class CostModel:
         opts = self.options
         work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
         if opts.selective_policy == "every_other_matmul":
-            matmuls = separate_matmuls(self.spec, shard)[1::2]
+            matmuls = separate_matmuls(self.spec, shard, fused_qkv=memory.TORCHTITAN_FUSED_QKV)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))

@@ -115,15 +115,16 @@ def transformer_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
     return tuple(gemms)
 
 
-def separate_matmuls(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
+def separate_matmuls(spec: ModelSpec, shard: Shard, fused_qkv: bool = False) -> tuple[Gemm, ...]:
     """The block's forward matmuls with one projection per matmul (q, k, v, out, gate, up,
-    down for a SwiGLU block), in the order a torch module runs them: the order a per-op
-    checkpoint policy counts them in."""
+    down for a SwiGLU block; one qkv matmul with `fused_qkv`, as torchtitan 0.3's Llama
+    runs it), in the order a torch module runs them: the order a per-op checkpoint policy
+    counts them in."""
     d, tp = spec.kv_channels, shard.tp
     swiglu = spec.activation == "swiglu"
     out: list[Gemm] = []
     for g in transformer_gemms(spec, shard):
-        if g.name == "qkv":
+        if g.name == "qkv" and not fused_qkv:
             q, kv = spec.num_attention_heads * d // tp, spec.num_kv_heads * d // tp
             out += [g._replace(name="q", n=q), g._replace(name="k", n=kv), g._replace(name="v", n=kv)]
         elif g.name.endswith("_up") and swiglu:

@@ -15,13 +15,16 @@ pipeline ranks after each step, so both copies stay equal.
     python train_pipeline.py --reference      # one process, unsplit model, same data
 
 Each step prints `step N loss L time_s T` (loss: mean over micro-batches and data-parallel
-ranks, comparable with the unsplit model's loss on the same global batch).
+ranks, comparable with the unsplit model's loss on the same global batch). `--report PREFIX`
+also writes PREFIX.rank<R>.json per rank: its parameters (the local shards), step times and,
+on CUDA, the peak of allocated memory (what `planner.fidelity.validate_node` compares).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import time
 
@@ -65,6 +68,8 @@ def parse_args() -> argparse.Namespace:
                         help="run this per-rank action order (torch CSV) instead of the schedule class")
     parser.add_argument("--reference", action="store_true",
                         help="train the unsplit model in one process on the same data")
+    parser.add_argument("--report", default=None,
+                        help="write PREFIX.rank<R>.json: parameters, step times, peak memory")
     return parser.parse_args()
 
 
@@ -232,6 +237,9 @@ def run_distributed(args) -> None:
                   for part, (stage, _, _) in zip(parts, chunks)]
         schedule = build_schedule(stages, args)
     local_batch = PLAN["mbs"] * PLAN["num_microbatches"]
+    step_times = []
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     for step in range(1, args.steps + 1):
         inputs, targets = batch(step, args.seed)
         rows = slice(dp_rank * local_batch, (dp_rank + 1) * local_batch)
@@ -262,9 +270,25 @@ def run_distributed(args) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
+        step_times.append(elapsed)
         if dist.get_rank() == 0:
             print(f"step {step} loss {loss.item():.8f} time_s {elapsed:.4f}", flush=True)
+    if args.report:
+        write_report(args.report, parts, step_times, device, pp_rank)
     dist.destroy_process_group()
+
+
+def write_report(prefix: str, parts: list[nn.Module], step_times: list[float], device: torch.device,
+                 pp_rank: int) -> None:
+    """This rank's parameters (local shards of TP-sharded ones), step times and CUDA peak
+    allocated memory, as PREFIX.rank<R>.json."""
+    params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
+                 for part in parts for p in part.parameters())
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    report = {"rank": dist.get_rank(), "pp_rank": pp_rank, "params": params, "step_time_s": step_times,
+              "peak_allocated_bytes": peak, "device": str(device)}
+    with open(f"{prefix}.rank{dist.get_rank()}.json", "w") as handle:
+        json.dump(report, handle)
 
 
 def run_reference(args) -> None:

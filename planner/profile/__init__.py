@@ -1,7 +1,10 @@
 """planner.profile: measured layer costs.
 
 `schema` (the file format), `store` (the only reader and writer of profile files),
-`measure` (the torch timing and memory code; the only module importing torch at module
-level), `collectives` (communication under torchrun) and `lookup` (a cost-model compute
-source that interpolates a profile). Import `measure` lazily: torch is optional.
+`measure` (the torch timing and memory code), `blocks` (the runtimes' transformer blocks
+at TP-shard shapes), `counts` (FLOPs and operators per phase), `collectives` (the node's
+communication, spawned or under torchrun), `node_comm` (measured collective curves for the
+communication model; pure) and `lookup` (a cost-model compute source that interpolates a
+profile). torch is imported only by measure, blocks, counts and collectives: import them
+lazily, torch is optional.
 """

@@ -48,24 +48,27 @@ from torch.distributed.pipelining._backward import (
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlannerError
+from planner.profile.blocks import build_transformer, check_block
+from planner.profile.counts import PhaseCounter
 from planner.profile.schema import LayerRow, ShapeKey
 from planner.spec import ModelSpec
-from planner.torch_blocks import BlockConfig, Embedding, Head, TransformerBlock, lm_loss
+from planner.torch_blocks import BlockConfig, Embedding, Head, lm_loss
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_LAYER_CLASSES = {"embedding": Embedding, "transformer": TransformerBlock, "head": Head}
+_LAYER_CLASSES = {"embedding": Embedding, "head": Head}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
     """How to measure: device ("cuda" or "cpu"), dtype name, warm-up and timed repeats,
-    and an optional memory cap in bytes."""
+    an optional memory cap in bytes, and whose transformer block (`planner.profile.blocks`)."""
 
     device: str
     dtype: str = "bf16"
     warmup: int = 3
     repeats: int = 10
     memory_cap_bytes: int | None = None
+    block: str = "planner"
 
 
 def default_device() -> str:
@@ -131,9 +134,13 @@ def _nvidia_driver_version() -> str | None:
     return out.splitlines()[0].strip() if out.strip() else None
 
 
-def build_layer(spec: ModelSpec, kind: str, tp: int, seq: int, device: str | torch.device) -> torch.nn.Module:
+def build_layer(spec: ModelSpec, kind: str, tp: int, seq: int, device: str | torch.device,
+                block: str = "planner") -> torch.nn.Module:
     """One layer of `kind` at the tp-sharded shape, fp32 on `device` (heads, KV heads and
-    FFN divided by tp as in `ModelSpec.block_fields`; the vocabulary too, vocab-parallel)."""
+    FFN divided by tp as in `ModelSpec.block_fields`; the vocabulary too, vocab-parallel).
+    The transformer kind is `block`'s runtime's block; embedding and head are planner's."""
+    if kind == "transformer":
+        return build_transformer(block, spec, tp, seq, device)
     fields = spec.block_fields(tp, max(seq, spec.max_position_embeddings))
     if kind in ("embedding", "head"):
         fields["vocab_size"] = math.ceil(spec.vocab_size / tp)
@@ -141,15 +148,16 @@ def build_layer(spec: ModelSpec, kind: str, tp: int, seq: int, device: str | tor
         return _LAYER_CLASSES[kind](BlockConfig(**fields))
 
 
-def param_count(spec: ModelSpec, kind: str, tp: int) -> int:
+def param_count(spec: ModelSpec, kind: str, tp: int, block: str = "planner") -> int:
     """Parameters of one layer of `kind` on one of tp GPUs (built on the meta device)."""
-    layer = build_layer(spec, kind, tp, 1, "meta")
+    layer = build_layer(spec, kind, tp, 1, "meta", block)
     return sum(p.numel() for p in layer.parameters())
 
 
 def measure_shape(spec: ModelSpec, key: ShapeKey, settings: Settings) -> LayerRow:
     """Measure `key`; an "oom" or "error" row (with the reason) when it cannot run."""
-    params = param_count(spec, key.kind, key.tp)
+    check_block(settings.block, spec, settings.device)
+    params = param_count(spec, key.kind, key.tp, settings.block)
     try:
         return _measure(spec, key, settings, params)
     except (RuntimeError, MemoryError) as exc:  # torch raises RuntimeError subclasses
@@ -171,6 +179,7 @@ def _measure(spec: ModelSpec, key: ShapeKey, settings: Settings, params: int) ->
         case.full_pass(clock)
     if case.device.type == "cuda":  # again, now that workspaces and caches exist
         saved_bytes, alloc, peak = case.memory_pass(None)
+    counts = case.count_pass()
     samples: dict[str, list[float]] = {"forward": [], "input": [], "weight": [], "full": []}
     for _ in range(settings.repeats):
         forward, backward_input, backward_weight = case.split_pass(clock)
@@ -186,7 +195,7 @@ def _measure(spec: ModelSpec, key: ShapeKey, settings: Settings, params: int) ->
         forward_ms=ms["forward"], backward_input_ms=ms["input"],
         backward_weight_ms=ms["weight"], backward_ms=ms["full"],
         activation_bytes=saved_bytes, forward_alloc_bytes=alloc, peak_bytes=peak,
-        param_count=params,
+        param_count=params, **counts,
     )
 
 
@@ -245,7 +254,7 @@ class _Case:
     def build(cls, spec: ModelSpec, key: ShapeKey, settings: Settings) -> _Case:
         dtype = TORCH_DTYPES[settings.dtype]
         device = torch.device(settings.device)
-        layer = build_layer(spec, key.kind, key.tp, key.seq, device).to(dtype)
+        layer = build_layer(spec, key.kind, key.tp, key.seq, device, settings.block).to(dtype)
         vocab = math.ceil(spec.vocab_size / key.tp)
         shape = (key.mbs, key.seq)
         targets = output_grad = None
@@ -300,6 +309,26 @@ class _Case:
         clock.lap()
         forward, full = clock.laps()
         return forward, full
+
+    def count_pass(self) -> dict[str, int]:
+        """FLOPs and operator counts of forward, I, W and the full backward (one split pass
+        and one full pass, untimed), as LayerRow fields."""
+        counter = PhaseCounter()
+        with counter.phase("forward"):
+            out = self.forward()
+        if self.kind == "embedding":
+            with counter.phase("backward_weight"):
+                stage_backward([out], self._grads() or [None], [self.inputs])
+        else:
+            with counter.phase("backward_input"):
+                _, groups = stage_backward_input([out], self._grads(), [self.inputs], self._params())
+            with counter.phase("backward_weight"):
+                stage_backward_weight(self._params(), groups)
+            self.inputs.grad = None
+        out = self.forward()
+        with counter.phase("backward"):
+            stage_backward([out], self._grads() or [None], [self.inputs])
+        return counter.fields()
 
     def memory_pass(self, cap_bytes: int | None) -> tuple[int, int | None, int | None]:
         """Bytes saved for backward; on CUDA also the forward's allocation and the peak

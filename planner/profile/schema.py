@@ -6,6 +6,10 @@ shape and, optionally, collective-communication rows. Rows are keyed by
 (kind, tp, mbs, seq, recompute); a key appears at most once. Times are milliseconds, memory
 bytes; every number is for one micro-batch of `mbs` sequences of `seq` tokens through one
 layer of `kind` on one GPU of a `tp`-way tensor-parallel group.
+
+Versions: 1 is the original format. 2 adds, all optional so that every version-1 file still
+loads unchanged: `block` (whose transformer block was measured), FLOP and operator counts per
+phase on layer rows, and the `all_to_all` collective. Files are written as version 2.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from planner.cost.shapes import LAYER_KINDS
 from planner.spec import ModelSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 Kind = Literal["embedding", "transformer", "head"]
 Recompute = Literal["none", "full"]
 Status = Literal["ok", "oom", "error"]
-CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+CollectiveOp = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+Block = Literal["planner", "torchtitan", "megatron"]
 
 PROFILE_RECOMPUTE_MODES: tuple[str, ...] = Recompute.__args__  # type: ignore[attr-defined]
 PROFILE_DTYPES = ("bf16", "fp16", "fp32")
@@ -84,6 +89,19 @@ class LayerRow(BaseModel):
     what was allocated before the forward (parameters, input, output gradient)."""
     param_count: int = Field(ge=0)
     """Parameters of the layer on one GPU of the TP group."""
+    forward_flops: int | None = Field(default=None, ge=0)
+    """FLOPs torch's FlopCounterMode counts in the forward (matrix multiplies, and attention
+    where it has a formula: not CPU flash attention). Version 2."""
+    backward_input_flops: int | None = Field(default=None, ge=0)
+    backward_weight_flops: int | None = Field(default=None, ge=0)
+    backward_flops: int | None = Field(default=None, ge=0)
+    """The full backward's FLOPs: I + W when the split computes what the full backward does."""
+    forward_ops: int | None = Field(default=None, ge=0)
+    """ATen operators dispatched in the forward, views excluded (about the kernels launched
+    on a GPU). Version 2."""
+    backward_input_ops: int | None = Field(default=None, ge=0)
+    backward_weight_ops: int | None = Field(default=None, ge=0)
+    backward_ops: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _ok_rows_are_complete(self) -> LayerRow:
@@ -113,7 +131,7 @@ class LayerRow(BaseModel):
 class CollectiveRow(BaseModel):
     """One collective at one message size, timed across `world_size` ranks (nccl-tests
     conventions: `bytes` is the all-reduce buffer, the all-gather output, the
-    reduce-scatter input, the point-to-point message)."""
+    reduce-scatter input, the all-to-all input on each rank, the point-to-point message)."""
 
     model_config = FROZEN
 
@@ -135,7 +153,7 @@ class Profile(BaseModel):
 
     model_config = FROZEN
 
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     device: str
     """The device's name as torch reports it (e.g. "NVIDIA H100 80GB HBM3"), or "cpu"."""
     device_type: Literal["cuda", "cpu"]
@@ -149,6 +167,10 @@ class Profile(BaseModel):
     """The memory limit the run was given (--memory-cap-gb), if any."""
     model: ModelSpec
     """The model shape the rows were measured for."""
+    block: Block = "planner"
+    """Whose transformer block the transformer rows measured (`planner profile --block`):
+    planner's torch block, torchtitan's Llama block or megatron-core's local-spec layer.
+    Version 2; version-1 files measured planner's."""
     rows: tuple[LayerRow, ...] = ()
     collectives: tuple[CollectiveRow, ...] = ()
 

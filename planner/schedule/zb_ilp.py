@@ -13,7 +13,7 @@ and the makespan C. Constraints:
 - C >= the end of each rank's last W, and C >= start of F(s, 0) + all of rank s's work;
   minimise C (the synchronous step makespan).
 
-To make CBC fast the heuristic's schedule is the warm start and its makespan the horizon
+To make the solver fast the heuristic's schedule is the warm start (CBC) and its makespan the horizon
 H; each pass gets a window [earliest, latest] start (precedence chains from 0 and back from
 H), and each disjunction its own big-M from those windows (forcing the order outright when
 the windows do not overlap). The optimum's order, re-simulated ASAP, has exactly the
@@ -22,11 +22,10 @@ optimal makespan. Meant for small P x M (P <= 4, M <= 6 solve in seconds).
 
 from __future__ import annotations
 
-import warnings
-
 import pulp
 
 from planner.errors import ScheduleError
+from planner.milp import mip_solver
 from planner.schedule.actions import F, I, W, Action, PipelineOrder
 from planner.schedule.auto_zb import auto_zero_bubble, check_problem, stage_times
 from planner.schedule.costs import StageCosts
@@ -40,10 +39,8 @@ Key = tuple[int, int, int]
 
 def _variable(prob: pulp.LpProblem, name: str, low: float, up: float,
               cat: str = pulp.LpContinuous) -> pulp.LpVariable:
-    """A variable of `prob`: `add_variable` where pulp has it (3.3+), else the constructor."""
-    if hasattr(prob, "add_variable"):
-        return prob.add_variable(name, low, up, cat=cat)
-    return pulp.LpVariable(name, low, up, cat=cat)
+    """A variable of `prob` (pulp 3.3's `add_variable`; the bare constructor is deprecated)."""
+    return prob.add_variable(name, low, up, cat=cat)
 
 
 def _windows(times: list[tuple[float, float, float]], m: int, p2p: float,
@@ -82,7 +79,8 @@ def optimal_schedule(
 ) -> PipelineOrder:
     """Makespan-optimal FIFO order for one chunk per rank (see module docstring).
 
-    Uses CBC unless `solver` is given; ScheduleError if no optimum is proven within
+    Uses `planner.milp.mip_solver` (CBC, warm-started, when installed; else HiGHS) unless
+    `solver` is given; ScheduleError if no optimum is proven within
     `time_limit_s` (shrink P x M, or use `auto_zero_bubble`).
     """
     check_problem(costs, num_microbatches, memory_limit)
@@ -132,7 +130,7 @@ def optimal_schedule(
                 prob += j + 1 - pulp.lpSum(w_done) <= memory_limit
 
     _warm_start(incumbent, costs, start, binaries, makespan)
-    status = prob.solve(solver or _bundled_cbc(time_limit_s))
+    status = prob.solve(solver or mip_solver(time_limit_s, warm_start=True))
     if pulp.LpStatus[status] != "Optimal" or prob.sol_status != pulp.LpSolutionOptimal:
         raise ScheduleError(
             f"the zero-bubble ILP found no proven optimum for P={pp}, M={m} within {time_limit_s:g} s "
@@ -145,13 +143,6 @@ def optimal_schedule(
         order[s] = [Action(s, kinds[k], j) for _, k, j in timed]
     return order
 
-
-def _bundled_cbc(time_limit_s: float) -> pulp.LpSolver:
-    """The CBC binary shipped inside pulp (pulp 3.3 flags it for removal in 4.0 in favour of
-    a separately installed CBC; until then it is the solver every install has)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="pulp")
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, warmStart=True)
 
 
 def _warm_start(incumbent: PipelineOrder, costs: StageCosts, start: dict[Key, pulp.LpVariable],

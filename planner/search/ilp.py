@@ -1,4 +1,5 @@
-"""Cut points and per-rank recompute modes jointly, as a mixed-integer program (pulp + CBC).
+"""Cut points and per-rank recompute modes jointly, as a mixed-integer program (pulp, solved
+by `planner.milp.mip_solver`: CBC when installed, else HiGHS).
 
 Same problem and objective as planner/search/partition.py: with x[r,m] = 1 when rank r
 runs mode m and n[r,m] its layers in that mode,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import pulp
 
+from planner.milp import mip_solver
 from planner.search.partition import Cuts, RankCosts
 
 
@@ -22,9 +24,9 @@ def ilp_cuts(costs: RankCosts, num_layers: int, time_limit_s: float = 30.0) -> C
     """Optimal cuts and modes by MILP; None when the program is infeasible."""
     ranks, modes = range(costs.num_ranks), range(len(costs.modes))
     problem = pulp.LpProblem("stage_cuts", pulp.LpMinimize)
-    bottleneck = pulp.LpVariable("T", lowBound=0)
-    pick = {(r, m): pulp.LpVariable(f"x_{r}_{m}", cat="Binary") for r in ranks for m in modes}
-    count = {(r, m): pulp.LpVariable(f"n_{r}_{m}", lowBound=0, upBound=num_layers, cat="Integer")
+    bottleneck = problem.add_variable("T", lowBound=0)
+    pick = {(r, m): problem.add_variable(f"x_{r}_{m}", cat=pulp.LpBinary) for r in ranks for m in modes}
+    count = {(r, m): problem.add_variable(f"n_{r}_{m}", lowBound=0, upBound=num_layers, cat=pulp.LpInteger)
              for r in ranks for m in modes}
     problem += bottleneck
     problem += pulp.lpSum(count.values()) == num_layers
@@ -39,7 +41,7 @@ def ilp_cuts(costs: RankCosts, num_layers: int, time_limit_s: float = 30.0) -> C
             (costs.fixed_bytes[r][m] / scale) * pick[r, m] + (costs.layer_bytes[r][m] / scale) * count[r, m]
             for m in modes
         ) <= costs.limit_bytes / scale
-    status = problem.solve(pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s))
+    status = problem.solve(mip_solver(time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
         return None
     layers, chosen = [], []

@@ -29,10 +29,12 @@ RUNTIME_RULES: dict[str, dict] = {
 """What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
 
 RUNTIME_COSTS: dict[str, dict] = {
-    "torchtitan": {"selective_policy": "every_other_matmul"},
+    "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
-(what the torchtitan exporter writes for `selective`) recomputes every other matmul."""
+(what the torchtitan exporter writes for `selective`) recomputes every other matmul, and its
+stock recipes run the model eager, so SwiGLU keeps silu's output (measured on its block by
+tests/profile/test_blocks.py)."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:

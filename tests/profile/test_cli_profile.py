@@ -115,7 +115,8 @@ def test_out_of_memory_shapes_are_recorded_and_the_run_goes_on(cli, tmp_path, on
         (["--dtype", "int8"], "--dtype: unknown 'int8'"),
         (["--device", "tpu"], "unknown device 'tpu'"),
         (["--resume"], "does not exist"),
-        (["--collectives"], "launch under torchrun"),
+        (["--block", "tvm"], "--block: unknown 'tvm'"),
+        (["--block", "megatron", "--device", "cpu"], "needs --device cuda"),
     ],
 )
 def test_user_errors_are_one_line(cli, tmp_path, argv, message):
@@ -180,6 +181,10 @@ def test_every_other_command_works_without_torch():
     assert done.stderr.strip() == "error: planner profile needs torch: pip install torch (the 'torch' extra)"
 
 
+ALL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+BUS_FACTOR_2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5, "send_recv": 1.0}
+
+
 @pytest.mark.slow
 def test_collectives_under_torchrun(tmp_path):
     pytest.importorskip("torch")
@@ -193,8 +198,27 @@ def test_collectives_under_torchrun(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = store.load(path).collectives
-    assert {(r.op, r.bytes) for r in rows} == {(op, size) for op in ("all_reduce", "all_gather", "reduce_scatter",
-                                                                      "send_recv") for size in (1024, 4096)}
+    assert {(r.op, r.bytes) for r in rows} == {(op, size) for op in ALL_OPS for size in (1024, 4096)}
     assert all(r.world_size == 2 and r.backend == "gloo" and r.time_us > 0 for r in rows)
-    assert {r.op: r.busbw_gbps / r.algbw_gbps for r in rows if r.bytes == 4096} == pytest.approx(
-        {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "send_recv": 1.0})
+    assert {r.op: r.busbw_gbps / r.algbw_gbps for r in rows if r.bytes == 4096} == pytest.approx(BUS_FACTOR_2)
+
+
+@pytest.mark.slow
+def test_collectives_spawn_their_own_processes_for_each_group_size(tmp_path):
+    # no torchrun: `--nproc 4` starts 4 gloo processes and measures groups of 2 and 4
+    pytest.importorskip("torch")
+    path = tmp_path / "comm.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "planner", "profile", "--collectives", "--nproc", "4", "--model", "tiny-llama",
+         "--device", "cpu", "--max-bytes", "16384", "--warmup", "1", "--repeats", "2", "-o", str(path)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = store.load(path).collectives
+    expected = {(op, g, size) for g in (2, 4) for op in ALL_OPS for size in (1024, 4096, 16384)
+                if op != "send_recv" or g == 2}
+    assert {(r.op, r.world_size, r.bytes) for r in rows} == expected
+    four = {r.op: r.busbw_gbps / r.algbw_gbps for r in rows if r.world_size == 4 and r.bytes == 4096}
+    assert four == pytest.approx({"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "all_to_all": 0.75})
+    assert "wrote 27 collective rows" in done.stdout

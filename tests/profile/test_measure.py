@@ -1,9 +1,7 @@
 """The torch measurements on CPU: saved activations against the analytic model, I + W
-against the full backward, parameters, out-of-memory rows."""
+against the full backward (FLOPs), parameters, out-of-memory rows."""
 
 from __future__ import annotations
-
-import statistics
 
 import pytest
 
@@ -33,23 +31,18 @@ def test_saved_activations_match_the_analytic_model(one_thread, model, kind, tp,
     assert row.activation_bytes == pytest.approx(expected, rel=0.10)
 
 
-@pytest.mark.parametrize(("model", "kind", "tolerance"), [("tiny-llama", "transformer", 0.25),
-                                                          ("tiny-gpt", "transformer", 0.25),
-                                                          ("tiny-llama", "head", 0.3)])
-def test_input_plus_weight_backward_is_the_full_backward(one_thread, model, kind, tolerance):
-    # big enough that the split's own overhead (graph analysis, one autograd call per
-    # parameter group) is small; passes interleave, so load on the machine hits both alike.
-    # A shared 2-core CI machine still moves one measurement by 20-30%: the median of five
-    # independent measurements is compared. The head's split runs its final norm's backward
-    # in both I and W, so it sits higher (1.05-1.25 over repeated runs on a 2-vCPU VM).
-    ratios = []
-    for _ in range(5):
-        row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"),
-                            Settings(device="cpu", dtype="fp32", warmup=2, repeats=11))
-        assert row.status == "ok", row.message
-        assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms) > 0
-        ratios.append((row.backward_input_ms + row.backward_weight_ms) / row.backward_ms)
-    assert statistics.median(ratios) == pytest.approx(1.0, rel=tolerance)
+@pytest.mark.parametrize(("model", "kind"), [("tiny-llama", "transformer"), ("tiny-gpt", "transformer"),
+                                             ("tiny-llama", "head"), ("tiny-gpt", "head")])
+def test_input_plus_weight_backward_computes_the_full_backward(one_thread, model, kind):
+    # Counted, not timed (timings move with the machine's load; tests/bench/ compares them):
+    # the split's I and W run exactly the matrix multiplies of the one-call backward, and
+    # W's are the weight gradients, as many FLOPs as the forward's products with weights.
+    row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 64, "none"),
+                        Settings(device="cpu", dtype="fp32", warmup=0, repeats=1))
+    assert row.status == "ok", row.message
+    assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms, row.backward_ms) > 0
+    assert row.backward_input_flops + row.backward_weight_flops == row.backward_flops
+    assert row.backward_weight_flops == row.forward_flops > 0
 
 
 def test_embedding_runs_its_whole_backward_as_weight_step(one_thread):
