@@ -18,18 +18,27 @@ and after. Communication efficiencies are not fitted (profiles time compute only
 Efficiencies are fractions of the datasheet peak, so a fit transfers to another GPU of
 the same software stack as is (`transfer`): its times then scale with that GPU's peak
 FLOP/s and HBM bandwidth.
+
+`plan --profile` fills the shapes a profile does not span with the analytic model fitted
+to that profile: `fit_file` caches the fit per profile file (path, size, modification time)
+and GPU for the process, and `fitted_gpu` carries it into the GPU preset the cost model
+runs on, at the plan's dtype.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.cost.compute import AnalyticCompute, LayerTimes
 from planner.cost.shapes import LayerWork, Shard, layer_work
 from planner.errors import PlannerError
 from planner.profile.schema import Profile
 from planner.spec import GpuEfficiency, GpuSpec
+
+_PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
+"""Efficiencies that are fractions of the dtype's peak FLOP/s (hbm is of the bandwidth)."""
 
 FITTED = ("gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us")
 _FRACTIONS = {"gemm", "attention_fwd", "attention_bwd", "hbm"}
@@ -149,6 +158,33 @@ def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> Gp
     fields = {**target.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
     fields["source"] = source or f"transferred as fractions of peak ({efficiency.source})"
     return GpuEfficiency(**fields)
+
+
+_FITS: dict[tuple[str, int, int, str], Calibration] = {}
+
+
+def fit_file(path: Path, profile: Profile, gpu: GpuSpec) -> Calibration:
+    """`fit([profile], gpu)` for the profile read from `path`, computed once per file
+    version (path, size, modification time) and GPU in this process."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, gpu.model_dump_json())
+    if key not in _FITS:
+        _FITS[key] = fit([profile], gpu, source=f"fitted to profile {path.name} by planner")
+    return _FITS[key]
+
+
+def fitted_gpu(gpu: GpuSpec, efficiency: GpuEfficiency, profile_dtype: str, dtype: str) -> GpuSpec:
+    """`gpu` with the fitted compute efficiencies (its own communication ones), so that the
+    analytic model at `dtype` reproduces the times the fit saw at `profile_dtype`: the
+    FLOP/s fractions are rescaled by the ratio of the two peaks (capped at 1), as measured
+    times are used whatever dtype is planned."""
+    ratio = gpu.peak_flops(profile_dtype) / gpu.peak_flops(dtype)
+    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
+    for name in _PEAK_FRACTIONS:
+        fields[name] = min(1.0, fields[name] * ratio)
+    fields["source"] = efficiency.source
+    return gpu.model_copy(update={"efficiency": GpuEfficiency(**fields)})
 
 
 def _encode(eff: GpuEfficiency) -> list[float]:
