@@ -109,7 +109,9 @@ def cost_sources(cost_model: CostModel, layout: Layout, seq: int) -> dict[str, s
 
 
 def sources_text(sources: dict[str, str]) -> str:
-    """'transformer measured, embedding measured, head calibrated'."""
+    """'all measured', or 'transformer measured, embedding measured, head calibrated'."""
+    if len(set(sources.values())) == 1:
+        return f"all {next(iter(sources.values()))}"
     return ", ".join(f"{kind} {sources[kind]}" for kind in ("transformer", "embedding", "head") if kind in sources)
 
 
