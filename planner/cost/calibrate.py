@@ -12,7 +12,9 @@ empty by construction, contributes forward and its whole backward). Minimisation
 deterministic Nelder-Mead simplex in log space, restarted from its best point until it
 stops improving, started from the preset's values rescaled so that the mean log ratio is
 zero (scaling every efficiency by a and the overhead by 1/a scales every time by 1/a).
-Efficiencies are capped at 1; the fit reports the mean absolute percentage error before
+Only the efficiencies the samples depend on move (`identified`: a profile of embeddings
+alone fits HBM and overhead); the others keep that common rescaling, which assumes the
+measured device is as much slower or faster on them. Efficiencies are capped at 1; the fit reports the mean absolute percentage error before
 and after. Communication efficiencies are not fitted (profiles time compute only).
 
 Efficiencies are fractions of the datasheet peak, so a fit transfers to another GPU of
@@ -129,15 +131,23 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
         raise PlannerError("the profiles have no successful measurements to calibrate on")
     prior = gpu.efficiency
 
-    def loss(x: list[float]) -> float:
-        predicted = predict(items, gpu, _decode(x, prior))
-        return sum(math.log(p / s.measured_s) ** 2 for p, s in zip(predicted, items)) / len(items)
-
     start = _encode(prior)
     shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, prior), items)) / len(items)
     start = [v + (shift if name in _FRACTIONS else -shift if name == "kernel_overhead_us" else 0.0)
              for name, v in zip(FITTED, start)]
-    best = _nelder_mead(loss, start)
+    free = [i for i, name in enumerate(FITTED) if name in identified(items)]
+
+    def point(y: list[float]) -> list[float]:
+        x = list(start)
+        for i, value in zip(free, y):
+            x[i] = value
+        return x
+
+    def loss(y: list[float]) -> float:
+        predicted = predict(items, gpu, _decode(point(y), prior))
+        return sum(math.log(p / s.measured_s) ** 2 for p, s in zip(predicted, items)) / len(items)
+
+    best = point(_nelder_mead(loss, [start[i] for i in free]))
     fields = {**prior.model_dump(), **_decode(best, prior).model_dump(include=set(FITTED))}
     fields["source"] = source or "fitted by planner calibrate"
     efficiency = GpuEfficiency(**fields)
@@ -149,6 +159,19 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
         parts=_part_errors(items, before, after),
         num_samples=len(items),
     )
+
+
+def identified(items: list[Sample]) -> set[str]:
+    """The efficiencies the samples' work depends on: GEMM terms only with GEMMs, each
+    attention term only with that pass of an attention core; HBM and kernel overhead always."""
+    names = {"hbm", "kernel_overhead_us"}
+    if any(s.work.gemms for s in items):
+        names |= {"gemm", "gemm_half_dim"}
+    if any(s.work.attention_flops > 0 and s.part == "forward" for s in items):
+        names.add("attention_fwd")
+    if any(s.work.attention_flops > 0 and s.part in ("backward_input", "backward") for s in items):
+        names.add("attention_bwd")
+    return names
 
 
 def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> GpuEfficiency:
