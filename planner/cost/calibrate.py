@@ -45,6 +45,7 @@ _PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
 FITTED = ("gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us")
 _FRACTIONS = {"gemm", "attention_fwd", "attention_bwd", "hbm"}
 _MIN_OVERHEAD_US = 1e-3
+_MAX_LOG = 200.0
 PARTS = ("forward", "backward_input", "backward_weight", "backward")
 
 
@@ -217,7 +218,8 @@ def _encode(eff: GpuEfficiency) -> list[float]:
 def _decode(x: list[float], prior: GpuEfficiency) -> GpuEfficiency:
     fields = prior.model_dump()
     for name, value in zip(FITTED, x):
-        fields[name] = min(1.0, math.exp(value)) if name in _FRACTIONS else math.exp(value)
+        value = math.exp(min(value, _MAX_LOG))  # a simplex step far out stays a (huge) number
+        fields[name] = min(1.0, value) if name in _FRACTIONS else value
     return GpuEfficiency.model_construct(**fields)
 
 
