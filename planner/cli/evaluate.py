@@ -96,6 +96,10 @@ def evaluate_command(
             f"--profile-only: {profile.name} does not span the {', '.join(missing)} shape of this layout "
             f"(tp={tp} mbs={mbs} seq={seq}{f' cp={cp}' if cp > 1 else ''}); profile it, or drop --profile-only"
         )
+    check = opt.profile_check(cost_model, seq, False)
+    if check is not None and check(layout) is not None:
+        stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
+                     markup=False, highlight=False)
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted()).model_copy(
         update={"cost_sources": sources})

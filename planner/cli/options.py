@@ -49,6 +49,7 @@ RUNTIME = typer.Option(None, "--runtime", help="Keep only what this runtime runs
 
 PROFILE_ONLY_REASON = "needs a shape the profile does not span (--profile-only)"
 """Why --profile-only drops a layout (the key of its count in the search's rejections)."""
+PROFILED_OOM_REASON = "runs a layer at a shape that ran out of memory when profiled"
 
 
 def build_cluster(
@@ -134,12 +135,23 @@ def accept_checks(*checks: Accept | None) -> Accept | None:
     return lambda layout: next((r for r in (c(layout) for c in active) if r is not None), None)
 
 
-def profile_only_check(cost_model: CostModel, seq: int) -> Accept:
-    """Refuses layouts with a layer kind the profile does not span (--profile-only)."""
+def profile_check(cost_model: CostModel, seq: int, profile_only: bool) -> Accept | None:
+    """With a profile: refuses layouts running a layer at a shape the profile recorded out of
+    memory (in that recompute mode), and under --profile-only those with a layer kind the
+    profile does not span. None without a profile."""
+    source = cost_model.source
+    if not hasattr(source, "ran_out_of_memory"):
+        return None
 
     def check(layout: Layout) -> str | None:
-        sources = cost_sources(cost_model, layout, seq)
-        return None if all(s == "measured" for s in sources.values()) else PROFILE_ONLY_REASON
+        shard = layout_shard(layout, seq)
+        modes = {mode for mode in layout.recompute if mode in ("none", "full")}
+        for kind in LAYER_KINDS:
+            if any(source.ran_out_of_memory(kind, shard, mode) for mode in (modes if kind == "transformer" else {"none"})):
+                return PROFILED_OOM_REASON
+        if profile_only and any(source.source_of(kind, shard) != "measured" for kind in LAYER_KINDS):
+            return PROFILE_ONLY_REASON
+        return None
 
     return check
 

@@ -88,9 +88,10 @@ def plan_command(
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
     cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime), profile_only)
     accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
-                               opt.profile_only_check(cost_model, seq) if profile_only else None)
+                               opt.profile_check(cost_model, seq, profile_only))
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
+    profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
     if not result.plans:
         if result.stats.candidates == 0:
             raise NoFeasiblePlanError(
@@ -123,7 +124,9 @@ def plan_command(
         f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "
         f"by their state alone, {stats.out_of_memory:,} layouts over memory, {stats.pruned_bound:,} cut by "
         f"the step-time bound, {stats.simulated:,} simulated"
-        + (f", {stats.rejected_by_runtime - dropped:,} refused by {runtime}" if runtime else "")
+        + (f", {stats.rejected_by_runtime - dropped - profiled_oom:,} refused by {runtime}" if runtime else "")
+        + (f", {profiled_oom:,} refused: a layer ran out of memory at their shape when profiled"
+           if profiled_oom else "")
         + (f", {dropped:,} dropped by --profile-only (shapes the profile does not span)" if profile_only else ""),
         markup=False, highlight=False,
     )

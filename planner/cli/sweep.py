@@ -63,7 +63,7 @@ def sweep_command(
         cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime), profile_only)
         accept = opt.accept_checks(
             runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None,
-            opt.profile_only_check(cost_model, job["seq"]) if profile_only else None)
+            opt.profile_check(cost_model, job["seq"], profile_only))
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")
         try:

@@ -188,6 +188,15 @@ class MeasuredFirst:
             return None
         return self.measured.activation_bytes(kind, profiled_shard(kind, shard), mode)
 
+    def ran_out_of_memory(self, kind: str, shard: Shard, recompute: str = "none") -> bool:
+        """Whether the profile recorded `kind` out of memory at this shard's sequence length
+        and TP degree with at most its tokens per micro-batch (one layer alone did not fit:
+        no layout running it does)."""
+        local = profiled_shard(kind, shard)
+        tokens = local.mbs * local.seq / local.cp
+        return any(row.status == "oom" and row.seq == local.seq and row.tokens <= tokens
+                   for row in self.measured._failed.get((kind, local.tp, recompute), ()))
+
     def _spans(self, kind: str, shard: Shard, recompute: str) -> bool:
         key = (kind, shard, recompute)
         if key not in self._covers:

@@ -247,3 +247,42 @@ def test_llama3_8b_on_64_gpus_from_one_measured_shape(cli, tmp_path, one_thread)
     code, out, err = cli("plan", *request, "--profile", str(path))
     assert code == 0, err
     assert "calibrated: the analytic model fitted to 2 measured times of embedding in cpu-llama3-8b.json" in out
+
+
+def test_shapes_that_ran_out_of_memory_when_profiled_are_infeasible(cli, tmp_path):
+    rows = [ok_row(kind=kind, mbs=mbs, seq=256, forward_ms=mbs, backward_input_ms=mbs, backward_weight_ms=mbs)
+            for kind in ("embedding", "transformer", "head") for mbs in (1, 2, 4)]
+    oom = ok_row(mbs=8, seq=256).model_copy(update={"status": "oom", "message": "out of memory"})
+    path = tmp_path / "capped.json"
+    store.save(path, make_profile([*rows, oom]))
+    job = [*TINY, "--tp", "1", "--recompute", "none", "--profile", str(path)]
+    code, out, err = cli("plan", *job, "--json", "--top", "30")
+    assert code == 0, err
+    assert {p["mbs"] for p in json.loads(out)["plans"]} == {1, 2, 4}
+    code, out, err = cli("plan", *job)
+    assert code == 0 and "refused: a layer ran out of memory at their shape when profiled" in out
+    code, out, err = cli("evaluate", "--model", "tiny-llama", "--gpus", "2", "--global-batch", "16", "--seq", "256",
+                         "--mbs", "8", "--profile", str(path))
+    assert code == 0 and "ran out of memory when profiled (capped.json): it does not fit" in err
+
+
+def test_an_interrupted_for_plan_run_resumes_where_it_stopped(cli, tmp_path, one_thread, monkeypatch):
+    import planner.profile.measure as measure
+
+    calls, real = [], measure.measure_shape
+
+    def measure_shape(spec, key, settings):
+        calls.append(key)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(spec, key, settings)
+
+    monkeypatch.setattr(measure, "measure_shape", measure_shape)
+    path = tmp_path / "p.json"
+    argv = ["profile", "--for-plan", "--model", "tiny-llama", "--gpus", "2", "--global-batch", "4", "--seq", "64",
+            "--tp", "1", "--mbs", "1,2", "--recompute", "none", *FAST, "-o", str(path)]
+    assert cli(*argv)[0] == 130
+    assert [r.key for r in store.load(path).rows] == calls[:2]  # the two largest shapes are kept
+    code, out, err = cli(*argv, "--resume")
+    assert code == 0, err
+    assert len(calls) == 6 + 1 and "6 shapes (6 ok); 2 were already in" in out
