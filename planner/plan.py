@@ -18,6 +18,8 @@ ScheduleName = Literal[
     "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev"
 ]
 RecomputeName = Literal["none", "selective", "full"]
+LayerKindName = Literal["embedding", "transformer", "head"]
+CostSourceName = Literal["measured", "calibrated", "analytic"]
 
 SCHEDULES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
 RECOMPUTE_MODES: tuple[str, ...] = RecomputeName.__args__  # type: ignore[attr-defined]
@@ -90,6 +92,10 @@ class PlanEntry(BaseModel):
     """Per pipeline rank, the half-open range of transformer layers it runs; with vpp > 1 a
     list of ranges per rank, one per chunk in chunk order."""
     predicted: Predicted | None = None
+    cost_sources: dict[LayerKindName, CostSourceName] = Field(default_factory=dict)
+    """Per layer kind, where its compute times came from: "measured" (the profile spans the
+    shape), "calibrated" (the analytic model fitted to the profile), "analytic" (the GPU
+    preset's efficiencies)."""
 
     @model_validator(mode="after")
     def _check(self) -> PlanEntry:
@@ -157,7 +163,8 @@ class PlanFile(BaseModel):
     cluster: ClusterSummary | None = None
     planner_version: str = ""
     cost_source: str = ""
-    """"analytic" or the profile file the costs came from."""
+    """"analytic" or the profile file the costs came from (each plan's `cost_sources` says,
+    per layer kind, whether the profile measured it or the calibrated model filled it in)."""
 
 
 def parse_plan_file(text: str, origin: str = "plan file") -> PlanFile:

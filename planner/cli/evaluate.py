@@ -9,7 +9,8 @@ import typer
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
-from planner.errors import LayoutError
+from planner.cli.plan import print_cost_sources
+from planner.errors import LayoutError, PlannerError
 from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import predict
@@ -62,6 +63,7 @@ def evaluate_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    profile_only: bool = opt.PROFILE_ONLY,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
@@ -91,9 +93,20 @@ def evaluate_command(
     )
     check_layout(layout, spec, cluster, global_batch, seq)
     cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+    sources = opt.cost_sources(cost_model, layout, seq)
+    if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
+        raise PlannerError(
+            f"--profile-only: {profile.name} does not span the {', '.join(missing)} shape of this layout "
+            f"(tp={tp} mbs={mbs} seq={seq}{f' cp={cp}' if cp > 1 else ''}); profile it, or drop --profile-only"
+        )
+    check = opt.profile_check(cost_model, seq, False)
+    if check is not None and check(layout) is not None:
+        stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
+                     markup=False, highlight=False)
     prediction = predict(cost_model, layout, global_batch, seq)
-    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted())
+    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted()).model_copy(
+        update={"cost_sources": sources})
     document = plan_file([entry], spec, cluster, cost_model.source.name)
     limit = cluster.memory_limit_bytes
     if prediction.peak_memory_bytes > limit:
@@ -110,6 +123,8 @@ def evaluate_command(
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({cost_model.source.name} costs)")
     stdout.print(plans_table([entry], title))
+    if profile is not None:
+        print_cost_sources([entry], cost_model)
     stdout.print(breakdown_table(entry, limit / GiB))
     if out is not None:
         stdout.print(f"wrote {out}", markup=False, highlight=False)

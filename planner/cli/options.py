@@ -7,8 +7,12 @@ from pathlib import Path
 import typer
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.model import CostModel, CostOptions
-from planner.errors import LayoutError
+from planner.cost.compute import AnalyticCompute
+from planner.cost.model import AnalyticSource, CostModel, CostOptions
+from planner.cost.shapes import LAYER_KINDS, Shard
+from planner.errors import LayoutError, PlannerError
+from planner.layout import Layout
+from planner.search.search import Accept
 from planner.spec import Cluster, ModelSpec
 
 MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `planner models`) or a config.json path.")
@@ -20,7 +24,10 @@ GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", help="Override the preset'
 INTRA_BW = typer.Option(None, "--intra-node-bw", help="Scale-up GB/s per GPU per direction (default: preset).")
 INTER_BW = typer.Option(None, "--inter-node-bw", help="Scale-out GB/s per GPU per direction (default: preset).")
 MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use per GPU, GiB (default: the GPU's).")
-PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON) to use instead of the analytic compute model.")
+PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON): its times where it spans a shape, "
+                       "elsewhere the analytic model calibrated on it.")
+PROFILE_ONLY = typer.Option(False, "--profile-only", help="With --profile: keep only layouts whose shapes the "
+                            "profile spans (no calibrated costs).")
 JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
 OUT = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`.")
 # Attention kernel, CUDA graphs and overlap interference (issue 12, points 2-4).
@@ -39,6 +46,26 @@ def check_attention(attention: str | None) -> str | None:
     if attention is not None and attention not in ATTENTION_IMPLS:
         raise LayoutError(f"unknown attention kernel '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
     return attention
+
+# Restrictions of the search space (`plan`, and `profile --for-plan`, which profiles what they allow).
+TP_LIST = typer.Option(None, "--tp", help="Tensor-parallel degrees to try, e.g. 4,8.")
+PP_LIST = typer.Option(None, "--pp", help="Pipeline-parallel degrees to try.")
+CP_LIST = typer.Option(None, "--cp", help="Context-parallel degrees (default: 1, and powers "
+                       "of two for sequences of 16k tokens or more).")
+VPP_LIST = typer.Option(None, "--vpp", help="Virtual stages per rank to try (default 1..8).")
+MBS_LIST = typer.Option(None, "--mbs", help="Micro-batch sizes to try (default 1,2,4,8).")
+SCHEDULE_LIST = typer.Option(None, "--schedules", help="Schedules to try (default: all).")
+RECOMPUTE_LIST = typer.Option(None, "--recompute", help="Recompute modes to try (default none,selective,full).")
+PER_RANK_RECOMPUTE = typer.Option(True, "--per-rank-recompute/--uniform-recompute",
+                                  help="Let each pipeline rank pick its own recompute mode.")
+SEQUENCE_PARALLEL = typer.Option(None, "--sp/--no-sp", help="Fix sequence parallelism (default: try both with TP).")
+ZERO_LIST = typer.Option(None, "--zero", help="ZeRO stages to try (default 1).")
+RUNTIME = typer.Option(None, "--runtime", help="Keep only what this runtime runs: "
+                       "megatron, torchtitan, torch, deepspeed.")
+
+PROFILE_ONLY_REASON = "needs a shape the profile does not span (--profile-only)"
+"""Why --profile-only drops a layout (the key of its count in the search's rejections)."""
+PROFILED_OOM_REASON = "runs a layer at a shape that ran out of memory when profiled"
 
 
 def build_cluster(
@@ -61,15 +88,88 @@ def build_cluster(
 
 
 def build_cost_model(
-    spec: ModelSpec, cluster: Cluster, profile: Path | None, options: CostOptions = CostOptions()
+    spec: ModelSpec, cluster: Cluster, profile: Path | None, options: CostOptions = CostOptions(),
+    profile_only: bool = False,
 ) -> CostModel:
-    """The cost model, on the analytic compute model or on a measured profile."""
-    source = None
-    if profile is not None:
-        from planner.profile.lookup import profiled_source
+    """The cost model: analytic, or on a measured profile where it spans a shape and the
+    analytic model calibrated on that profile elsewhere (and for the recomputation and
+    overlap estimates the cost model makes itself)."""
+    if profile is None:
+        if profile_only:
+            raise PlannerError("--profile-only needs --profile FILE")
+        return CostModel(spec, cluster, options)
+    from planner.cost.calibrate import fit_file, fitted_gpu
+    from planner.profile.lookup import MeasuredFirst, profiled_source
 
-        source = profiled_source(profile, spec, cluster.gpu)
-    return CostModel(spec, cluster, options, source)
+    measured = profiled_source(profile, spec, cluster.gpu)
+    try:
+        calibration = fit_file(profile, measured.profile, cluster.gpu)
+    except PlannerError:  # nothing to fit on (only recompute rows): the preset's efficiencies
+        fallback = AnalyticSource(spec, AnalyticCompute(cluster.gpu, options.dtype))
+        return CostModel(spec, cluster, options, MeasuredFirst(measured, fallback, "analytic"))
+    gpu = fitted_gpu(cluster.gpu, calibration.efficiency, measured.profile.dtype, options.dtype)
+    fallback = AnalyticSource(spec, AnalyticCompute(gpu, options.dtype))  # as the fit: flash, fused traffic
+    source = MeasuredFirst(measured, fallback, "calibrated", calibration)
+    return CostModel(spec, cluster.model_copy(update={"gpu": gpu}), options, source)
+
+
+def layout_shard(layout: Layout, seq: int) -> Shard:
+    """The micro-batch shape one GPU of the layout sees."""
+    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
+
+
+def cost_sources(cost_model: CostModel, layout: Layout, seq: int) -> dict[str, str]:
+    """Per layer kind, where the layout's compute times came from: measured, calibrated or analytic."""
+    source_of = getattr(cost_model.source, "source_of", None)
+    shard = layout_shard(layout, seq)
+    return {kind: source_of(kind, shard) if source_of else "analytic" for kind in LAYER_KINDS}
+
+
+def sources_text(sources: dict[str, str]) -> str:
+    """'all measured', or 'transformer measured, embedding measured, head calibrated'."""
+    if len(set(sources.values())) == 1:
+        return f"all {next(iter(sources.values()))}"
+    return ", ".join(f"{kind} {sources[kind]}" for kind in ("transformer", "embedding", "head") if kind in sources)
+
+
+def calibration_text(cost_model: CostModel) -> str | None:
+    """What the calibrated costs were fitted on, or None without a calibration."""
+    calibration = getattr(cost_model.source, "calibration", None)
+    if calibration is None:
+        return None
+    kinds = sorted({p.kind for p in calibration.parts}, key=LAYER_KINDS.index)
+    return (f"calibrated: the analytic model fitted to {calibration.num_samples} measured times of "
+            f"{', '.join(kinds)} in {cost_model.source.name.removeprefix('profile:')} (mean abs error "
+            f"{calibration.before_pct:.0f}% -> {calibration.after_pct:.0f}%)")
+
+
+def accept_checks(*checks: Accept | None) -> Accept | None:
+    """One check from several (the first reason wins); None when there are none."""
+    active = [c for c in checks if c is not None]
+    if not active:
+        return None
+    return lambda layout: next((r for r in (c(layout) for c in active) if r is not None), None)
+
+
+def profile_check(cost_model: CostModel, seq: int, profile_only: bool) -> Accept | None:
+    """With a profile: refuses layouts running a layer at a shape the profile recorded out of
+    memory (in that recompute mode), and under --profile-only those with a layer kind the
+    profile does not span. None without a profile."""
+    source = cost_model.source
+    if not hasattr(source, "ran_out_of_memory"):
+        return None
+
+    def check(layout: Layout) -> str | None:
+        shard = layout_shard(layout, seq)
+        modes = {mode for mode in layout.recompute if mode in ("none", "full")}
+        for kind in LAYER_KINDS:
+            if any(source.ran_out_of_memory(kind, shard, mode) for mode in (modes if kind == "transformer" else {"none"})):
+                return PROFILED_OOM_REASON
+        if profile_only and any(source.source_of(kind, shard) != "measured" for kind in LAYER_KINDS):
+            return PROFILE_ONLY_REASON
+        return None
+
+    return check
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -14,7 +14,7 @@ from planner.cli.report import breakdown_table, plan_file, plan_json, plans_tabl
 from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError
 from planner.layout import entry_from_layout
-from planner.plan import RECOMPUTE_MODES
+from planner.plan import RECOMPUTE_MODES, PlanEntry
 from planner.search.explain import alternatives, layout_text, what_would_fit
 from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
 from planner.search.search import CUT_SOLVERS, SearchResult, search
@@ -55,22 +55,17 @@ def plan_command(
     gpu: str = opt.GPU,
     global_batch: int = opt.GLOBAL_BATCH,
     seq: int = opt.SEQ,
-    tp: str | None = typer.Option(None, "--tp", help="Tensor-parallel degrees to try, e.g. 4,8."),
-    pp: str | None = typer.Option(None, "--pp", help="Pipeline-parallel degrees to try."),
-    cp: str | None = typer.Option(None, "--cp", help="Context-parallel degrees (default: 1, and powers "
-                                  "of two for sequences of 16k tokens or more)."),
-    vpp: str | None = typer.Option(None, "--vpp", help="Virtual stages per rank to try (default 1..8)."),
-    mbs: str | None = typer.Option(None, "--mbs", help="Micro-batch sizes to try (default 1,2,4,8)."),
-    schedules: str | None = typer.Option(None, "--schedules", help="Schedules to try (default: all)."),
-    recompute: str | None = typer.Option(None, "--recompute", help="Recompute modes to try "
-                                         "(default none,selective,full)."),
-    per_rank: bool = typer.Option(True, "--per-rank-recompute/--uniform-recompute",
-                                  help="Let each pipeline rank pick its own recompute mode."),
-    sequence_parallel: bool | None = typer.Option(None, "--sp/--no-sp", help="Fix sequence "
-                                                  "parallelism (default: try both with TP)."),
-    zero: str | None = typer.Option(None, "--zero", help="ZeRO stages to try (default 1)."),
-    runtime: str | None = typer.Option(None, "--runtime", help="Keep only what this runtime runs: "
-                                       "megatron, torchtitan, torch, deepspeed."),
+    tp: str | None = opt.TP_LIST,
+    pp: str | None = opt.PP_LIST,
+    cp: str | None = opt.CP_LIST,
+    vpp: str | None = opt.VPP_LIST,
+    mbs: str | None = opt.MBS_LIST,
+    schedules: str | None = opt.SCHEDULE_LIST,
+    recompute: str | None = opt.RECOMPUTE_LIST,
+    per_rank: bool = opt.PER_RANK_RECOMPUTE,
+    sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
+    zero: str | None = opt.ZERO_LIST,
+    runtime: str | None = opt.RUNTIME,
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     cut_solver: str = typer.Option("exact", "--cut-solver", help=f"Stage cut solver: {', '.join(CUT_SOLVERS)}."),
     explain: bool = typer.Option(False, "--explain", help="Say why nearby alternatives lost."),
@@ -82,6 +77,7 @@ def plan_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    profile_only: bool = opt.PROFILE_ONLY,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
@@ -94,17 +90,27 @@ def plan_command(
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
     cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
-    accept = runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+    accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
+                               opt.profile_check(cost_model, seq, profile_only))
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
+    dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
+    profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
     if not result.plans:
         if result.stats.candidates == 0:
             raise NoFeasiblePlanError(
                 f"no layout of {spec.name} on {gpus} GPUs matches the restrictions with global batch "
                 f"{global_batch}: check that --tp/--pp/--cp divide the GPUs and dp x mbs divides the batch"
             )
+        if dropped:
+            raise NoFeasiblePlanError(
+                f"--profile-only dropped every layout that fits: {dropped:,} need shapes the profile does not "
+                f"span; measure them with `planner profile --for-plan` and this request's arguments, "
+                "or drop --profile-only to calibrate them"
+            )
         raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
-    entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()) for f in result.plans]
+    entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()).model_copy(
+        update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
     document = plan_file(entries, spec, cluster, cost_model.source.name)
     if out is not None:
         write_plan_file(out, document)
@@ -115,12 +121,17 @@ def plan_command(
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({cost_model.source.name} costs{', runtime ' + runtime if runtime else ''})")
     stdout.print(plans_table(entries, title))
+    if profile is not None:
+        print_cost_sources(entries, cost_model)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     stdout.print(
         f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "
         f"by their state alone, {stats.out_of_memory:,} layouts over memory, {stats.pruned_bound:,} cut by "
         f"the step-time bound, {stats.simulated:,} simulated"
-        + (f", {stats.rejected_by_runtime:,} refused by {runtime}" if runtime else ""),
+        + (f", {stats.rejected_by_runtime - dropped - profiled_oom:,} refused by {runtime}" if runtime else "")
+        + (f", {profiled_oom:,} refused: a layer ran out of memory at their shape when profiled"
+           if profiled_oom else "")
+        + (f", {dropped:,} dropped by --profile-only (shapes the profile does not span)" if profile_only else ""),
         markup=False, highlight=False,
     )
     if explain:
@@ -128,6 +139,20 @@ def plan_command(
                                    layout_text(result.plans[0].layout)))
     if out is not None:
         stdout.print(f"wrote {out}", markup=False, highlight=False)
+
+
+def print_cost_sources(entries: list[PlanEntry], cost_model: CostModel) -> None:
+    """Where each plan's layer times came from (plans of the same sources on one line), and
+    what the calibrated model was fitted on."""
+    groups: dict[str, list[int]] = {}
+    for rank, entry in enumerate(entries, start=1):
+        groups.setdefault(opt.sources_text(entry.cost_sources), []).append(rank)
+    for text, ranks in groups.items():
+        label = "plan" if len(ranks) == 1 else "plans"
+        stdout.print(f"costs of {label} {', '.join(f'#{r}' for r in ranks)}: {text}", markup=False, highlight=False)
+    calibrated = any("calibrated" in entry.cost_sources.values() for entry in entries)
+    if calibrated and (note := opt.calibration_text(cost_model)) is not None:
+        stdout.print(note, markup=False, highlight=False)
 
 
 def explain_table(items, best_text: str) -> Table:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from planner.catalog import resolve_gpu
 from planner.cli import options as opt
+from planner.cli import profile_for_plan as for_plan_mod
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cost.calibrate import Calibration, fit, transfer
 from planner.cost.shapes import LAYER_KINDS
@@ -64,10 +65,14 @@ def _import_measure():
 def profile_command(
     model: str = opt.MODEL,
     output: Path = typer.Option(..., "--output", "-o", help="Profile file (JSON) to write."),
-    tp: str = typer.Option("1", "--tp", help="Tensor-parallel degrees, e.g. 1,2,4,8."),
-    mbs: str = typer.Option("1", "--mbs", help="Micro-batch sizes, e.g. 1,2,4."),
-    seq: str = typer.Option("2048", "--seq", help="Sequence lengths, e.g. 2048,4096."),
-    recompute: str = typer.Option("none", "--recompute", help="none and/or full (transformer blocks)."),
+    tp: str | None = typer.Option(None, "--tp", help="Tensor-parallel degrees, e.g. 1,2,4,8 (default 1; "
+                                  "with --for-plan, as plan: those to try)."),
+    mbs: str | None = typer.Option(None, "--mbs", help="Micro-batch sizes, e.g. 1,2,4 (default 1; with "
+                                   "--for-plan, as plan)."),
+    seq: str | None = typer.Option(None, "--seq", help="Sequence lengths, e.g. 2048,4096 (default 2048; "
+                                   "with --for-plan, the request's one length)."),
+    recompute: str | None = typer.Option(None, "--recompute", help="none and/or full (transformer blocks; "
+                                         "default none); with --for-plan, as plan: none,selective,full."),
     kinds: str = typer.Option(",".join(LAYER_KINDS), "--kinds", help="Layer kinds to measure."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp32"),
     device: str | None = typer.Option(None, "--device", help="cuda | cpu (default: cuda when present)."),
@@ -81,15 +86,49 @@ def profile_command(
                                      help="Processes for --collectives (default: the GPUs, or 2 on a CPU)."),
     block: str = typer.Option("planner", "--block",
                               help="Whose transformer block to measure: planner | torchtitan | megatron."),
+    for_plan: bool = typer.Option(False, "--for-plan", help="Measure the shapes a `plan` request with these "
+                                  "arguments can ask for (--gpus, --global-batch, --seq and plan's restrictions)."),
+    gpus: int | None = typer.Option(None, "--gpus", "-n", min=1, help="--for-plan: the request's GPUs."),
+    gpu: str = opt.GPU,
+    global_batch: int | None = typer.Option(None, "--global-batch", "-b", min=1,
+                                            help="--for-plan: the request's global batch."),
+    pp: str | None = opt.PP_LIST,
+    cp: str | None = opt.CP_LIST,
+    vpp: str | None = opt.VPP_LIST,
+    schedules: str | None = opt.SCHEDULE_LIST,
+    per_rank: bool = opt.PER_RANK_RECOMPUTE,
+    sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
+    zero: str | None = opt.ZERO_LIST,
+    runtime: str | None = opt.RUNTIME,
+    gpus_per_node: int | None = opt.GPUS_PER_NODE,
+    max_shapes: int | None = typer.Option(None, "--max-shapes", help="--for-plan: measure only the N cheapest "
+                                          "shapes (plan --profile calibrates the rest)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="--for-plan: list the shapes and the estimate, "
+                                 "measure nothing."),
 ) -> None:
     """Measure each layer kind's forward, backward-input, backward-weight and full-backward
-    time and its memory at tensor-parallel shapes; or, with --collectives under torchrun,
-    the node's all-reduce / all-gather / reduce-scatter / send-recv bandwidth."""
+    time and its memory at tensor-parallel shapes (with --for-plan, the shapes a `plan`
+    request can ask for, largest first); or, with --collectives under torchrun, the node's
+    all-reduce / all-gather / reduce-scatter / send-recv bandwidth."""
     spec = opt.load_model(model)
     if dtype not in PROFILE_DTYPES:
         raise PlannerError(f"--dtype: unknown '{dtype}'; choose from {', '.join(PROFILE_DTYPES)}")
     if memory_cap_gb is not None and memory_cap_gb <= 0:
         raise PlannerError(f"--memory-cap-gb must be positive, got {memory_cap_gb}")
+    request = for_plan_mod.PlanRequest(
+        gpus=gpus, gpu=gpu, global_batch=global_batch, seq=seq, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs,
+        schedules=schedules, recompute=recompute, per_rank=per_rank, sequence_parallel=sequence_parallel,
+        zero=zero, runtime=runtime, gpus_per_node=gpus_per_node,
+    )
+    selection = None
+    if for_plan:
+        selection = for_plan_mod.select(spec, request, tuple(_choices(kinds, LAYER_KINDS, "--kinds")), dtype,
+                                        max_shapes)
+        if dry_run:
+            for_plan_mod.print_dry_run(selection, output, gpu, 2 * (warmup + repeats), device)
+            return
+    elif given := for_plan_mod.plan_only_options_given(request, max_shapes, dry_run):
+        raise PlannerError(f"{', '.join(given)}: options of --for-plan (the plan request to profile for)")
     measure = _import_measure()
     settings = measure.Settings(
         device=device or measure.default_device(), dtype=dtype, warmup=warmup, repeats=repeats,
@@ -99,16 +138,9 @@ def profile_command(
     if collectives:
         _collectives(spec, output, settings, max_bytes, nproc)
         return
-    tps, mbss, seqs = _ints(tp, "--tp"), _ints(mbs, "--mbs"), _ints(seq, "--seq")
-    for degree in tps:
-        check_tensor_parallel(spec, degree)
     measure.check_block(block, spec, settings.device)
-    if spec.position_embedding == "learned" and max(seqs) > spec.max_position_embeddings:
-        raise PlannerError(
-            f"--seq {max(seqs)} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}"
-        )
-    keys = shape_keys(_choices(kinds, LAYER_KINDS, "--kinds"), tps, mbss, seqs,
-                      _choices(recompute, PROFILE_RECOMPUTE_MODES, "--recompute"))
+    keys = selection.keys if selection else _grid_keys(spec, tp or "1", mbs or "1", seq or "2048", kinds,
+                                                       recompute or "none")
     profile = _start(spec, output, settings, resume, measure.environment(settings.device))
     done = {key for key, row in profile.row_map().items() if row.status in ("ok", "oom")}
     pending = [key for key in keys if key not in done]
@@ -123,6 +155,21 @@ def profile_command(
             store.save(output, profile)
             progress.advance(task)
     _summary(profile, keys, len(keys) - len(pending), output)
+    if selection:
+        for_plan_mod.print_calibration_note(selection)
+
+
+def _grid_keys(spec: ModelSpec, tp: str, mbs: str, seq: str, kinds: str, recompute: str) -> list:
+    """The shapes of the --tp x --mbs x --seq x --kinds x --recompute grid."""
+    tps, mbss, seqs = _ints(tp, "--tp"), _ints(mbs, "--mbs"), _ints(seq, "--seq")
+    for degree in tps:
+        check_tensor_parallel(spec, degree)
+    if spec.position_embedding == "learned" and max(seqs) > spec.max_position_embeddings:
+        raise PlannerError(
+            f"--seq {max(seqs)} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}"
+        )
+    return shape_keys(_choices(kinds, LAYER_KINDS, "--kinds"), tps, mbss, seqs,
+                      _choices(recompute, PROFILE_RECOMPUTE_MODES, "--recompute"))
 
 
 def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env: dict) -> Profile:

@@ -42,6 +42,7 @@ def sweep_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    profile_only: bool = opt.PROFILE_ONLY,
     svg: Path | None = typer.Option(None, "--svg", help="Also draw tokens/s and MFU against the varied input."),
     as_json: bool = opt.JSON,
 ) -> None:
@@ -63,48 +64,56 @@ def sweep_command(
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb)
         cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference))
-        accept = runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None
+            runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+        accept = opt.accept_checks(
+            runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None,
+            opt.profile_check(cost_model, job["seq"], profile_only))
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")
         try:
             result = search(cost_model, job["global-batch"], job["seq"], space, top=1, accept=accept)
         except PlannerError as exc:
-            rows.append((value, job, None, str(exc)))
+            rows.append((value, job, None, {}, str(exc)))
             continue
         best = result.plans[0] if result.plans else None
-        rows.append((value, job, best, None if best else
+        dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
+        sources = opt.cost_sources(cost_model, best.layout, job["seq"]) if best else {}
+        rows.append((value, job, best, sources, None if best else
+                     f"--profile-only dropped the {dropped:,} layouts that fit" if dropped else
                      f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"))
     if as_json:
-        print_json(json.dumps({"vary": vary, "points": [_point(value, job, best, note)
-                                                         for value, job, best, note in rows]}, indent=2))
+        print_json(json.dumps({"vary": vary, "points": [_point(value, job, best, sources, note)
+                                                         for value, job, best, sources, note in rows]}, indent=2))
     else:
-        stdout.print(_table(spec.name, vary, rows))
+        stdout.print(_table(spec.name, vary, rows, profile is not None))
     if svg is not None:
-        tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _ in rows]
-        mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _ in rows]
+        tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _, _ in rows]
+        mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _, _ in rows]
         svg.write_text(line_chart(f"{spec.name}: best plan as {vary} varies", vary, list(points),
                                   [("tokens/s per GPU", "#1f77b4", tokens), ("MFU %", "#d62728", mfu)]))
         if not as_json:
             stdout.print(f"wrote {svg}", markup=False, highlight=False)
 
 
-def _point(value, job, best, note) -> dict:
+def _point(value, job, best, sources, note) -> dict:
     if best is None:
         return {"value": value, "plan": None, "note": note}
     entry = entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
-    return {"value": value, "plan": entry.model_dump(mode="json")}
+    return {"value": value, "plan": entry.model_copy(update={"cost_sources": sources}).model_dump(mode="json")}
 
 
-def _table(model: str, vary: str, rows) -> Table:
+def _table(model: str, vary: str, rows, profiled: bool) -> Table:
     table = Table(title=f"{model}: best plan per {vary}", title_justify="left")
-    for column in (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB"):
-        table.add_column(column, justify="left" if column == "best layout" else "right")
-    for value, job, best, note in rows:
+    columns = (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB")
+    for column in columns + (("costs",) if profiled else ()):
+        table.add_column(column, justify="left" if column in ("best layout", "costs") else "right")
+    for value, job, best, sources, note in rows:
+        extra = (opt.sources_text(sources) or "-",) if profiled else ()
         if best is None:
-            table.add_row(str(value), note, "-", "-", "-", "-", "-")
+            table.add_row(str(value), note, "-", "-", "-", "-", "-", *extra)
             continue
         p = best.prediction
         table.add_row(str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
-                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}")
+                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
+                      *extra)
     return table

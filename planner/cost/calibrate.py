@@ -12,18 +12,26 @@ empty by construction, contributes forward and its whole backward). Minimisation
 deterministic Nelder-Mead simplex in log space, restarted from its best point until it
 stops improving, started from the preset's values rescaled so that the mean log ratio is
 zero (scaling every efficiency by a and the overhead by 1/a scales every time by 1/a).
-Efficiencies are capped at 1; the fit reports the mean absolute percentage error before
+Only the efficiencies the samples depend on move (`identified`: a profile of embeddings
+alone fits HBM and overhead); the others keep that common rescaling, which assumes the
+measured device is as much slower or faster on them. Efficiencies are capped at 1; the fit reports the mean absolute percentage error before
 and after. Communication efficiencies are not fitted (profiles time compute only).
 
 Efficiencies are fractions of the datasheet peak, so a fit transfers to another GPU of
 the same software stack as is (`transfer`): its times then scale with that GPU's peak
 FLOP/s and HBM bandwidth.
+
+`plan --profile` fills the shapes a profile does not span with the analytic model fitted
+to that profile: `fit_file` caches the fit per profile file (path, size, modification time)
+and GPU for the process, and `fitted_gpu` carries it into the GPU preset the cost model
+runs on, at the plan's dtype.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from planner.cost.compute import AnalyticCompute, LayerTimes
 from planner.cost.shapes import LayerWork, Shard, layer_work
@@ -31,9 +39,13 @@ from planner.errors import PlannerError
 from planner.profile.schema import Profile
 from planner.spec import GpuEfficiency, GpuSpec
 
+_PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
+"""Efficiencies that are fractions of the dtype's peak FLOP/s (hbm is of the bandwidth)."""
+
 FITTED = ("gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us")
 _FRACTIONS = {"gemm", "attention_fwd", "attention_bwd", "hbm"}
 _MIN_OVERHEAD_US = 1e-3
+_MAX_LOG = 200.0
 PARTS = ("forward", "backward_input", "backward_weight", "backward")
 
 
@@ -120,15 +132,23 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
         raise PlannerError("the profiles have no successful measurements to calibrate on")
     prior = gpu.efficiency
 
-    def loss(x: list[float]) -> float:
-        predicted = predict(items, gpu, _decode(x, prior))
-        return sum(math.log(p / s.measured_s) ** 2 for p, s in zip(predicted, items)) / len(items)
-
     start = _encode(prior)
     shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, prior), items)) / len(items)
     start = [v + (shift if name in _FRACTIONS else -shift if name == "kernel_overhead_us" else 0.0)
              for name, v in zip(FITTED, start)]
-    best = _nelder_mead(loss, start)
+    free = [i for i, name in enumerate(FITTED) if name in identified(items)]
+
+    def point(y: list[float]) -> list[float]:
+        x = list(start)
+        for i, value in zip(free, y):
+            x[i] = value
+        return x
+
+    def loss(y: list[float]) -> float:
+        predicted = predict(items, gpu, _decode(point(y), prior))
+        return sum(math.log(p / s.measured_s) ** 2 for p, s in zip(predicted, items)) / len(items)
+
+    best = point(_nelder_mead(loss, [start[i] for i in free]))
     fields = {**prior.model_dump(), **_decode(best, prior).model_dump(include=set(FITTED))}
     fields["source"] = source or "fitted by planner calibrate"
     efficiency = GpuEfficiency(**fields)
@@ -142,6 +162,19 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
     )
 
 
+def identified(items: list[Sample]) -> set[str]:
+    """The efficiencies the samples' work depends on: GEMM terms only with GEMMs, each
+    attention term only with that pass of an attention core; HBM and kernel overhead always."""
+    names = {"hbm", "kernel_overhead_us"}
+    if any(s.work.gemms for s in items):
+        names |= {"gemm", "gemm_half_dim"}
+    if any(s.work.attention_flops > 0 and s.part == "forward" for s in items):
+        names.add("attention_fwd")
+    if any(s.work.attention_flops > 0 and s.part in ("backward_input", "backward") for s in items):
+        names.add("attention_bwd")
+    return names
+
+
 def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> GpuEfficiency:
     """`efficiency` (fitted on one GPU) for `target`: the fractions of peak and the
     shape/overhead terms carry over unchanged, the target keeps its own (unfitted)
@@ -151,6 +184,33 @@ def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> Gp
     return GpuEfficiency(**fields)
 
 
+_FITS: dict[tuple[str, int, int, str], Calibration] = {}
+
+
+def fit_file(path: Path, profile: Profile, gpu: GpuSpec) -> Calibration:
+    """`fit([profile], gpu)` for the profile read from `path`, computed once per file
+    version (path, size, modification time) and GPU in this process."""
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, gpu.model_dump_json())
+    if key not in _FITS:
+        _FITS[key] = fit([profile], gpu, source=f"fitted to profile {path.name} by planner")
+    return _FITS[key]
+
+
+def fitted_gpu(gpu: GpuSpec, efficiency: GpuEfficiency, profile_dtype: str, dtype: str) -> GpuSpec:
+    """`gpu` with the fitted compute efficiencies (its own communication ones), so that the
+    analytic model at `dtype` reproduces the times the fit saw at `profile_dtype`: the
+    FLOP/s fractions are rescaled by the ratio of the two peaks (capped at 1), as measured
+    times are used whatever dtype is planned."""
+    ratio = gpu.peak_flops(profile_dtype) / gpu.peak_flops(dtype)
+    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
+    for name in _PEAK_FRACTIONS:
+        fields[name] = min(1.0, fields[name] * ratio)
+    fields["source"] = efficiency.source
+    return gpu.model_copy(update={"efficiency": GpuEfficiency(**fields)})
+
+
 def _encode(eff: GpuEfficiency) -> list[float]:
     return [math.log(max(getattr(eff, name), _MIN_OVERHEAD_US)) for name in FITTED]
 
@@ -158,7 +218,8 @@ def _encode(eff: GpuEfficiency) -> list[float]:
 def _decode(x: list[float], prior: GpuEfficiency) -> GpuEfficiency:
     fields = prior.model_dump()
     for name, value in zip(FITTED, x):
-        fields[name] = min(1.0, math.exp(value)) if name in _FRACTIONS else math.exp(value)
+        value = math.exp(min(value, _MAX_LOG))  # a simplex step far out stays a (huge) number
+        fields[name] = min(1.0, value) if name in _FRACTIONS else value
     return GpuEfficiency.model_construct(**fields)
 
 

@@ -23,6 +23,12 @@ beyond EXTRAPOLATION_FACTOR times the range in T or in s.
 
 Profiles measure without sequence parallelism; under it the times are taken as measured
 and `activation_bytes` returns None (the analytic model knows how SP splits activations).
+
+`MeasuredFirst` is what `plan --profile` uses: a shard the profile spans without
+extrapolating (a measured shape, or one between measured shapes) is measured; any other
+takes its times from a fallback, the analytic model calibrated on the profile. The
+embedding and the head have no attention, so under context parallelism they are looked up
+at the sequence shard they see (seq / cp tokens per sequence).
 """
 
 from __future__ import annotations
@@ -32,14 +38,21 @@ import math
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from planner.cost.compute import LayerTimes
 from planner.cost.shapes import Shard
 from planner.errors import ConfigError, PlannerError
+from planner.plan import CostSourceName
 from planner.profile import store
 from planner.profile.schema import LayerRow, Profile
 from planner.spec import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from planner.cost.calibrate import Calibration
+    from planner.cost.model import ComputeSource
 
 EXTRAPOLATION_FACTOR = 2.0
 """How far beyond the measured tokens per micro-batch, or sequence lengths, a lookup may go."""
@@ -101,6 +114,22 @@ class ProfiledCompute:
         (value,) = self._lookup(kind, shard, recompute, rows, lambda r: (float(r.activation_bytes),))
         return value
 
+    def covers(self, kind: str, shard: Shard, recompute: str = "none") -> bool:
+        """Whether the measurements of `kind` under `recompute` span `shard` without
+        extrapolating: a measured shape, or one between measured shapes."""
+        rows = self._rows_for(kind, shard.tp, recompute)
+        if not rows:
+            return False
+        lines: dict[int, list[Point]] = defaultdict(list)
+        for row in rows:
+            lines[row.seq].append((float(row.tokens), ()))
+        try:
+            _across_lengths({s: sorted(p) for s, p in lines.items()}, shard.mbs * shard.seq / shard.cp,
+                            shard.seq, reach=1.0)
+        except _OutOfRange:
+            return False
+        return True
+
     def _rows_for(self, kind: str, tp: int, recompute: str) -> list[LayerRow]:
         return self._rows.get((kind, tp, recompute), [])
 
@@ -128,6 +157,62 @@ class ProfiledCompute:
             ) from None
 
 
+class MeasuredFirst:
+    """Layer times measured where the profile spans the shard, else from `fallback` (a
+    `ComputeSource`, reported as `fallback_name`); activation bytes measured where the
+    profile spans the shard, else None (the analytic memory model)."""
+
+    def __init__(self, measured: ProfiledCompute, fallback: ComputeSource, fallback_name: CostSourceName,
+                 calibration: Calibration | None = None):
+        self.measured, self.fallback, self.fallback_name = measured, fallback, fallback_name
+        self.calibration = calibration
+        """The fit behind the fallback when it is "calibrated"."""
+        self.name = measured.name
+        self.profile = measured.profile
+        self._covers: dict[tuple[str, Shard, str], bool] = {}
+
+    def source_of(self, kind: str, shard: Shard) -> CostSourceName:
+        """Where the times of `kind` at `shard` come from."""
+        return "measured" if self._spans(kind, shard, "none") else self.fallback_name
+
+    def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
+        """Forward / backward-input / backward-weight seconds of `kind` at `shard`."""
+        if self._spans(kind, shard, "none"):
+            return self.measured.layer_times(kind, profiled_shard(kind, shard))
+        return self.fallback.layer_times(kind, shard)
+
+    def activation_bytes(self, kind: str, shard: Shard, recompute: str = "none") -> float | None:
+        """Measured saved bytes where the profile spans the shard in that recompute mode."""
+        mode = recompute if kind == "transformer" else "none"
+        if not self._spans(kind, shard, mode):
+            return None
+        return self.measured.activation_bytes(kind, profiled_shard(kind, shard), mode)
+
+    def ran_out_of_memory(self, kind: str, shard: Shard, recompute: str = "none") -> bool:
+        """Whether the profile recorded `kind` out of memory at this shard's sequence length
+        and TP degree with at most its tokens per micro-batch (one layer alone did not fit:
+        no layout running it does)."""
+        local = profiled_shard(kind, shard)
+        tokens = local.mbs * local.seq / local.cp
+        return any(row.status == "oom" and row.seq == local.seq and row.tokens <= tokens
+                   for row in self.measured._failed.get((kind, local.tp, recompute), ()))
+
+    def _spans(self, kind: str, shard: Shard, recompute: str) -> bool:
+        key = (kind, shard, recompute)
+        if key not in self._covers:
+            self._covers[key] = self.measured.covers(kind, profiled_shard(kind, shard), recompute)
+        return self._covers[key]
+
+
+def profiled_shard(kind: str, shard: Shard) -> Shard:
+    """The shard whose profile row `kind` at `shard` is: the sequence shard (seq / cp
+    tokens per sequence, no CP) for the embedding and the head, which see only their own
+    tokens; the shard itself for a transformer block."""
+    if kind == "transformer" or shard.cp == 1:
+        return shard
+    return replace(shard, seq=shard.seq // shard.cp, cp=1)
+
+
 def _power_law(anchor: Point, other: Point, x: float, clamp: tuple[float, float] | None) -> tuple[float, ...]:
     """Values at x on the log-log lines through `anchor` and `other` (per component),
     slopes clamped to the range `clamp` when given; a linear blend where a value is zero."""
@@ -145,15 +230,16 @@ def _power_law(anchor: Point, other: Point, x: float, clamp: tuple[float, float]
 
 
 def _interpolate(
-    points: list[Point], x: float, single_slope: float, axis: str, slope_range: tuple[float, float] = (0.0, 1.0)
+    points: list[Point], x: float, single_slope: float, axis: str, slope_range: tuple[float, float] = (0.0, 1.0),
+    reach: float = EXTRAPOLATION_FACTOR,
 ) -> tuple[float, ...]:
     """Values at x from points sorted by x: the measured values at a measured x, log-log
     between the bracketing points inside the range, from the nearest point outside it
-    with the nearest segment's slope clamped to `slope_range` (`single_slope` when there
-    is one point)."""
+    (up to `reach` times the range) with the nearest segment's slope clamped to
+    `slope_range` (`single_slope` when there is one point)."""
     xs = [p[0] for p in points]
     low, high = xs[0], xs[-1]
-    if x < low / EXTRAPOLATION_FACTOR or x > high * EXTRAPOLATION_FACTOR:
+    if x < low / reach or x > high * reach:
         raise _OutOfRange(f"measured {axis} {low:g}..{high:g}")
     if x in xs:
         return points[xs.index(x)][1]
@@ -168,23 +254,25 @@ def _interpolate(
     return _power_law(points[i - 1], points[i], x, None)
 
 
-def _across_lengths(lines: dict[int, list[Point]], tokens: float, seq: int) -> tuple[float, ...]:
+def _across_lengths(
+    lines: dict[int, list[Point]], tokens: float, seq: int, reach: float = EXTRAPOLATION_FACTOR
+) -> tuple[float, ...]:
     """The lines evaluated at the same sequences per micro-batch (tokens / seq), then
-    interpolated over sequence length."""
+    interpolated over sequence length; up to `reach` times beyond the measured range."""
     lengths = sorted(lines)
     per_sequence = tokens / seq
     if seq in lines:
-        return _interpolate(lines[seq], tokens, 1.0, f"tokens at seq {seq}")
-    if seq < lengths[0] / EXTRAPOLATION_FACTOR or seq > lengths[-1] * EXTRAPOLATION_FACTOR:
+        return _interpolate(lines[seq], tokens, 1.0, f"tokens at seq {seq}", reach=reach)
+    if seq < lengths[0] / reach or seq > lengths[-1] * reach:
         raise _OutOfRange(f"measured seq {lengths[0]}..{lengths[-1]}")
     if len(lengths) == 1:
-        return _interpolate(lines[lengths[0]], tokens, 1.0, f"tokens at seq {lengths[0]}")
+        return _interpolate(lines[lengths[0]], tokens, 1.0, f"tokens at seq {lengths[0]}", reach=reach)
     i = min(max(bisect_left(lengths, seq), 1), len(lengths) - 1)
     at_length = [
-        (float(s), _interpolate(lines[s], per_sequence * s, 1.0, f"tokens at seq {s}"))
+        (float(s), _interpolate(lines[s], per_sequence * s, 1.0, f"tokens at seq {s}", reach=reach))
         for s in lengths[i - 1 : i + 1]
     ]
-    return _interpolate(at_length, float(seq), 1.0, "seq", slope_range=(1.0, 2.0))
+    return _interpolate(at_length, float(seq), 1.0, "seq", slope_range=(1.0, 2.0), reach=reach)
 
 
 def check_model(profile: Profile, spec: ModelSpec, label: str) -> None:
