@@ -90,6 +90,9 @@ class PlanEntry(BaseModel):
     """Per pipeline rank, the half-open range of transformer layers it runs; with vpp > 1 a
     list of ranges per rank, one per chunk in chunk order."""
     predicted: Predicted | None = None
+    runtimes: list[str] | None = None
+    """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
+    the exporters' order; None where not worked out (plan files written before this field)."""
 
     @model_validator(mode="after")
     def _check(self) -> PlanEntry:

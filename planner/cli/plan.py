@@ -10,13 +10,20 @@ from rich.table import Table
 
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
+from planner.cli.report import (
+    breakdown_table,
+    other_runtimes_hint,
+    plan_file,
+    plan_json,
+    plans_table,
+    write_plan_file,
+)
 from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES
 from planner.search.explain import alternatives, layout_text, what_would_fit
-from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
+from planner.search.runtimes import restrict, runtime_check, runtime_cost_options, with_runtimes
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -101,7 +108,8 @@ def plan_command(
             )
         raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()) for f in result.plans]
-    document = plan_file(entries, spec, cluster, cost_model.source.name)
+    document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))
+    entries = document.plans
     if out is not None:
         write_plan_file(out, document)
     if as_json:
@@ -111,6 +119,8 @@ def plan_command(
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({cost_model.source.name} costs{', runtime ' + runtime if runtime else ''})")
     stdout.print(plans_table(entries, title))
+    if (hint := other_runtimes_hint(entries)) is not None:
+        stdout.print(hint, markup=False, highlight=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     stdout.print(
         f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "

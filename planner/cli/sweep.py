@@ -11,11 +11,12 @@ from rich.table import Table
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
+from planner.cli.report import plan_file, runs_on_legend, runs_on_text
 from planner.cli.sweep_plot import line_chart
 from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
 from planner.search.explain import layout_text
-from planner.search.runtimes import runtime_check, runtime_cost_options
+from planner.search.runtimes import runtime_check, runtime_cost_options, with_runtimes
 from planner.search.search import search
 from planner.units import GiB
 
@@ -66,41 +67,45 @@ def sweep_command(
         try:
             result = search(cost_model, job["global-batch"], job["seq"], space, top=1, accept=accept)
         except PlannerError as exc:
-            rows.append((value, job, None, str(exc)))
+            rows.append((value, job, None, None, str(exc)))
             continue
         best = result.plans[0] if result.plans else None
-        rows.append((value, job, best, None if best else
+        entry = None if best is None else with_runtimes(plan_file(
+            [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())],
+            spec, cluster, cost_model.source.name)).plans[0]
+        rows.append((value, job, best, entry, None if best else
                      f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"))
     if as_json:
-        print_json(json.dumps({"vary": vary, "points": [_point(value, job, best, note)
-                                                         for value, job, best, note in rows]}, indent=2))
+        print_json(json.dumps({"vary": vary, "points": [_point(value, entry, note)
+                                                         for value, _, _, entry, note in rows]}, indent=2))
     else:
         stdout.print(_table(spec.name, vary, rows))
     if svg is not None:
-        tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _ in rows]
-        mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _ in rows]
+        tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _, _ in rows]
+        mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _, _ in rows]
         svg.write_text(line_chart(f"{spec.name}: best plan as {vary} varies", vary, list(points),
                                   [("tokens/s per GPU", "#1f77b4", tokens), ("MFU %", "#d62728", mfu)]))
         if not as_json:
             stdout.print(f"wrote {svg}", markup=False, highlight=False)
 
 
-def _point(value, job, best, note) -> dict:
-    if best is None:
+def _point(value, entry, note) -> dict:
+    if entry is None:
         return {"value": value, "plan": None, "note": note}
-    entry = entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
     return {"value": value, "plan": entry.model_dump(mode="json")}
 
 
 def _table(model: str, vary: str, rows) -> Table:
-    table = Table(title=f"{model}: best plan per {vary}", title_justify="left")
-    for column in (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB"):
-        table.add_column(column, justify="left" if column == "best layout" else "right")
-    for value, job, best, note in rows:
+    table = Table(title=f"{model}: best plan per {vary}", title_justify="left", caption=runs_on_legend(),
+                  caption_justify="left")
+    for column in (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on"):
+        table.add_column(column, justify="left" if column in ("best layout", "runs on") else "right")
+    for value, job, best, entry, note in rows:
         if best is None:
-            table.add_row(str(value), note, "-", "-", "-", "-", "-")
+            table.add_row(str(value), note, "-", "-", "-", "-", "-", "-")
             continue
         p = best.prediction
         table.add_row(str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
-                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}")
+                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
+                      runs_on_text(entry.runtimes))
     return table

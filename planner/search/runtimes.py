@@ -5,6 +5,7 @@ schedules, one recompute setting for every stage, its parallel dimensions), whic
 the search fast; `runtime_check` then asks the runtime's exporter itself about every plan
 that would enter the answer, so a plan `plan --runtime R` returns is one `export --to R`
 writes. The rules must agree with the exporters (tests/cli/test_plan.py checks it).
+`with_runtimes` records, for each plan shown, every runtime whose exporter takes it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost.model import CostOptions
-from planner.errors import ExportError, PlannerError
-from planner.export import EXPORTERS, export_plan
+from planner.errors import PlannerError
+from planner.export import EXPORTERS, refusal, runs_on
 from planner.layout import Layout, entry_from_layout
 from planner.plan import ClusterSummary, PlanFile
 from planner.search.space import SearchSpace
@@ -69,13 +70,16 @@ def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch:
     def check(layout: Layout) -> str | None:
         entry = entry_from_layout(layout, global_batch, seq, None)
         document = PlanFile(plans=[entry], model=spec, cluster=summary, planner_version="", cost_source="")
-        try:
-            export_plan(document, runtime)
-        except ExportError as exc:
-            return str(exc)
-        return None
+        return refusal(document, runtime)
 
     return check
+
+
+def with_runtimes(document: PlanFile) -> PlanFile:
+    """The plan file with each plan's `runtimes`: those whose exporter takes it as it is."""
+    plans = [entry.model_copy(update={"runtimes": runs_on(document, index)})
+             for index, entry in enumerate(document.plans)]
+    return document.model_copy(update={"plans": plans})
 
 
 def _check_known(runtime: str, known: dict) -> None:
