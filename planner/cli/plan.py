@@ -22,7 +22,7 @@ from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES
-from planner.search.explain import alternatives, layout_text, what_would_fit
+from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
 from planner.search.runtimes import restrict, runtime_check, runtime_cost_options, with_runtimes
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
@@ -102,10 +102,9 @@ def plan_command(
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     if not result.plans:
         if result.stats.candidates == 0:
-            raise NoFeasiblePlanError(
-                f"no layout of {spec.name} on {gpus} GPUs matches the restrictions with global batch "
-                f"{global_batch}: check that --tp/--pp/--cp divide the GPUs and dp x mbs divides the batch"
-            )
+            raise LayoutError(nearest_layouts(
+                cost_model, global_batch, seq, space,
+                lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
         raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()) for f in result.plans]
     document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))

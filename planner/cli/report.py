@@ -84,8 +84,8 @@ def other_runtimes_hint(entries: list[PlanEntry]) -> str | None:
                if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
     if not missing:
         return None
-    commands = " or ".join(planner_command("plan", f"--runtime {name}") for name in missing)
-    return f"no plan above runs on {', '.join(missing)}; for the best plan one of them runs: {commands}"
+    commands = ", ".join(planner_command("plan", f"--runtime {name}") for name in missing)
+    return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
 
 def plans_table(entries: list[PlanEntry], title: str) -> Table:
