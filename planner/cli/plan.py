@@ -23,7 +23,14 @@ from planner.errors import LayoutError, NoFeasiblePlanError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
-from planner.search.runtimes import restrict, runtime_check, runtime_cost_options, with_runtimes
+from planner.search.runtimes import (
+    model_refusal,
+    model_runtimes,
+    restrict,
+    runtime_check,
+    runtime_cost_options,
+    with_runtimes,
+)
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -99,12 +106,18 @@ def plan_command(
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
     cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
     accept = runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None
+    if runtime and (reason := model_refusal(spec, runtime)) is not None:
+        raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     if not result.plans:
         if result.stats.candidates == 0:
             raise LayoutError(nearest_layouts(
                 cost_model, global_batch, seq, space,
                 lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
+        if result.stats.rejected_by_runtime:
+            reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
+            raise NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts "
+                                      f"found that fit in memory; the most common refusal: {reason}")
         raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()) for f in result.plans]
     document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))
@@ -118,7 +131,7 @@ def plan_command(
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({cost_model.source.name} costs{', runtime ' + runtime if runtime else ''})")
     stdout.print(plans_table(entries, title))
-    if (hint := other_runtimes_hint(entries)) is not None:
+    if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
         stdout.print(hint, markup=False, highlight=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     stdout.print(

@@ -77,10 +77,10 @@ def runs_on_legend() -> str:
            f"{planner_command('export', '--to NAME')}"
 
 
-def other_runtimes_hint(entries: list[PlanEntry]) -> str | None:
-    """For the runtimes no plan of `entries` runs on, the command that finds the best plan
-    they do run; None when every runtime runs one of them."""
-    missing = [name for name in RUNTIME_SHORT_NAMES
+def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
+    """For the runtimes of `model_runtimes` (those that run the model at all) that no plan of
+    `entries` runs on, the command that finds the best plan they do run; None when there is none."""
+    missing = [name for name in model_runtimes
                if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
     if not missing:
         return None
