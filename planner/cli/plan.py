@@ -19,7 +19,7 @@ from planner.cli.report import (
     write_plan_file,
 )
 from planner.cost.model import CostModel
-from planner.errors import LayoutError, NoFeasiblePlanError
+from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
@@ -60,6 +60,23 @@ def run_search(cost_model: CostModel, global_batch: int, seq: int, space: Search
         task = bar.add_task("search", total=None)
         return search(cost_model, global_batch, seq, space, top, accept, cut_solver,
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def no_plan_error(cost_model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,
+                  runtime: str | None, accept) -> PlannerError:
+    """Why the search returned no plan, with what to type instead: no layout at all (the
+    nearest GPU counts and batches that have one), the runtime refused every layout that
+    fits, or nothing fits in memory (what would)."""
+    spec = cost_model.spec
+    if result.stats.candidates == 0:
+        return LayoutError(nearest_layouts(
+            cost_model, global_batch, seq, space,
+            lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
+    if result.stats.rejected_by_runtime:
+        reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
+        return NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts found "
+                                   f"that fit in memory; the most common refusal: {reason}")
+    return NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
 
 
 @app.command("plan")
@@ -110,15 +127,7 @@ def plan_command(
         raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     if not result.plans:
-        if result.stats.candidates == 0:
-            raise LayoutError(nearest_layouts(
-                cost_model, global_batch, seq, space,
-                lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
-        if result.stats.rejected_by_runtime:
-            reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
-            raise NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts "
-                                      f"found that fit in memory; the most common refusal: {reason}")
-        raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
+        raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()) for f in result.plans]
     document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))
     entries = document.plans

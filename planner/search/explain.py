@@ -26,7 +26,7 @@ from planner.predict import Prediction
 from planner.schedule import SCHEDULES
 from planner.search.search import Accept, Found, SearchResult, search
 from planner.search.space import DEFAULT_MBS, SearchSpace, candidates, meshes
-from planner.spec import Cluster
+from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
 PART_NAMES = {
@@ -181,12 +181,13 @@ def nearest_layouts(model: CostModel, global_batch: int, seq: int, space: Search
     return "\n  ".join(lines)
 
 
-def _has_layouts(spec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> bool:
+def _has_layouts(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> bool:
     """Whether the divisibility rules leave any candidate (no costs are computed)."""
     return next(candidates(spec, cluster, global_batch, seq, space), None) is not None
 
 
 def _resized(cluster: Cluster, num_gpus: int) -> Cluster:
+    """The cluster with `num_gpus` GPUs (a node no larger than that), its wiring unchanged."""
     return cluster.model_copy(update={"num_gpus": num_gpus, "gpus_per_node": min(cluster.gpus_per_node, num_gpus)})
 
 
@@ -229,7 +230,7 @@ def _nearest_count(model: CostModel, global_batch: int, seq: int, space: SearchS
     return first
 
 
-def _nearest_batches(spec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> list[int]:
+def _nearest_batches(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> list[int]:
     """The nearest global batches below and above `global_batch` with layouts on `cluster`:
     among the multiples of some mesh's dp x mbs, the nearest MAX_BATCH_TRIES on each side are
     checked by the divisibility rules, nearest first."""

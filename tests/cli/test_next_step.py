@@ -120,3 +120,12 @@ def test_a_runtime_that_cannot_run_the_model_is_refused_up_front(cli):
                        "--runtime", "torch")
     assert code == 2 and err.startswith("error: torch runs no layout of mixtral-8x7b")
     assert "mixture of experts" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_runtime_that_refuses_every_layout_that_fits_says_why(cli):
+    """Megatron-LM shards ZeRO-2 with Megatron-FSDP, which it does not run with PP: with both
+    pinned, every layout is refused, and the error says so rather than blaming memory."""
+    code, _, err = cli("plan", "--model", "tiny-llama", "--gpus", "8", "--global-batch", "32", "--seq", "256",
+                       "--runtime", "megatron", "--zero", "2", "--pp", "2")
+    assert code == 2 and err.startswith("error: megatron runs none of the ")
+    assert "ZeRO-2" in err and "--runtime megatron" not in err  # no advice to do what was done
