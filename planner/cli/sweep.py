@@ -17,7 +17,7 @@ from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
 from planner.search.explain import layout_text
 from planner.search.runtimes import runtime_check, runtime_cost_options, with_runtimes
-from planner.search.search import search
+from planner.search.search import SearchResult, search
 from planner.units import GiB
 
 VARIABLES = ("gpus", "global-batch", "seq")
@@ -73,8 +73,7 @@ def sweep_command(
         entry = None if best is None else with_runtimes(plan_file(
             [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())],
             spec, cluster, cost_model.source.name)).plans[0]
-        rows.append((value, job, best, entry, None if best else
-                     f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"))
+        rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))
     if as_json:
         print_json(json.dumps({"vary": vary, "points": [_point(value, entry, note)
                                                          for value, _, _, entry, note in rows]}, indent=2))
@@ -87,6 +86,15 @@ def sweep_command(
                                   [("tokens/s per GPU", "#1f77b4", tokens), ("MFU %", "#d62728", mfu)]))
         if not as_json:
             stdout.print(f"wrote {svg}", markup=False, highlight=False)
+
+
+def _why_none(result: SearchResult, runtime: str | None) -> str:
+    """Why a point has no plan, in a few words."""
+    if result.stats.candidates == 0:
+        return "no layout: the GPUs or the batch do not divide"
+    if result.stats.rejected_by_runtime:
+        return f"{runtime} runs none of the layouts that fit"
+    return f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"
 
 
 def _point(value, entry, note) -> dict:

@@ -129,3 +129,13 @@ def test_a_runtime_that_refuses_every_layout_that_fits_says_why(cli):
                        "--runtime", "megatron", "--zero", "2", "--pp", "2")
     assert code == 2 and err.startswith("error: megatron runs none of the ")
     assert "ZeRO-2" in err and "--runtime megatron" not in err  # no advice to do what was done
+
+
+def test_sweep_says_which_points_have_no_layout(cli):
+    code, out, err = cli("sweep", "--model", "llama3-8b", "--global-batch", "64", "--seq", "4096", "--vary", "gpus",
+                         "--values", "1000,1024", "--json")
+    assert code == 0, err
+    none, some = json.loads(out)["points"]
+    assert none["plan"] is None and none["note"].startswith("no layout")
+    assert some["plan"]["predicted"]["tokens_per_s"] > 0
+    assert set(some["plan"]["runtimes"]) <= set(RUNTIME_SHORT_NAMES)
