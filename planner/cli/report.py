@@ -96,7 +96,7 @@ def plans_table(entries: list[PlanEntry], title: str) -> Table:
                "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
     for column in columns:
         table.add_column(column, justify="left" if column in ("schedule", "recompute", "cuts", "runs on")
-                         else "right")
+                         else "right", overflow="fold" if column == "cuts" else "ellipsis")
     for rank, entry in enumerate(entries, start=1):
         p = entry.predicted
         figures = ("-",) * 5 if p is None else (

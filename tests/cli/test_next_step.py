@@ -15,11 +15,14 @@ COMMAND = re.compile(r"`planner (\w+) \.\.\. ([^`]*)`")
 
 
 def _table_rows(out: str) -> list[list[str]]:
-    """The body rows of the first table: its cells, stripped."""
+    """The body rows of the first table: its cells, stripped (a row folded onto more lines
+    continues with an empty first cell, which is skipped)."""
     rows = []
     for line in out.splitlines():
         if line.startswith("│"):
-            rows.append([cell.strip() for cell in line.strip("│").split("│")])
+            cells = [cell.strip() for cell in line.strip("│").split("│")]
+            if cells[0]:
+                rows.append(cells)
         elif rows:
             break
     return rows
