@@ -96,6 +96,9 @@ class PlanEntry(BaseModel):
     """Per layer kind, where its compute times came from: "measured" (the profile spans the
     shape), "calibrated" (the analytic model fitted to the profile), "analytic" (the GPU
     preset's efficiencies)."""
+    runtimes: list[str] | None = None
+    """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
+    the exporters' order; None where not worked out (plan files written before this field)."""
 
     @model_validator(mode="after")
     def _check(self) -> PlanEntry:

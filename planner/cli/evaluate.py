@@ -15,7 +15,7 @@ from planner.layout import Layout, check_layout, entry_from_layout, even_stage_l
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import predict
 from planner.schedule import check_shape
-from planner.search.runtimes import runtime_cost_options
+from planner.search.runtimes import runtime_cost_options, with_runtimes
 from planner.units import GiB
 
 
@@ -107,7 +107,8 @@ def evaluate_command(
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted()).model_copy(
         update={"cost_sources": sources})
-    document = plan_file([entry], spec, cluster, cost_model.source.name)
+    document = with_runtimes(plan_file([entry], spec, cluster, cost_model.source.name))
+    entry = document.plans[0]
     limit = cluster.memory_limit_bytes
     if prediction.peak_memory_bytes > limit:
         stderr.print(

@@ -10,13 +10,27 @@ from rich.table import Table
 
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
+from planner.cli.report import (
+    breakdown_table,
+    other_runtimes_hint,
+    plan_file,
+    plan_json,
+    plans_table,
+    write_plan_file,
+)
 from planner.cost.model import CostModel
-from planner.errors import LayoutError, NoFeasiblePlanError
+from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.layout import entry_from_layout
 from planner.plan import RECOMPUTE_MODES, PlanEntry
-from planner.search.explain import alternatives, layout_text, what_would_fit
-from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
+from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
+from planner.search.runtimes import (
+    model_refusal,
+    model_runtimes,
+    restrict,
+    runtime_check,
+    runtime_cost_options,
+    with_runtimes,
+)
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -46,6 +60,23 @@ def run_search(cost_model: CostModel, global_batch: int, seq: int, space: Search
         task = bar.add_task("search", total=None)
         return search(cost_model, global_batch, seq, space, top, accept, cut_solver,
                       progress=lambda done, total: bar.update(task, completed=done, total=total))
+
+
+def no_plan_error(cost_model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,
+                  runtime: str | None, accept) -> PlannerError:
+    """Why the search returned no plan, with what to type instead: no layout at all (the
+    nearest GPU counts and batches that have one), the runtime refused every layout that
+    fits, or nothing fits in memory (what would)."""
+    spec = cost_model.spec
+    if result.stats.candidates == 0:
+        return LayoutError(nearest_layouts(
+            cost_model, global_batch, seq, space,
+            lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
+    if result.stats.rejected_by_runtime:
+        reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
+        return NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts found "
+                                   f"that fit in memory; the most common refusal: {reason}")
+    return NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
 
 
 @app.command("plan")
@@ -93,25 +124,23 @@ def plan_command(
         runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
     accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
                                opt.profile_check(cost_model, seq, profile_only))
+    if runtime and (reason := model_refusal(spec, runtime)) is not None:
+        raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
     profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
     if not result.plans:
-        if result.stats.candidates == 0:
-            raise NoFeasiblePlanError(
-                f"no layout of {spec.name} on {gpus} GPUs matches the restrictions with global batch "
-                f"{global_batch}: check that --tp/--pp/--cp divide the GPUs and dp x mbs divides the batch"
-            )
-        if dropped:
+        if dropped and result.stats.candidates:
             raise NoFeasiblePlanError(
                 f"--profile-only dropped every layout that fits: {dropped:,} need shapes the profile does not "
                 f"span; measure them with `planner profile --for-plan` and this request's arguments, "
                 "or drop --profile-only to calibrate them"
             )
-        raise NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
+        raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()).model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
-    document = plan_file(entries, spec, cluster, cost_model.source.name)
+    document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))
+    entries = document.plans
     if out is not None:
         write_plan_file(out, document)
     if as_json:
@@ -123,6 +152,8 @@ def plan_command(
     stdout.print(plans_table(entries, title))
     if profile is not None:
         print_cost_sources(entries, cost_model)
+    if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
+        stdout.print(hint, markup=False, highlight=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     stdout.print(
         f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "

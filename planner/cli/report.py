@@ -11,6 +11,7 @@ from rich.table import Table
 
 from planner import __version__
 from planner.errors import PlannerError
+from planner.hints import planner_command
 from planner.plan import ClusterSummary, PlanEntry, PlanFile
 from planner.spec import Cluster, ModelSpec
 
@@ -58,13 +59,44 @@ def recompute_text(entry: PlanEntry) -> str:
     return ",".join(mode[0] for mode in entry.recompute)
 
 
+RUNTIME_SHORT_NAMES = {"megatron": "mt", "torchtitan": "tt", "torch": "torch", "deepspeed": "ds"}
+"""The `runs on` column's names for the runtimes (`planner export --to`'s names)."""
+
+
+def runs_on_text(runtimes: list[str] | None) -> str:
+    """'mt,tt,torch,ds' for the runtimes a plan runs on; 'none' for none, '?' when unknown."""
+    if runtimes is None:
+        return "?"
+    return ",".join(RUNTIME_SHORT_NAMES.get(name, name) for name in runtimes) or "none"
+
+
+def runs_on_legend() -> str:
+    """What the `runs on` short names stand for, and the command that exports to one."""
+    names = ", ".join(f"{short} {name}" if short != name else name for name, short in RUNTIME_SHORT_NAMES.items())
+    return f"runs on: the runtimes whose exporter takes the plan as it is ({names}): " \
+           f"{planner_command('export', '--to NAME')}"
+
+
+def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
+    """For the runtimes of `model_runtimes` (those that run the model at all) that no plan of
+    `entries` runs on, the command that finds the best plan they do run; None when there is none."""
+    missing = [name for name in model_runtimes
+               if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
+    if not missing:
+        return None
+    commands = ", ".join(planner_command("plan", f"--runtime {name}") for name in missing)
+    return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
+
+
 def plans_table(entries: list[PlanEntry], title: str) -> Table:
-    """One row per plan: mesh, schedule, batching, recompute, cuts and the predictions."""
-    table = Table(title=title, title_justify="left")
+    """One row per plan: mesh, schedule, batching, recompute, cuts, the predictions and the
+    runtimes that run it."""
+    table = Table(title=title, title_justify="left", caption=runs_on_legend(), caption_justify="left")
     columns = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero",
-               "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB")
+               "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
     for column in columns:
-        table.add_column(column, justify="left" if column in ("schedule", "recompute", "cuts") else "right")
+        table.add_column(column, justify="left" if column in ("schedule", "recompute", "cuts", "runs on")
+                         else "right", overflow="fold" if column == "cuts" else "ellipsis")
     for rank, entry in enumerate(entries, start=1):
         p = entry.predicted
         figures = ("-",) * 5 if p is None else (
@@ -75,6 +107,7 @@ def plans_table(entries: list[PlanEntry], title: str) -> Table:
             str(rank), str(entry.tp), str(entry.pp), str(entry.dp), str(entry.cp), entry.schedule,
             str(entry.vpp), str(entry.mbs), str(entry.num_microbatches), recompute_text(entry),
             "y" if entry.sequence_parallel else "n", str(entry.zero_stage), cuts_text(entry), *figures,
+            runs_on_text(entry.runtimes),
         )
     return table
 

@@ -11,12 +11,13 @@ from rich.table import Table
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
+from planner.cli.report import plan_file, runs_on_legend, runs_on_text
 from planner.cli.sweep_plot import line_chart
 from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
 from planner.search.explain import layout_text
-from planner.search.runtimes import runtime_check, runtime_cost_options
-from planner.search.search import search
+from planner.search.runtimes import runtime_check, runtime_cost_options, with_runtimes
+from planner.search.search import SearchResult, search
 from planner.units import GiB
 
 VARIABLES = ("gpus", "global-batch", "seq")
@@ -73,17 +74,17 @@ def sweep_command(
         try:
             result = search(cost_model, job["global-batch"], job["seq"], space, top=1, accept=accept)
         except PlannerError as exc:
-            rows.append((value, job, None, {}, str(exc)))
+            rows.append((value, job, None, None, str(exc)))
             continue
         best = result.plans[0] if result.plans else None
-        dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
-        sources = opt.cost_sources(cost_model, best.layout, job["seq"]) if best else {}
-        rows.append((value, job, best, sources, None if best else
-                     f"--profile-only dropped the {dropped:,} layouts that fit" if dropped else
-                     f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"))
+        entry = None if best is None else with_runtimes(plan_file(
+            [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
+             .model_copy(update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})],
+            spec, cluster, cost_model.source.name)).plans[0]
+        rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))
     if as_json:
-        print_json(json.dumps({"vary": vary, "points": [_point(value, job, best, sources, note)
-                                                         for value, job, best, sources, note in rows]}, indent=2))
+        print_json(json.dumps({"vary": vary, "points": [_point(value, entry, note)
+                                                         for value, _, _, entry, note in rows]}, indent=2))
     else:
         stdout.print(_table(spec.name, vary, rows, profile is not None))
     if svg is not None:
@@ -95,25 +96,36 @@ def sweep_command(
             stdout.print(f"wrote {svg}", markup=False, highlight=False)
 
 
-def _point(value, job, best, sources, note) -> dict:
-    if best is None:
+def _why_none(result: SearchResult, runtime: str | None) -> str:
+    """Why a point has no plan, in a few words."""
+    if result.stats.candidates == 0:
+        return "no layout: the GPUs or the batch do not divide"
+    if dropped := result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0):
+        return f"--profile-only dropped the {dropped:,} layouts that fit"
+    if result.stats.rejected_by_runtime:
+        return f"{runtime} runs none of the layouts that fit"
+    return f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"
+
+
+def _point(value, entry, note) -> dict:
+    if entry is None:
         return {"value": value, "plan": None, "note": note}
-    entry = entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
-    return {"value": value, "plan": entry.model_copy(update={"cost_sources": sources}).model_dump(mode="json")}
+    return {"value": value, "plan": entry.model_dump(mode="json")}
 
 
 def _table(model: str, vary: str, rows, profiled: bool) -> Table:
-    table = Table(title=f"{model}: best plan per {vary}", title_justify="left")
-    columns = (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB")
+    table = Table(title=f"{model}: best plan per {vary}", title_justify="left", caption=runs_on_legend(),
+                  caption_justify="left")
+    columns = (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on")
     for column in columns + (("costs",) if profiled else ()):
-        table.add_column(column, justify="left" if column in ("best layout", "costs") else "right")
-    for value, job, best, sources, note in rows:
-        extra = (opt.sources_text(sources) or "-",) if profiled else ()
+        table.add_column(column, justify="left" if column in ("best layout", "runs on", "costs") else "right")
+    for value, job, best, entry, note in rows:
+        extra = ((opt.sources_text(entry.cost_sources) if entry else "") or "-",) if profiled else ()
         if best is None:
-            table.add_row(str(value), note, "-", "-", "-", "-", "-", *extra)
+            table.add_row(str(value), note, "-", "-", "-", "-", "-", "-", *extra)
             continue
         p = best.prediction
         table.add_row(str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
                       f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
-                      *extra)
+                      runs_on_text(entry.runtimes), *extra)
     return table

@@ -4,6 +4,7 @@ provenance (planner version, layout, predicted figures) each output records."""
 from __future__ import annotations
 
 from planner.errors import ExportError
+from planner.hints import planner_command
 from planner.plan import PlanEntry, PlanFile
 from planner.spec import ModelSpec
 
@@ -18,7 +19,7 @@ def select_plan(plan_file: PlanFile, index: int) -> PlanEntry:
     if not 0 <= index < len(plan_file.plans):
         raise ExportError(
             f"plan index {index} is out of range: the file holds {len(plan_file.plans)} plan(s), "
-            f"use --index 0..{len(plan_file.plans) - 1}"
+            f"pick one with {planner_command('export', f'--index 0..{len(plan_file.plans) - 1}')}"
         )
     return plan_file.plans[index]
 
@@ -28,7 +29,8 @@ def require_model(plan_file: PlanFile, runtime: str) -> ModelSpec:
     if plan_file.model is None:
         raise ExportError(
             f"{runtime}: the plan file has no 'model' section, so the model's shape is unknown; "
-            "write the plan with `planner plan -o` (which records the model) and export that file"
+            f"write the plan with {planner_command('plan', '-o plan.json')} (which records the model) "
+            "and export that file"
         )
     return plan_file.model
 
@@ -41,9 +43,14 @@ def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
         per_rank = ", ".join(f"rank {r}: {entry.recompute_of(r)}" for r in range(entry.pp))
         raise ExportError(
             f"{runtime}: recompute differs per pipeline rank ({per_rank}) but {runtime} applies one "
-            "recompute setting to every stage; re-plan with one recompute mode"
+            f"recompute setting to every stage; {replan_for(runtime)}"
         )
     return modes.pop()
+
+
+def replan_for(runtime: str) -> str:
+    """The advice to search again among the plans `runtime` runs, as the command to type."""
+    return f"re-plan for {runtime} with {planner_command('plan', f'--runtime {runtime}')}"
 
 
 def stage_sizes(entry: PlanEntry) -> list[int]:

@@ -26,6 +26,7 @@ from planner.export.common import (
     Files,
     comment_block,
     provenance_readme,
+    replan_for,
     require_model,
     select_plan,
     summary_lines,
@@ -104,18 +105,18 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
         raise ExportError(
             f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by DeepSpeed, whose "
             "pipeline engine runs its own 1F1B-like TrainSchedule with one stage per rank; "
-            "re-plan with --schedule 1f1b or export to torch")
+            f"{replan_for(RUNTIME)}")
     if entry.pp > 1 and entry.zero_stage >= 2:
         raise ExportError(f"{RUNTIME}: ZeRO-{entry.zero_stage} with pipeline parallelism (pp={entry.pp}); "
-                          "DeepSpeed's pipeline engine allows ZeRO stage 0 or 1 only")
+                          f"DeepSpeed's pipeline engine allows ZeRO stage 0 or 1 only; {replan_for(RUNTIME)}")
     if entry.tp > 1 or entry.cp > 1:
         raise ExportError(f"{RUNTIME}: tensor / context parallelism (tp={entry.tp}, cp={entry.cp}) needs "
-                          "Megatron-DeepSpeed, not DeepSpeed's PipelineModule; export to megatron")
+                          f"Megatron-DeepSpeed, not DeepSpeed's PipelineModule; {replan_for(RUNTIME)}")
     if entry.dtype not in ("bf16", "fp16", "fp32"):
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not exported (bf16, fp16, fp32)")
     if uniform_recompute(entry, RUNTIME) == "selective":
         raise ExportError(f"{RUNTIME}: selective recompute has no DeepSpeed equivalent (its pipeline "
-                          "recomputes whole layers); re-plan with recompute none or full")
+                          f"recomputes whole layers); {replan_for(RUNTIME)}")
     if spec.is_moe:
         raise ExportError(f"{RUNTIME}: model {spec.name} is a mixture of experts; the exported layers "
                           "(planner/torch_blocks.py) are dense")

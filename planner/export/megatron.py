@@ -23,6 +23,7 @@ from planner.export.common import (
     Files,
     comment_block,
     provenance_readme,
+    replan_for,
     require_model,
     select_plan,
     stage_sizes,
@@ -84,13 +85,13 @@ def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
 def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     if spec.position_embedding == "alibi":
         raise ExportError(f"{RUNTIME}: model {spec.name} uses ALiBi positions; Megatron-LM's "
-                          "--position-embedding-type has no ALiBi (learned_absolute, rope, ...)")
+                          "position embeddings (learned_absolute, rope, ...) have no ALiBi")
     if spec.embedding_norm:
         raise ExportError(f"{RUNTIME}: model {spec.name} has a norm after the word embedding "
                           "(BLOOM style); Megatron-LM's GPT model has no such layer")
     if spec.linear_bias and not spec.qkv_bias:
         raise ExportError(f"{RUNTIME}: model {spec.name} has MLP/output biases but no QKV bias; "
-                          "Megatron-LM's --disable-bias-linear / --add-qkv-bias cannot express that")
+                          "Megatron-LM's bias switches (every linear layer, or QKV only) cannot express that")
     args = [
         "--num-layers", str(spec.num_layers),
         "--hidden-size", str(spec.hidden_size),
@@ -133,13 +134,14 @@ def _check_schedule(entry: PlanEntry) -> None:
         if entry.num_microbatches < entry.pp:
             raise ExportError(
                 f"{RUNTIME}: interleaved 1F1B with {entry.num_microbatches} micro-batches < pp "
-                f"{entry.pp}; Megatron-LM needs at least pp micro-batches per virtual-stage group"
+                f"{entry.pp}; Megatron-LM needs at least pp micro-batches per virtual-stage group; "
+                f"{replan_for(RUNTIME)}"
             )
         return
     raise ExportError(
         f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by Megatron-LM, which "
         "runs 1F1B (vpp=1) and interleaved 1F1B (vpp>=2) only (no GPipe, looped BFS, ZB-H1/H2, "
-        "ZB-V or DualPipeV); re-plan with --schedule 1f1b or interleaved_1f1b, or export to torch"
+        f"ZB-V or DualPipeV); {replan_for(RUNTIME)}"
     )
 
 
@@ -155,7 +157,7 @@ def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     if entry.cp > 1:
         if entry.seq % (2 * entry.cp):
             raise ExportError(f"{RUNTIME}: seq {entry.seq} is not a multiple of 2 x cp "
-                              f"({2 * entry.cp}), which Megatron-LM's context parallelism needs")
+                              f"({2 * entry.cp}), which Megatron-LM's context parallelism needs; {replan_for(RUNTIME)}")
         args += ["--context-parallel-size", str(entry.cp)]
     if entry.sequence_parallel and entry.tp > 1:
         args.append("--sequence-parallel")
@@ -197,7 +199,7 @@ def _data_parallel_args(entry: PlanEntry) -> list[str]:
         if entry.pp > 1:
             raise ExportError(
                 f"{RUNTIME}: ZeRO-{entry.zero_stage} sharding is Megatron-FSDP in Megatron-LM, which is "
-                "not documented with pipeline parallelism; re-plan with zero_stage <= 1 or pp = 1"
+                f"not documented with pipeline parallelism; {replan_for(RUNTIME)}"
             )
         strategy = "optim_grads" if entry.zero_stage == 2 else "optim_grads_params"
         return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,

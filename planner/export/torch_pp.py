@@ -20,6 +20,7 @@ from planner.export.common import (
     Files,
     comment_block,
     provenance_readme,
+    replan_for,
     require_model,
     select_plan,
     summary_lines,
@@ -115,7 +116,7 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
                           "blocks (planner/torch_blocks.py) are dense")
     if entry.cp > 1:
         raise ExportError(f"{RUNTIME}: context parallelism (cp={entry.cp}) is not in the exported script; "
-                          "re-plan with cp=1 or export to megatron")
+                          f"{replan_for(RUNTIME)}")
     if entry.dtype not in DTYPES:
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not supported here (use one of {DTYPES})")
     if entry.tp > 1:
@@ -123,10 +124,11 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
                   "FFN hidden size": spec.ffn_hidden_size}
         for what, size in shapes.items():
             if size % entry.tp:
-                raise ExportError(f"{RUNTIME}: {what} ({size}) are not divisible by tp {entry.tp}")
+                raise ExportError(f"{RUNTIME}: {what} ({size}) are not divisible by tp {entry.tp}; "
+                                  f"{replan_for(RUNTIME)}")
         if spec.position_embedding == "alibi":
             raise ExportError(f"{RUNTIME}: ALiBi slopes per head are not sharded by the script's "
-                              "tensor parallelism; re-plan with tp=1")
+                              f"tensor parallelism; {replan_for(RUNTIME)}")
 
 
 def _schedule(entry: PlanEntry) -> tuple[str | None, str | None]:

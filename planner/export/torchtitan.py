@@ -30,6 +30,7 @@ from planner.export.common import (
     Files,
     comment_block,
     provenance_readme,
+    replan_for,
     require_model,
     select_plan,
     summary_lines,
@@ -132,13 +133,13 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
                           "which torchtitan's llama3 model does not have")
     if spec.tie_embeddings and entry.pp > 1:
         raise ExportError(f"{RUNTIME}: tied input/output embeddings with pipeline parallelism "
-                          f"(pp={entry.pp}); torchtitan refuses weight tying under PP")
+                          f"(pp={entry.pp}); torchtitan refuses weight tying under PP; {replan_for(RUNTIME)}")
     if entry.dtype not in ("bf16", "fp32"):
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}': torchtitan trains in bfloat16 mixed "
                           "precision or float32")
     if entry.tp > 1 and (spec.num_attention_heads % entry.tp or spec.num_kv_heads % entry.tp):
         raise ExportError(f"{RUNTIME}: tp {entry.tp} must divide the attention heads "
-                          f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads})")
+                          f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads}); {replan_for(RUNTIME)}")
 
 
 def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,

@@ -6,21 +6,27 @@ change (cut points re-solved) and names what it lost to: out of memory by how mu
 the part of the step time (pipeline bubble, TP/CP or DP communication, compute, optimizer)
 that grew the most. `what_would_fit` re-runs the search with one relaxation at a time
 (recompute, ZeRO, micro-batch 1, more GPUs, a larger GPU) for a request where nothing fits.
+`nearest_layouts` answers a request with no layout at all (the GPUs or the batch do not
+divide): the nearest GPU counts below and above with layouts, found by the divisibility
+rules alone and then searched for their best tokens/s, and the nearest global batches that
+have layouts on the requested GPUs. Every suggestion is the command to type next.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from planner.catalog import resolve_gpu
 from planner.cost.model import CostModel, options_for_gpu
+from planner.hints import planner_command
 from planner.layout import Layout
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import Prediction
 from planner.schedule import SCHEDULES
 from planner.search.search import Accept, Found, SearchResult, search
-from planner.search.space import SearchSpace
-from planner.spec import Cluster
+from planner.search.space import DEFAULT_MBS, SearchSpace, candidates, meshes
+from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
 PART_NAMES = {
@@ -31,6 +37,11 @@ PART_NAMES = {
     "optimizer": "optimizer step",
 }
 LARGER_GPUS = ("h200", "b200", "mi300x")
+NEIGHBOUR_SEARCHES = 3
+"""GPU counts searched on each side of a request with no layout, nearest first, until one
+has a plan that fits in memory."""
+MAX_BATCH_TRIES = 64
+"""Global batches tried on each side (nearest multiples of dp x mbs first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,23 +127,24 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
 
     tries: list[tuple[str, CostModel, SearchSpace]] = []
     if set(space.recompute) != set(RECOMPUTE_MODES) or not space.per_rank_recompute:
-        tries.append(("--recompute full (or per rank)", model,
-                      replace(space, recompute=RECOMPUTE_MODES, per_rank_recompute=True)))
+        tries.append((planner_command("plan", f"--recompute {','.join(RECOMPUTE_MODES)}", "--per-rank-recompute"),
+                      model, replace(space, recompute=RECOMPUTE_MODES, per_rank_recompute=True)))
     if 3 not in space.zero:
-        tries.append(("--zero 3 (shard weights, gradients and optimizer state)", model, replace(space, zero=(1, 2, 3))))
+        tries.append((planner_command("plan", "--zero 1,2,3") + " (ZeRO-3 shards weights, gradients and optimizer "
+                      "state)", model, replace(space, zero=(1, 2, 3))))
     if space.mbs != (1,):
-        tries.append(("--mbs 1", model, replace(space, mbs=(1,))))
+        tries.append((planner_command("plan", "--mbs 1"), model, replace(space, mbs=(1,))))
     helps = [h for h in (fits(*t) for t in tries) if h]
     for factor in (2, 4, 8):  # only the smallest cluster that fits is worth naming
         num_gpus = cluster.num_gpus * factor
         bigger = CostModel(model.spec, cluster.model_copy(update={"num_gpus": num_gpus}), model.options, model.source)
-        if (h := fits(f"{factor}x the GPUs ({num_gpus})", bigger, space)) is not None:
+        if (h := fits(f"{factor}x the GPUs, {planner_command('plan', f'--gpus {num_gpus}')}", bigger, space)):
             helps.append(h)
             break
     for name in LARGER_GPUS:
         gpu = resolve_gpu(name)
         if gpu.memory_gib * GiB > limit and cluster.memory_limit_gib is None:
-            h = fits(f"--gpu {name} ({gpu.memory_gib:.0f} GiB)",
+            h = fits(f"{planner_command('plan', f'--gpu {name}')} ({gpu.memory_gib:.0f} GiB)",
                      CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), options_for_gpu(model.options, gpu)), space)
             helps += [h] if h else []
     if helps:
@@ -140,6 +152,95 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
     else:
         lines.append("none of recompute, ZeRO-3, micro-batch 1, up to 8x the GPUs or a larger GPU fits either")
     return "; ".join(lines)
+
+
+def nearest_layouts(model: CostModel, global_batch: int, seq: int, space: SearchSpace,
+                    accept_for: Callable[[Cluster], Accept | None] = lambda cluster: None) -> str:
+    """The message for a request with no layout at all: why, the nearest GPU counts below
+    and above that have layouts (with their best predicted tokens/s), and the nearest global
+    batches that have layouts on the requested GPUs. `accept_for` gives a cluster's runtime check."""
+    spec, cluster = model.spec, model.cluster
+    restricted = any(getattr(space, f) is not None for f in ("tp", "pp", "cp", "vpp", "mbs", "schedules"))
+    lines = [f"no layout of {spec.name} on {cluster.num_gpus} GPUs with global batch {global_batch}"
+             f"{' within the restrictions given' if restricted else ''}: a layout needs tp x pp x dp x cp = "
+             f"the GPUs, tp dividing the {spec.num_attention_heads} heads, pp at most the {spec.num_layers} "
+             "layers and dp x mbs dividing the global batch"]
+    counts = []
+    for side in (_counts_below(cluster), _counts_above(cluster)):
+        if (found := _nearest_count(model, global_batch, seq, space, accept_for, side)) is not None:
+            counts.append(found)
+    if counts:
+        lines.append("nearest GPU counts with layouts: " + "; ".join(counts))
+    batches = _nearest_batches(spec, cluster, global_batch, seq, space)
+    if batches:
+        lines.append(f"nearest global batches with layouts on {cluster.num_gpus} GPUs: " + "; ".join(
+            f"{b} {planner_command('plan', f'--global-batch {b}')}" for b in batches))
+    if not counts and not batches:
+        lines.append(f"no GPU count from 1 to {2 * cluster.num_gpus} and no global batch has one either"
+                     f"{': loosen the restrictions' if restricted else ''}")
+    return "\n  ".join(lines)
+
+
+def _has_layouts(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> bool:
+    """Whether the divisibility rules leave any candidate (no costs are computed)."""
+    return next(candidates(spec, cluster, global_batch, seq, space), None) is not None
+
+
+def _resized(cluster: Cluster, num_gpus: int) -> Cluster:
+    """The cluster with `num_gpus` GPUs (a node no larger than that), its wiring unchanged."""
+    return cluster.model_copy(update={"num_gpus": num_gpus, "gpus_per_node": min(cluster.gpus_per_node, num_gpus)})
+
+
+def _counts_below(cluster: Cluster) -> Iterator[Cluster]:
+    """Smaller clusters, nearest first: whole nodes, then fewer GPUs than a node."""
+    n, per_node = cluster.num_gpus, cluster.gpus_per_node
+    whole = range((n - 1) // per_node * per_node, per_node - 1, -per_node) if n > per_node else range(0)
+    for count in (*whole, *range(min(n, per_node) - 1, 0, -1)):
+        yield _resized(cluster, count)
+
+
+def _counts_above(cluster: Cluster) -> Iterator[Cluster]:
+    """Larger clusters up to twice the GPUs, nearest first (whole nodes past one node)."""
+    n, per_node = cluster.num_gpus, cluster.gpus_per_node
+    for count in range(n + 1, min(2 * n, per_node) + 1):
+        yield _resized(cluster, count)
+    for count in range(max(n // per_node + 1, 2) * per_node, 2 * n + 1, per_node):
+        yield _resized(cluster, count)
+
+
+def _nearest_count(model: CostModel, global_batch: int, seq: int, space: SearchSpace,
+                   accept_for: Callable[[Cluster], Accept | None], clusters: Iterator[Cluster]) -> str | None:
+    """The nearest of `clusters` with layouts, preferring one whose best plan fits in memory
+    (searched for at most NEIGHBOUR_SEARCHES counts), as text with the command to type."""
+    first = None
+    searched = 0
+    for cluster in clusters:
+        if not _has_layouts(model.spec, cluster, global_batch, seq, space):
+            continue
+        command = planner_command("plan", f"--gpus {cluster.num_gpus}")
+        first = first or f"{cluster.num_gpus} {command} (none fits in memory)"
+        result = search(CostModel(model.spec, cluster, model.options, model.source), global_batch, seq, space,
+                        top=1, accept=accept_for(cluster))
+        if result.plans:
+            p = result.plans[0].prediction
+            return f"{cluster.num_gpus} {command} (best {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%})"
+        searched += 1
+        if searched == NEIGHBOUR_SEARCHES:
+            break
+    return first
+
+
+def _nearest_batches(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace) -> list[int]:
+    """The nearest global batches below and above `global_batch` with layouts on `cluster`:
+    among the multiples of some mesh's dp x mbs, the nearest MAX_BATCH_TRIES on each side are
+    checked by the divisibility rules, nearest first."""
+    units = {dp * mbs for _, _, dp, _ in meshes(spec, cluster, seq, space) for mbs in space.mbs or DEFAULT_MBS}
+    below = {(global_batch - 1) // u * u - k * u for u in units for k in range(MAX_BATCH_TRIES)}
+    above = {(global_batch // u + 1 + k) * u for u in units for k in range(MAX_BATCH_TRIES)}
+    found = []
+    for side in (sorted((b for b in below if b > 0), reverse=True), sorted(above)):
+        found += [next((b for b in side[:MAX_BATCH_TRIES] if _has_layouts(spec, cluster, b, seq, space)), None)]
+    return [b for b in found if b is not None]
 
 
 def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:

@@ -5,6 +5,7 @@ schedules, one recompute setting for every stage, its parallel dimensions), whic
 the search fast; `runtime_check` then asks the runtime's exporter itself about every plan
 that would enter the answer, so a plan `plan --runtime R` returns is one `export --to R`
 writes. The rules must agree with the exporters (tests/cli/test_plan.py checks it).
+`with_runtimes` records, for each plan shown, every runtime whose exporter takes it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from planner.cost.model import CostOptions
-from planner.errors import ExportError, PlannerError
-from planner.export import EXPORTERS, export_plan
+from planner.errors import PlannerError
+from planner.export import EXPORTERS, refusal, runs_on
+from planner.export.common import replan_for
 from planner.layout import Layout, entry_from_layout
-from planner.plan import ClusterSummary, PlanFile
+from planner.plan import ClusterSummary, PlanEntry, PlanFile
 from planner.search.space import SearchSpace
 from planner.spec import Cluster, GpuSpec, ModelSpec
 
@@ -82,20 +84,38 @@ def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
 
 
 def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int):
-    """A search `accept` callback: None when `runtime`'s exporter takes the layout, else its reason."""
+    """A search `accept` callback: None when `runtime`'s exporter takes the layout, else its
+    reason (less its advice to re-plan for `runtime`, which is what the search is doing)."""
     _check_known(runtime, EXPORTERS)
     summary = ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
 
     def check(layout: Layout) -> str | None:
         entry = entry_from_layout(layout, global_batch, seq, None)
         document = PlanFile(plans=[entry], model=spec, cluster=summary, planner_version="", cost_source="")
-        try:
-            export_plan(document, runtime)
-        except ExportError as exc:
-            return str(exc)
-        return None
+        reason = refusal(document, runtime)
+        return None if reason is None else reason.replace(f"; {replan_for(runtime)}", "")
 
     return check
+
+
+def with_runtimes(document: PlanFile) -> PlanFile:
+    """The plan file with each plan's `runtimes`: those whose exporter takes it as it is."""
+    plans = [entry.model_copy(update={"runtimes": runs_on(document, index)})
+             for index, entry in enumerate(document.plans)]
+    return document.model_copy(update={"plans": plans})
+
+
+def model_refusal(spec: ModelSpec, runtime: str) -> str | None:
+    """Why `runtime` runs no layout of `spec` at all (its exporter refuses the simplest one:
+    one GPU, no pipeline, no recompute), or None when the model itself is no obstacle."""
+    entry = PlanEntry(tp=1, pp=1, dp=1, mbs=1, num_microbatches=1, global_batch=1, seq=128, schedule="1f1b",
+                      stage_layers=[(0, spec.num_layers)])
+    return refusal(PlanFile(plans=[entry], model=spec), runtime)
+
+
+def model_runtimes(spec: ModelSpec) -> list[str]:
+    """The runtimes that run some layout of `spec` (see `model_refusal`)."""
+    return [name for name in EXPORTERS if model_refusal(spec, name) is None]
 
 
 def _check_known(runtime: str, known: dict) -> None:

@@ -175,10 +175,13 @@ def test_infeasible_request_says_what_would_fit(cli):
     ["--runtime", "jax"],
     ["--runtime", "deepspeed", "--tp", "2"],
 ])
-def test_bad_input_is_one_line_and_exit_2(cli, argv):
+def test_bad_input_is_one_error_and_exit_2(cli, argv):
+    """One `error:` message; a request with no layout at all adds indented lines of what has one."""
     code, out, err = cli("plan", *BASE, *argv)
-    assert code == 2
-    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert code == 2 and out == ""
+    first, *more = err.strip().splitlines()
+    assert first.startswith("error: ") and err.count("error:") == 1
+    assert all(line.startswith("  ") for line in more) and (not more or argv == ["--tp", "3"])
 
 
 def test_ilp_cut_solver_agrees(cli):
