@@ -21,6 +21,7 @@ from planner.cli.report import (
 from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.layout import entry_from_layout
+from planner.hints import planner_command
 from planner.plan import RECOMPUTE_MODES, PlanEntry
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
 from planner.search.runtimes import (
@@ -133,7 +134,7 @@ def plan_command(
         if dropped and result.stats.candidates:
             raise NoFeasiblePlanError(
                 f"--profile-only dropped every layout that fits: {dropped:,} need shapes the profile does not "
-                f"span; measure them with `planner profile --for-plan` and this request's arguments, "
+                f"span; measure them with {planner_command('profile', '--for-plan')} (this request's arguments), "
                 "or drop --profile-only to calibrate them"
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
