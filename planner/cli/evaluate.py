@@ -59,12 +59,14 @@ def evaluate_command(
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
+    calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
     """Predict step time, throughput, MFU, bubble and memory per GPU of one layout."""
     spec = opt.load_model(model)
-    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb)
+    calibrated = opt.load_calibration(calibration)
+    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
     if gpus % (tp * pp * cp):
         raise LayoutError(f"{gpus} GPUs are not divisible by tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}")
     dp = gpus // (tp * pp * cp)
@@ -90,7 +92,7 @@ def evaluate_command(
     cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted())
-    document = plan_file([entry], spec, cluster, cost_model.source.name)
+    document = plan_file([entry], spec, cluster, opt.cost_source(cost_model, calibrated))
     limit = cluster.memory_limit_bytes
     if prediction.peak_memory_bytes > limit:
         stderr.print(
@@ -104,7 +106,7 @@ def evaluate_command(
         print_json(plan_json(document))
         return
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({cost_model.source.name} costs)")
+             f"({document.cost_source} costs)")
     stdout.print(plans_table([entry], title))
     stdout.print(breakdown_table(entry, limit / GiB))
     if out is not None:

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import typer
 
+from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
-from planner.errors import LayoutError
+from planner.errors import ConfigError, LayoutError
 from planner.spec import Cluster, ModelSpec
 
 MODEL = typer.Option(..., "--model", "-m", help="Preset name (see `planner models`) or a config.json path.")
@@ -23,6 +24,8 @@ MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use p
 PROFILE = typer.Option(None, "--profile", help="Measured profile (JSON) to use instead of the analytic compute model.")
 JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
 OUT = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`.")
+CALIBRATION = typer.Option(None, "--calibration", help="Calibration file from `planner calibrate --from-log`: "
+                           "the GPU's efficiencies fitted to your own runs.")
 
 
 def build_cluster(
@@ -32,10 +35,17 @@ def build_cluster(
     intra_node_bw: float | None = None,
     inter_node_bw: float | None = None,
     max_memory_gb: float | None = None,
+    calibration: calibration_schema.CalibrationFile | None = None,
 ) -> Cluster:
-    """A Cluster of `num_gpus` preset GPUs with the given overrides."""
+    """A Cluster of `num_gpus` preset GPUs with the given overrides (and, with a calibration,
+    the GPU's efficiencies replaced by the fitted ones)."""
+    spec = resolve_gpu(gpu)
+    if calibration is not None:
+        if calibration.gpu != spec.name:
+            raise ConfigError(f"the calibration file describes GPU {calibration.gpu}, but --gpu is {spec.name}")
+        spec = spec.model_copy(update={"efficiency": calibration.efficiency})
     return Cluster.of(
-        resolve_gpu(gpu),
+        spec,
         num_gpus,
         gpus_per_node=gpus_per_node,
         intra_node_bw_gbps=intra_node_bw,
@@ -54,6 +64,19 @@ def build_cost_model(
 
         source = profiled_source(profile, spec, cluster.gpu)
     return CostModel(spec, cluster, options, source)
+
+
+def load_calibration(path: Path | None) -> calibration_schema.CalibrationFile | None:
+    """The calibration file named by --calibration, or None."""
+    return None if path is None else calibration_schema.load(path)
+
+
+def cost_source(cost_model: CostModel, calibration: calibration_schema.CalibrationFile | None) -> str:
+    """The plan file's `cost_source`: the compute source, and the calibration when one is used."""
+    if calibration is None:
+        return cost_model.source.name
+    runs = calibration.num_runs
+    return f"{cost_model.source.name}, calibrated from {runs} run{'s' if runs != 1 else ''}"
 
 
 def load_model(name_or_path: str) -> ModelSpec:

@@ -39,6 +39,7 @@ def sweep_command(
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
+    calibration: Path | None = opt.CALIBRATION,
     svg: Path | None = typer.Option(None, "--svg", help="Also draw tokens/s and MFU against the varied input."),
     as_json: bool = opt.JSON,
 ) -> None:
@@ -53,13 +54,15 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
+    calibrated = opt.load_calibration(calibration)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
                         opt.name_list(schedules), None, True, None, None, runtime)
     rows = []
     for value in points:
         job = {**fixed, vary: value}
-        cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb)
+        cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
         cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(runtime))
+        source = opt.cost_source(cost_model, calibrated)
         accept = runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")
@@ -72,10 +75,10 @@ def sweep_command(
         rows.append((value, job, best, None if best else
                      f"nothing fits (smallest need {result.smallest_need_bytes / GiB:.1f} GiB)"))
     if as_json:
-        print_json(json.dumps({"vary": vary, "points": [_point(value, job, best, note)
+        print_json(json.dumps({"vary": vary, "cost_source": source, "points": [_point(value, job, best, note)
                                                          for value, job, best, note in rows]}, indent=2))
     else:
-        stdout.print(_table(spec.name, vary, rows))
+        stdout.print(_table(f"{spec.name} ({source} costs)", vary, rows))
     if svg is not None:
         tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _ in rows]
         mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _ in rows]
