@@ -54,6 +54,7 @@ def torchtitan_log(tokens_per_s_per_gpu: float, flops_per_token: float, peak_flo
             f"[rank0]:[titan] 2025-01-01 10:00:{step % 60:02d},000 - root - INFO - "
             f"{c['red']}step: {step:2}  {c['green']}loss: {7.5:8.5f}  {c['orange']}grad_norm: {1.25:7.4f}  "
             f"{c['turquoise']}memory: {reserved_gib:5.2f}GiB({100 * reserved_gib / capacity_gib:.2f}%)  "
-            f"{c['blue']}tps: {round(tps):,}  {c['cyan']}tflops: {tflops:,.2f}  {c['magenta']}mfu: {mfu:.2f}%{c['reset']}"
+            f"{c['blue']}tps: {round(tps):,}  {c['cyan']}tflops: {tflops:,.2f}  "
+            f"{c['magenta']}mfu: {mfu:.2f}%{c['reset']}"
         )
     return "\n".join(lines) + "\n"

@@ -86,7 +86,8 @@ def test_three_layouts_give_the_kernel_overhead_too():
 
 def test_two_runs_of_the_same_layout_fit_one_knob():
     # Same layout twice: the second run adds no independent information.
-    runs = [_measured(COMPUTE_BOUND, {"compute": 0.8}), replace(_measured(COMPUTE_BOUND, {"compute": 0.8}), name="again")]
+    first = _measured(COMPUTE_BOUND, {"compute": 0.8})
+    runs = [first, replace(first, name="again")]
     knobs = _knobs(fit(runs, PRIOR))
     assert knobs["compute"].fitted and not knobs["comm"].fitted and not knobs["overhead"].fitted
     assert "hardly depend" in knobs["comm"].reason

@@ -89,7 +89,8 @@ def test_megatron_current_format_variants():
 def test_torchtitan_colour_codes_and_old_wps_field():
     coloured = ("\x1b[31mstep:  1  \x1b[32mloss: 10.5000  \x1b[36mmemory: 12.00GiB(15.00%)  "
                 "\x1b[34mtps: 1,234  \x1b[96mtflops: 70.00  \x1b[35mmfu: 7.00%\x1b[39m")
-    old = "2024-05-01 10:00:00,000 - root - INFO - step: 10  loss: 9.1234  memory: 12.50GiB(15.80%)  wps: 2,000  mfu: 9.10%"
+    old = ("2024-05-01 10:00:00,000 - root - INFO - step: 10  loss: 9.1234  memory: 12.50GiB(15.80%)  "
+           "wps: 2,000  mfu: 9.10%")
     log = parse_log(coloured + "\n" + old + "\n")
     assert [(s.step, s.tokens_per_s_per_gpu, s.mfu) for s in log.steps] == [(1, 1234, 0.07), (10, 2000, 0.091)]
     assert log.steps[1].tflops_per_gpu is None
