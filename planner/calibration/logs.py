@@ -48,6 +48,7 @@ _RANK_PREFIX = re.compile(r"^\s*(?:\[(?:rank|default)?(\d+)\]:|(\d+):\s)")
 _MEGATRON_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
 _MEGATRON_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER)
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER)
+_MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _MEGATRON_MEMORY = re.compile(
     r"(?:\[Rank (\d+)\]\s*)?\(?after (\d+) iterations\)? memory \(MB\)\s*\|\s*allocated:\s*" + _NUMBER
     + r"\s*\|\s*max allocated:\s*" + _NUMBER + r"\s*\|\s*reserved:\s*" + _NUMBER
@@ -75,6 +76,8 @@ class StepReport:
     reserved_gib: float | None = None
     """torchtitan: the device's peak reserved memory so far."""
     memory_fraction: float | None = None
+    global_batch: int | None = None
+    """Megatron-LM: the global batch size the iteration trained."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +117,8 @@ class Measured:
     """Largest peak allocated memory over the ranks that reported it."""
     max_reserved_gib: float | None
     """Largest peak reserved memory (what nvidia-smi shows, less the CUDA context)."""
+    global_batch: int | None = None
+    """Megatron-LM: the global batch of the last report used (None when not printed)."""
 
     def step_time_for(self, tokens_per_step: float, num_gpus: int) -> float:
         """Seconds per step: Megatron-LM's own figure, or torchtitan's from its tokens/s/GPU."""
@@ -169,6 +174,7 @@ def steady_state(log: TrainingLog, skip_steps: int | None = None) -> Measured:
         mfu=_median([s.mfu for s in used]),
         max_allocated_gib=max((m.max_allocated_mib / 1024 for m in log.memory), default=None),
         max_reserved_gib=max([m.max_reserved_mib / 1024 for m in log.memory] + reserved, default=None),
+        global_batch=used[-1].global_batch,
     )
 
 
@@ -194,11 +200,12 @@ def _megatron_steps(lines: list[str]) -> list[tuple[int, StepReport]]:
         iteration, time = _MEGATRON_ITERATION.search(line), _MEGATRON_TIME.search(line)
         if not (iteration and time):
             continue
-        tflops = _MEGATRON_TFLOPS.search(line)
+        tflops, batch = _MEGATRON_TFLOPS.search(line), _MEGATRON_BATCH.search(line)
         out.append((_rank_of(line), StepReport(
             step=int(iteration.group(1)),
             step_time_s=_number(time.group(1)) / 1e3,
             tflops_per_gpu=_number(tflops.group(1)) if tflops else None,
+            global_batch=int(batch.group(1)) if batch else None,
         )))
     return out
 

@@ -15,6 +15,7 @@ from planner.catalog import resolve_gpu
 from planner.errors import ConfigError, PlannerError
 from planner.layout import check_layout, layout_from_entry
 from planner.plan import PlanFile
+from planner.cost.shapes import model_flops_per_token
 from planner.search.runtimes import runtime_cost_options
 from planner.spec import Cluster, GpuEfficiency
 from planner.units import GiB
@@ -41,6 +42,11 @@ def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str
     if not document.plans:
         raise ConfigError(f"{origin} has no plans")
     entry = document.plans[0]
+    if measured.global_batch is not None and measured.global_batch != entry.global_batch:
+        raise PlannerError(
+            f"the log trains global batch {measured.global_batch}, {origin} global batch {entry.global_batch}: "
+            "write the plan of the layout the log ran (planner evaluate ... -o)"
+        )
     summary = document.cluster
     cluster = Cluster.of(resolve_gpu(summary.gpu), summary.num_gpus, gpus_per_node=summary.gpus_per_node)
     layout = layout_from_entry(entry)
@@ -51,6 +57,28 @@ def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str
         seq=entry.seq, options=runtime_cost_options(LOG_RUNTIMES[measured.format]),
         measured_step_time_s=measured.step_time_for(tokens, layout.num_gpus),
     )
+
+
+FLOPS_TOLERANCE = 0.05
+"""Relative gap between the log's FLOPs per token and the plan's model beyond which the plan
+is probably not the run's model or sequence length. Both runtimes count what the planner's
+`model_flops_per_token` counts (PaLM: 6 x matmul weights + 12 L d s, the full attention square;
+Megatron-LM's `num_floating_point_operations`, torchtitan's `get_nparams_and_flops`); they
+differ from it only by vocabulary padding and rounding."""
+
+
+def consistency_warnings(run: Run, measured: Measured) -> list[str]:
+    """What in the log disagrees with the plan without making the fit impossible."""
+    if measured.tflops_per_gpu is None:
+        return []
+    tokens_per_s_per_gpu = run.global_batch * run.seq / (run.measured_step_time_s * run.layout.num_gpus)
+    logged = measured.tflops_per_gpu * 1e12 / tokens_per_s_per_gpu
+    planned = model_flops_per_token(run.spec, run.seq)
+    if abs(logged / planned - 1) <= FLOPS_TOLERANCE:
+        return []
+    return [f"{run.name}: the log's throughput implies {logged / 1e9:.1f} GFLOP per token, the plan's "
+            f"{run.spec.name} at seq {run.seq} has {planned / 1e9:.1f}: is the plan the model and sequence "
+            "length the log trained?"]
 
 
 def check_one_gpu(runs: list[Run]) -> None:

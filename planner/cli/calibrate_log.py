@@ -12,8 +12,8 @@ from rich.table import Table
 from planner.calibration import schema
 from planner.calibration.fit import fit
 from planner.calibration.logs import parse_log, steady_state
-from planner.calibration.runs import Source, calibration_file, check_one_gpu, run_from_plan
-from planner.cli.app import print_json, stdout
+from planner.calibration.runs import Source, calibration_file, check_one_gpu, consistency_warnings, run_from_plan
+from planner.cli.app import print_json, stderr, stdout
 from planner.errors import ConfigError, PlannerError
 from planner.plan import parse_plan_file
 
@@ -29,6 +29,8 @@ def calibrate_from_logs(logs: list[Path], plans: list[Path], output: Path | None
         measured = steady_state(parse_log(data.decode("utf-8", errors="replace")), skip_steps)
         document = parse_plan_file(_read_bytes(plan_path, "plan file").decode(), str(plan_path))
         runs.append(run_from_plan(document, measured, log_path.name, str(plan_path)))
+        for warning in consistency_warnings(runs[-1], measured):
+            stderr.print(f"warning: {warning}", markup=False, highlight=False)
         sources.append(Source(log_path=str(log_path), log_sha256=hashlib.sha256(data).hexdigest(),
                               plan_path=str(plan_path), measured=measured))
     check_one_gpu(runs)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner.calibration.schema import load
+from planner.catalog import resolve_model
+from planner.cost.shapes import model_flops_per_token
 from planner.plan import parse_plan_file
 from tests.calibration.logmaker import megatron_log
 
@@ -108,11 +110,13 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
         _evaluate(cli, argv, "-o", str(plan_path))
         true = _evaluate(cli, argv, "--calibration", str(truth))["plans"][0]["predicted"]
         log = tmp_path / f"{name}.log"
-        log.write_text(megatron_log(true["step_time_s"], 300.0, int(argv[7]),
+        gpus, tokens = int(argv[3]), int(argv[7]) * int(argv[9])
+        tflops = model_flops_per_token(resolve_model("llama3-8b"), int(argv[9])) * tokens / true["step_time_s"] / gpus
+        log.write_text(megatron_log(true["step_time_s"], tflops / 1e12, int(argv[7]),
                                     {0: max(true["memory_gb_per_stage"]) * 1024}))
         args += ["--from-log", str(log), "--plan", str(plan_path)]
     code, out, err = cli("calibrate", *args, "--json")
-    assert code == 0, err
+    assert code == 0 and "warning" not in err, err
     document = json.loads(out)
     knobs = {k["name"]: k for k in document["knobs"]}
     assert knobs["compute"]["value"] == pytest.approx(0.85, rel=5e-3)
@@ -148,3 +152,20 @@ def test_user_errors(cli, tmp_path, titan_plan):
     bare.write_text(parse_plan_file(titan_plan.read_text()).model_copy(update={"model": None}).model_dump_json())
     code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(bare))
     assert code == 2 and "has no model or cluster" in err
+
+
+def test_a_plan_that_is_not_the_logs_run(cli, tmp_path, titan_plan):
+    # Megatron-LM prints the global batch it trains: the Mixtral excerpt's 128 is not the plan's 8.
+    code, _, err = cli("calibrate", "--from-log", str(LOGS / "megatron_issue756_mixtral_run2.log"),
+                       "--plan", str(titan_plan))
+    assert code == 2 and "the log trains global batch 128" in err
+    # torchtitan's tflops / tps is the FLOPs per token of the model at its sequence length:
+    # 57.9 GFLOP for Llama 3 8B at 8192, not the 51.5 GFLOP of seq 4096 (6 x 7.505e9 matmul weights
+    # + 12 x 32 layers x 4096 x 4096).
+    short = tmp_path / "short.json"
+    _evaluate(cli, [*TITAN_RUN[:9], "4096", *TITAN_RUN[10:]], "-o", str(short))
+    code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(short))
+    assert code == 0, err
+    assert "warning:" in err and "implies 57.9 GFLOP per token" in err and "has 51.5" in err
+    code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(titan_plan))
+    assert code == 0 and "warning" not in err

@@ -49,7 +49,7 @@ def test_megatron_published_excerpt_with_timestamps_and_throughput():
     assert measured.steps_used == (11, 12)
     assert measured.step_time_s == pytest.approx((10.0369 + 10.1984) / 2)
     assert measured.tflops_per_gpu == pytest.approx(129.1)
-    assert measured.max_reserved_gib is None
+    assert measured.max_reserved_gib is None and measured.global_batch == 128
     later = steady_state(_log("megatron_issue756_mixtral_run2.log"))
     assert later.step_time_s == pytest.approx((5.4707 + 5.8299) / 2)
     # skip_steps=0 keeps the first report too: median of 5361.6 5470.7 5829.9 ms
@@ -66,6 +66,7 @@ def test_megatron_legacy_format_and_memory_line():
     assert measured.step_time_s == pytest.approx((1.9939 + 1.9781) / 2)
     assert measured.max_allocated_gib == pytest.approx(12606.062 / 1024)
     assert measured.max_reserved_gib == pytest.approx(17482.0 / 1024)
+    assert measured.global_batch is None  # not printed by that release
 
 
 def test_megatron_current_format_variants():
