@@ -3,6 +3,7 @@ calibration file: pure functions (the CLI reads and writes the files)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner import __version__
@@ -108,9 +109,15 @@ def calibration_file(runs: list[Run], sources: list[Source], result: FitResult) 
         fields=fields,
         efficiency=efficiency,
         residuals=[_residual(res, src) for res, src in zip(result.residuals, sources)],
+        rms_error_before_pct=_rms([r.before_pct for r in result.residuals]),
+        rms_error_after_pct=_rms([r.after_pct for r in result.residuals]),
         runs=[_run_entry(run, src) for run, src in zip(runs, sources)],
         planner_version=__version__,
     )
+
+
+def _rms(values: list[float]) -> float:
+    return math.sqrt(sum(v * v for v in values) / len(values))
 
 
 def _residual(res, src: Source) -> RunResidual:

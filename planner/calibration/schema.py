@@ -138,6 +138,10 @@ class CalibrationFile(BaseModel):
     efficiency: GpuEfficiency
     """The GPU's efficiency table with the fitted values (what `--calibration` applies)."""
     residuals: list[RunResidual]
+    rms_error_before_pct: float
+    """Root mean square over the runs of the step-time error with the preset's efficiencies."""
+    rms_error_after_pct: float
+    """The same with the fitted efficiencies: the residual of the fit."""
     runs: list[RunEntry]
     planner_version: str = ""
 

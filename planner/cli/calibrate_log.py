@@ -66,8 +66,8 @@ def _knob_table(document: schema.CalibrationFile) -> Table:
 
 
 def _residual_table(document: schema.CalibrationFile) -> Table:
-    table = Table(title="step time per run: measured vs predicted (error), and peak memory (not fitted)",
-                  title_justify="left")
+    table = Table(title=f"step time per run: measured vs predicted (error; RMS {document.rms_error_before_pct:.1f}% "
+                        f"-> {document.rms_error_after_pct:.1f}%), and peak memory (not fitted)", title_justify="left")
     for column in ("log", "measured s", "before s", "after s", "mem measured GiB", "mem predicted GiB"):
         table.add_column(column, justify="left" if column == "log" else "right")
     for r in document.residuals:

@@ -46,6 +46,8 @@ def test_calibrate_a_published_torchtitan_log(cli, tmp_path, titan_plan):
     (residual,) = calibration.residuals
     assert residual.measured_step_time_s == pytest.approx(8192 / 5864)  # median tps of steps 210-250
     assert abs(residual.error_after_pct) < 1 < abs(residual.error_before_pct)
+    assert calibration.rms_error_before_pct == pytest.approx(abs(residual.error_before_pct))
+    assert calibration.rms_error_after_pct < 1
     assert residual.memory.measured_max_reserved_gib == 49.66
     knobs = {k.name: k for k in calibration.knobs}
     assert knobs["compute"].fitted and not knobs["comm"].fitted and not knobs["overhead"].fitted
@@ -135,7 +137,8 @@ def _truth_file(tmp_path, factors):
     efficiency = apply(resolve_gpu("h100").efficiency, factors, "synthetic truth")
     path = tmp_path / "truth.json"
     save(path, CalibrationFile(gpu="h100", cluster=ClusterEntry(gpu="h100", gpus_per_node=8, num_gpus=[8]),
-                               knobs=[], fields={}, efficiency=efficiency.model_dump(), residuals=[], runs=[]))
+                               knobs=[], fields={}, efficiency=efficiency.model_dump(), residuals=[],
+                               rms_error_before_pct=0.0, rms_error_after_pct=0.0, runs=[]))
     return path
 
 
