@@ -7,16 +7,16 @@ import math
 from dataclasses import dataclass
 
 from planner import __version__
-from planner.calibration.fit import BOUNDS, KNOBS, FitResult, Run
+from planner.calibration.fit import BOUNDS, KNOBS, FitResult, Residual, Run
 from planner.calibration.logs import Measured
 from planner.calibration.schema import (
     CalibrationFile, ClusterEntry, FieldEntry, KnobEntry, MemoryResidual, PlanSummary, RunEntry, RunResidual,
 )
 from planner.catalog import resolve_gpu
+from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError, PlannerError
 from planner.layout import check_layout, layout_from_entry
 from planner.plan import PlanFile
-from planner.cost.shapes import model_flops_per_token
 from planner.search.runtimes import runtime_cost_options
 from planner.spec import Cluster, GpuEfficiency
 from planner.units import GiB
@@ -120,7 +120,7 @@ def _rms(values: list[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values))
 
 
-def _residual(res, src: Source) -> RunResidual:
+def _residual(res: Residual, src: Source) -> RunResidual:
     peak = res.after.peak_memory_bytes / GiB
     measured = src.measured.max_reserved_gib
     return RunResidual(

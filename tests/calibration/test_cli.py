@@ -172,3 +172,11 @@ def test_a_plan_that_is_not_the_logs_run(cli, tmp_path, titan_plan):
     assert "warning:" in err and "implies 57.9 GFLOP per token" in err and "has 51.5" in err
     code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(titan_plan))
     assert code == 0 and "warning" not in err
+
+
+def test_runs_of_two_gpus_are_refused(cli, tmp_path, titan_plan):
+    other = tmp_path / "h100.json"
+    _evaluate(cli, [*TITAN_RUN[:5], "h100", *TITAN_RUN[6:]], "-o", str(other))
+    code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(titan_plan),
+                       "--from-log", str(TITAN_LOG), "--plan", str(other))
+    assert code == 2 and "one GPU at a time" in err and "h100, h100-96gb" in err
