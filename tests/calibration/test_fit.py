@@ -151,3 +151,14 @@ def test_synthetic_logs_recover_the_knob_through_the_parser(fmt):
     result = fit([replace(run, measured_step_time_s=step)], PRIOR)
     assert _knobs(result)["compute"].value == pytest.approx(0.8, rel=2e-3)
     assert math.isclose(result.residuals[0].after_s, step, rel_tol=1e-3)
+
+
+def test_a_gemm_only_slowdown_is_absorbed_by_the_compute_factor():
+    # Only gemm x 0.8 in the truth: one run cannot tell gemm from attention or HBM, so the one
+    # compute factor lands between 0.8 (all GEMM time) and 1 (no GEMM time) and matches the run.
+    truth = PRIOR.model_copy(update={"gemm": PRIOR.gemm * 0.8})
+    run = replace(COMPUTE_BOUND, measured_step_time_s=predict_run(COMPUTE_BOUND, truth).step_time_s)
+    result = fit([run], PRIOR)
+    factor = _knobs(result)["compute"].value
+    assert 0.8 < factor < 0.9  # GEMMs are most of a Llama 3 8B step at seq 8192
+    assert abs(result.residuals[0].after_pct) < 0.05
