@@ -208,7 +208,7 @@ def calibrate_command(
     from_log: list[Path] | None = typer.Option(None, "--from-log", help="A Megatron-LM or torchtitan training "
                                                "log (repeat, one per --plan) to fit the GPU's efficiencies to."),
     plan: list[Path] | None = typer.Option(None, "--plan", help="The plan file (`planner plan/evaluate -o`) "
-                                           "of the layout the matching --from-log ran."),
+                                           "of the layout the matching --from-log ran (its first plan)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="With --from-log: calibration file to write."),
     skip_steps: int | None = typer.Option(None, "--skip-steps", min=0, help="With --from-log: ignore progress "
                                           "reports up to this step as warm-up (default: the first report)."),
