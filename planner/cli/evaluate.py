@@ -64,12 +64,14 @@ def evaluate_command(
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
     profile_only: bool = opt.PROFILE_ONLY,
+    calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
     """Predict step time, throughput, MFU, bubble and memory per GPU of one layout."""
     spec = opt.load_model(model)
-    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb)
+    calibrated = opt.load_calibration(calibration)
+    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
     if gpus % (tp * pp * cp):
         raise LayoutError(f"{gpus} GPUs are not divisible by tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}")
     dp = gpus // (tp * pp * cp)
@@ -107,7 +109,7 @@ def evaluate_command(
     prediction = predict(cost_model, layout, global_batch, seq)
     entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted()).model_copy(
         update={"cost_sources": sources})
-    document = with_runtimes(plan_file([entry], spec, cluster, cost_model.source.name))
+    document = with_runtimes(plan_file([entry], spec, cluster, opt.cost_source(cost_model, calibrated)))
     entry = document.plans[0]
     limit = cluster.memory_limit_bytes
     if prediction.peak_memory_bytes > limit:
@@ -122,7 +124,7 @@ def evaluate_command(
         print_json(plan_json(document))
         return
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({cost_model.source.name} costs)")
+             f"({document.cost_source} costs)")
     stdout.print(plans_table([entry], title))
     if profile is not None:
         print_cost_sources([entry], cost_model)

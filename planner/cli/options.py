@@ -6,11 +6,12 @@ from pathlib import Path
 
 import typer
 
+from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import AnalyticSource, CostModel, CostOptions
 from planner.cost.shapes import LAYER_KINDS, Shard
-from planner.errors import LayoutError, PlannerError
+from planner.errors import ConfigError, LayoutError, PlannerError
 from planner.layout import Layout
 from planner.search.search import Accept
 from planner.spec import Cluster, ModelSpec
@@ -30,6 +31,9 @@ PROFILE_ONLY = typer.Option(False, "--profile-only", help="With --profile: keep 
                             "profile spans (no calibrated costs).")
 JSON = typer.Option(False, "--json", help="Print the JSON contract instead of tables.")
 OUT = typer.Option(None, "--out", "-o", help="Also write the plan file for `planner export`.")
+CALIBRATION = typer.Option(None, "--calibration", help="Calibration file from `planner calibrate --from-log`: "
+                           "the GPU's efficiencies fitted to your own runs.")
+
 # Attention kernel, CUDA graphs and overlap interference (issue 12, points 2-4).
 ATTENTION = typer.Option(None, "--attention", help="Attention kernel: flash2, flash3, cudnn or unfused "
                          "(default: the runtime's on this GPU: Megatron-LM cudnn on Hopper, else flash2).")
@@ -75,10 +79,17 @@ def build_cluster(
     intra_node_bw: float | None = None,
     inter_node_bw: float | None = None,
     max_memory_gb: float | None = None,
+    calibration: calibration_schema.CalibrationFile | None = None,
 ) -> Cluster:
-    """A Cluster of `num_gpus` preset GPUs with the given overrides."""
+    """A Cluster of `num_gpus` preset GPUs with the given overrides (and, with a calibration,
+    the GPU's efficiencies replaced by the fitted ones)."""
+    spec = resolve_gpu(gpu)
+    if calibration is not None:
+        if calibration.gpu != spec.name:
+            raise ConfigError(f"the calibration file describes GPU {calibration.gpu}, but --gpu is {spec.name}")
+        spec = spec.model_copy(update={"efficiency": calibration.efficiency})
     return Cluster.of(
-        resolve_gpu(gpu),
+        spec,
         num_gpus,
         gpus_per_node=gpus_per_node,
         intra_node_bw_gbps=intra_node_bw,
@@ -170,6 +181,19 @@ def profile_check(cost_model: CostModel, seq: int, profile_only: bool) -> Accept
         return None
 
     return check
+
+
+def load_calibration(path: Path | None) -> calibration_schema.CalibrationFile | None:
+    """The calibration file named by --calibration, or None."""
+    return None if path is None else calibration_schema.load(path)
+
+
+def cost_source(cost_model: CostModel, calibration: calibration_schema.CalibrationFile | None) -> str:
+    """The plan file's `cost_source`: the compute source, and the calibration when one is used."""
+    if calibration is None:
+        return cost_model.source.name
+    runs = calibration.num_runs
+    return f"{cost_model.source.name}, calibrated from {runs} run{'s' if runs != 1 else ''}"
 
 
 def load_model(name_or_path: str) -> ModelSpec:

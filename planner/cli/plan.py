@@ -110,6 +110,7 @@ def plan_command(
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
     profile_only: bool = opt.PROFILE_ONLY,
+    calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
 ) -> None:
@@ -117,7 +118,8 @@ def plan_command(
     if cut_solver not in CUT_SOLVERS:
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
     spec = opt.load_model(model)
-    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb)
+    calibrated = opt.load_calibration(calibration)
+    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
@@ -140,7 +142,7 @@ def plan_command(
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()).model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
-    document = with_runtimes(plan_file(entries, spec, cluster, cost_model.source.name))
+    document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated)))
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)
@@ -149,7 +151,7 @@ def plan_command(
         return
     stats = result.stats
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({cost_model.source.name} costs{', runtime ' + runtime if runtime else ''})")
+             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''})")
     stdout.print(plans_table(entries, title))
     if profile is not None:
         print_cost_sources(entries, cost_model)

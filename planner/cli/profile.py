@@ -19,6 +19,7 @@ from planner.catalog import resolve_gpu
 from planner.cli import options as opt
 from planner.cli import profile_for_plan as for_plan_mod
 from planner.cli.app import app, print_json, stderr, stdout
+from planner.cli.calibrate_log import calibrate_from_logs
 from planner.cost.calibrate import Calibration, fit, transfer
 from planner.cost.shapes import LAYER_KINDS
 from planner.errors import PlannerError
@@ -270,14 +271,30 @@ def _collectives(spec: ModelSpec, output: Path, settings: Settings, max_bytes: i
 
 @app.command("calibrate")
 def calibrate_command(
-    profiles: list[Path] = typer.Argument(..., help="Profile files measured on one device."),
+    profiles: list[Path] | None = typer.Argument(None, help="Profile files measured on one device."),
     gpu: str = opt.GPU,
     to: str | None = typer.Option(None, "--to", help="Also transfer the fit to this GPU preset."),
     as_json: bool = opt.JSON,
+    from_log: list[Path] | None = typer.Option(None, "--from-log", help="A Megatron-LM or torchtitan training "
+                                               "log (repeat, one per --plan) to fit the GPU's efficiencies to."),
+    plan: list[Path] | None = typer.Option(None, "--plan", help="The plan file (`planner plan/evaluate -o`) "
+                                           "of the layout the matching --from-log ran (its first plan)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="With --from-log: calibration file to write."),
+    skip_steps: int | None = typer.Option(None, "--skip-steps", min=0, help="With --from-log: ignore progress "
+                                          "reports up to this step as warm-up (default: the first report)."),
 ) -> None:
     """Fit the analytic model's efficiencies (gemm, gemm_half_dim, attention_fwd,
     attention_bwd, hbm, kernel_overhead_us) to measured profiles; print the TOML table for
-    presets/gpus.toml and the error before and after."""
+    presets/gpus.toml and the error before and after. With --from-log LOG --plan PLAN: fit
+    the GPU's compute / communication / overhead knobs to your own runs' step times and
+    write a calibration file for plan / evaluate / sweep --calibration."""
+    if from_log or plan:
+        if profiles:
+            raise PlannerError("give profile files or --from-log/--plan, not both")
+        calibrate_from_logs(from_log or [], plan or [], output, skip_steps, as_json)
+        return
+    if not profiles:
+        raise PlannerError("calibrate needs profile files, or --from-log LOG --plan PLAN")
     spec = resolve_gpu(gpu)
     loaded = [store.load(path) for path in profiles]
     names = ", ".join(path.name for path in profiles)

@@ -44,6 +44,7 @@ def sweep_command(
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
     profile_only: bool = opt.PROFILE_ONLY,
+    calibration: Path | None = opt.CALIBRATION,
     svg: Path | None = typer.Option(None, "--svg", help="Also draw tokens/s and MFU against the varied input."),
     as_json: bool = opt.JSON,
 ) -> None:
@@ -58,14 +59,16 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
+    calibrated = opt.load_calibration(calibration)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
                         opt.name_list(schedules), None, True, None, None, runtime)
     rows = []
     for value in points:
         job = {**fixed, vary: value}
-        cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb)
+        cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
         cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
             runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+        source = opt.cost_source(cost_model, calibrated)
         accept = opt.accept_checks(
             runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None,
             opt.profile_check(cost_model, job["seq"], profile_only))
@@ -80,13 +83,13 @@ def sweep_command(
         entry = None if best is None else with_runtimes(plan_file(
             [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
              .model_copy(update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})],
-            spec, cluster, cost_model.source.name)).plans[0]
+            spec, cluster, source)).plans[0]
         rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))
     if as_json:
-        print_json(json.dumps({"vary": vary, "points": [_point(value, entry, note)
+        print_json(json.dumps({"vary": vary, "cost_source": source, "points": [_point(value, entry, note)
                                                          for value, _, _, entry, note in rows]}, indent=2))
     else:
-        stdout.print(_table(spec.name, vary, rows, profile is not None))
+        stdout.print(_table(f"{spec.name} ({source} costs)", vary, rows, profile is not None))
     if svg is not None:
         tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _, _ in rows]
         mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _, _ in rows]
