@@ -148,3 +148,27 @@ def test_communicators_counted_per_group():
     assert memory.communicator_bytes(8, 2, 4, 2, True) == (
         4 * memory.NCCL_COLLECTIVE_COMM_BYTES + memory.NCCL_P2P_COMM_BYTES)
     assert memory.NCCL_COLLECTIVE_COMM_BYTES == 640 * 2**20
+
+
+def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
+    """One micro-batch's activation (bf16, s/TP tokens under SP) to the next stage: across
+    nodes (TP 8 fills a node) alpha + bytes / beta of the inter-node link; the simulator adds
+    it in full on every cross-rank dependency: uniform 1F1B takes (M + P - 1)(f + b) plus a
+    whole number of hops, at least the 2(P - 1) of the warm-up and cool-down chains."""
+    from planner.pipeline import pipeline_timing
+    from planner.predict import chunk_costs
+    model = _model("llama3-8b", 64)
+    layout = _layout(model.spec, 8, 4, 2, 8)
+    costs = chunk_costs(model, layout, SEQ)
+    cluster, eff = model.cluster, model.cluster.gpu.efficiency
+    nbytes = 2 * SEQ * model.spec.hidden_size / 8
+    hop = cluster.inter_node_latency_us * 1e-6 + nbytes / (cluster.inter_node_bw_gbps * 1e9 * eff.inter_node_comm)
+    assert costs.p2p_s == pytest.approx(hop)
+    uniform = type(costs)(
+        forward_s=[[1.0]] * 4, backward_input_s=[[1.5]] * 4, backward_weight_s=[[0.5]] * 4,
+        activation_bytes=[[1.0]] * 4, extra_bytes=[0.0] * 4, params=[0.0] * 4, tp_comm_s=[0.0] * 4,
+        p2p_s=costs.p2p_s)
+    timing = pipeline_timing(uniform, "1f1b", 4, 1, 8)
+    hops = (timing.step_time_s - (8 + 4 - 1) * 3.0) / hop
+    assert hops == pytest.approx(round(hops), abs=1e-6)
+    assert round(hops) >= 2 * (4 - 1)
