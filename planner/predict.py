@@ -223,7 +223,11 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     soon as its grads are ready, one after another; the first waits for one bucket's share of
     the rank's backward, the last (on the first rank at least the word embedding, which
     Megatron gives its own bucket when shared) is exposed after it
-    (`step.exposed_after_window`). The overlapped
+    (`step.exposed_after_window`). Under Megatron's DDP and distributed optimizer (ZeRO 0
+    and 1) pipeline ranks after the first hold one bucket ("not on the critical path":
+    megatron/core/distributed/distributed_data_parallel.py), so their reduction starts after
+    their last backward, which ends before the first rank's; ZeRO-2/3 runtimes (DeepSpeed,
+    FSDP) bucket every rank. The overlapped
     parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
     if shards == 1:
@@ -233,9 +237,9 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     params = costs.params[rank]
     grad_bytes = params * opts.grad_reduce_bytes
     param_bytes = params * model.dtype_bytes
-    bucket = min(params, grad_bucket_params(shards))
-    edge = bucket
-    if rank == 0:
+    bucket = edge = params
+    if rank == 0 or layout.zero_stage >= 2:  # Megatron DDP (ZeRO 0/1): one bucket after rank 0
+        bucket = min(params, grad_bucket_params(shards))
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
     if layout.zero_stage == 0:
         reduce = net.all_reduce(grad_bytes, shards, stride)

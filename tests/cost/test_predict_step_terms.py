@@ -44,10 +44,12 @@ def test_breakdown_adds_up_to_the_step(name, tp, pp, dp, m, schedule, vpp):
 
 def test_tied_embedding_grad_all_reduce_only_across_ranks():
     """gpt3-175b ties its embeddings: charged with PP > 1 when the head is on another rank,
-    not with PP = 1, nor for a V-shaped schedule (head back on rank 0); llama3 does not tie."""
+    not with PP = 1, nor for a V-shaped schedule (head back on rank 0); llama3 does not tie.
+    (ZeRO-2 buckets every rank's DP reduction, so no middle rank's single-bucket reduction
+    outlasts the first and last ranks' and hides the all-reduce.)"""
     gpt = _model("gpt3-175b", 64)
     assert gpt.spec.tie_embeddings
-    pipelined = predict(gpt, _layout(gpt.spec, 8, 4, 2, 8), 16, SEQ).time_breakdown_s
+    pipelined = predict(gpt, _layout(gpt.spec, 8, 4, 2, 8, zero=2), 16, SEQ).time_breakdown_s
     assert pipelined["tied_embedding_grad"] > 0.0
     flat = predict(gpt, _layout(gpt.spec, 8, 1, 8, 2), 16, SEQ).time_breakdown_s
     assert flat["tied_embedding_grad"] == 0.0
@@ -63,7 +65,7 @@ def test_tied_embedding_grad_all_reduce_only_across_ranks():
 def test_tied_embedding_term_is_at_most_its_all_reduce():
     """It delays the step by the all-reduce at most (less when another rank finishes later)."""
     gpt = _model("gpt3-175b", 64)
-    layout = _layout(gpt.spec, 8, 4, 2, 8)
+    layout = _layout(gpt.spec, 8, 4, 2, 8, zero=2)
     p = predict(gpt, layout, 16, SEQ)
     spec = gpt.spec
     reduce = step.tied_embedding_time(gpt.network, spec.vocab_size, spec.hidden_size, 4, 8, 1, 2, 4)
@@ -172,3 +174,21 @@ def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
     hops = (timing.step_time_s - (8 + 4 - 1) * 3.0) / hop
     assert hops == pytest.approx(round(hops), abs=1e-6)
     assert round(hops) >= 2 * (4 - 1)
+
+
+def test_later_pipeline_ranks_reduce_in_one_bucket_under_megatron_ddp():
+    """Megatron's DDP turns bucketing off on pipeline ranks after the first: their whole
+    reduce-scatter and all-gather are exposed; ZeRO-2 (DeepSpeed) buckets every rank."""
+    from planner.predict import _exposed_dp_time, chunk_costs
+    model = _model("llama3-8b", 32)
+    for zero, bucketed in ((1, False), (2, True)):
+        layout = _layout(model.spec, 2, 2, 8, 8, zero=zero)
+        costs = chunk_costs(model, layout, SEQ)
+        params = costs.params[1]
+        reduce = model.network.reduce_scatter(params * 4, 8, 2)
+        gather = model.network.all_gather(params * 2, 8, 2)
+        exposed = _exposed_dp_time(model, layout, costs, 1)
+        if bucketed:
+            assert exposed < reduce + gather
+        else:
+            assert exposed == pytest.approx(reduce + gather, rel=1e-12)
