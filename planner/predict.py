@@ -153,7 +153,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
-    dp_exposed = [_exposed_dp_time(model, layout, costs, r) for r in range(pp)]
+    dp_exposed = exposed_dp_times(model, layout, costs)
     done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
@@ -212,6 +212,12 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float]) 
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
+
+
+def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
+    """Per pipeline rank, the seconds its data-parallel communication adds after its last
+    compute action (`_exposed_dp_time`)."""
+    return [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
 
 
 def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
