@@ -48,7 +48,7 @@ class MemoryBreakdown(BaseModel):
     optimizer: float
     activations: float
     other: float
-    """CUDA context, communication buffers, workspace and fragmentation allowance."""
+    """CUDA context, NCCL buffers, cuBLAS workspace and the caching allocator's fragmentation."""
 
 
 class Predicted(BaseModel):
@@ -62,10 +62,17 @@ class Predicted(BaseModel):
     """Model FLOPs (no recompute) per second per GPU over the dense bf16 peak."""
     bubble_fraction: float
     memory_gb_per_stage: list[float]
-    """Peak memory per pipeline rank, GiB."""
+    """Peak device memory per pipeline rank, GiB: the caching allocator's reserved memory plus
+    the CUDA context and NCCL buffers outside it (what must fit in the GPU)."""
     memory_breakdown_gb: MemoryBreakdown
     time_breakdown_s: dict[str, float] = Field(default_factory=dict)
-    """Where the step goes: compute, bubble, exposed TP / PP / DP communication, optimizer."""
+    """Where the step goes: compute, bubble, exposed TP / PP / DP communication, the tied
+    embedding's gradient all-reduce, fp16's loss-scale check, the gradient norm, optimizer."""
+    memory_reserved_gb_per_stage: list[float] = Field(default_factory=list)
+    """Peak reserved memory of the caching allocator per pipeline rank (what
+    torch.cuda.max_memory_reserved reports), GiB."""
+    memory_allocated_gb_per_stage: list[float] = Field(default_factory=list)
+    """Peak memory of the tensors per pipeline rank (torch.cuda.max_memory_allocated), GiB."""
 
 
 class PlanEntry(BaseModel):

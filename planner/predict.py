@@ -1,20 +1,25 @@
 """Predict one layout: per-chunk costs from the cost model, the pipeline schedule's timing,
-data-parallel communication and the optimizer step, memory per pipeline rank.
+data-parallel communication and the per-step work after the backward, memory per pipeline rank.
 
-    step = max_r(finish_r + exposed_dp_r) + max_r(optimizer_r)
+    grads = max(max_r(finish_r + exposed_dp_r), max(done_0, done_last) + tied_embedding)
+    step  = grads + max_r(loss_scale_r) + max_r(grad_norm_r) + max_r(optimizer_r)
 
-finish_r is when pipeline rank r ends its last compute action in the schedule simulation;
-exposed_dp_r is the part of its gradient reduction (and, with a distributed optimizer, the
-parameter all-gather) that does not overlap the backward (forward) of one micro-batch,
-never less than one bucket, plus the slowdown the overlapped part causes in that compute
-(planner/cost/overlap.py); the optimizer step is memory-bound over the rank's shard.
+finish_r is when pipeline rank r ends its last compute action in the schedule simulation (the
+simulator charges the p2p time, latency plus bytes over bandwidth, on every cross-rank
+dependency, the warm-up's P - 1 hops included); exposed_dp_r is the part of its gradient
+reduction (and, with a distributed optimizer, the parameter all-gather) that its buckets cannot
+hide behind the last micro-batch's backward (first micro-batch's forward), or, when longer, the
+slowdown the overlapped part causes in that compute (planner/cost/overlap.py); done_r =
+finish_r + exposed_dp_r. The tied embedding's all-reduce, fp16's loss-scale check, the gradient
+norm and the Adam step are planner/cost/step.py's. Each term is a key of `time_breakdown_s`,
+whose values sum to the step time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import memory
+from planner.cost import memory, step as step_costs
 from planner.cost.model import CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
@@ -25,25 +30,43 @@ from planner.schedule import head_rank
 from planner.units import GiB
 
 GRAD_BUCKET_PARAMS = 40e6
-"""Megatron-LM's default gradient bucket (40M parameters): the last one cannot overlap."""
-OPTIMIZER_BYTES_PER_PARAM = 30.0
-"""Adam step traffic per locally owned parameter: read fp32 master, grad, m, v (16 B),
-write master, m, v (12 B) and the bf16 copy (2 B)."""
+"""Megatron-LM's least gradient bucket: `bucket_size = max(40000000, 1000000 * dp_cp_size)`
+parameters (megatron/core/distributed/distributed_data_parallel.py)."""
+GRAD_BUCKET_PARAMS_PER_DP_RANK = 1e6
+
+
+def grad_bucket_params(dp_shards: int) -> float:
+    """Parameters per data-parallel bucket under Megatron-LM's default bucket size."""
+    return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp_shards)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankMemory:
-    """Bytes on one pipeline rank."""
+    """Bytes on one pipeline rank at its peak."""
 
     weights: float
     grads: float
     optimizer: float
     activations: float
     other: float
+    """Beyond the tensors: the caching allocator's overhead and what lies outside it."""
+    outside_allocator: float = 0.0
+    """The part of `other` the caching allocator does not hold (CUDA context, NCCL buffers)."""
+
+    @property
+    def allocated(self) -> float:
+        """The tensors' bytes (torch.cuda.max_memory_allocated)."""
+        return self.weights + self.grads + self.optimizer + self.activations
+
+    @property
+    def reserved(self) -> float:
+        """The caching allocator's segments (torch.cuda.max_memory_reserved)."""
+        return self.total - self.outside_allocator
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.other
+        """Device memory in use (nvidia-smi): what must fit in the GPU."""
+        return self.allocated + self.other
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,6 +94,8 @@ class Prediction:
             mfu=self.mfu,
             bubble_fraction=self.bubble_fraction,
             memory_gb_per_stage=[round(m.total / GiB, 3) for m in self.memory],
+            memory_reserved_gb_per_stage=[round(m.reserved / GiB, 3) for m in self.memory],
+            memory_allocated_gb_per_stage=[round(m.allocated / GiB, 3) for m in self.memory],
             memory_breakdown_gb=MemoryBreakdown(
                 weights=round(worst.weights / GiB, 3),
                 grads=round(worst.grads / GiB, 3),
@@ -129,12 +154,13 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
     costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
-    dp_exposed = [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
-    optimizer = [optimizer_time(model, layout.zero_stage, _dp_shards(layout), costs.params[r])
-                 for r in range(layout.pp)]
-    finish = [timing.finish_s[r] + dp_exposed[r] for r in range(layout.pp)]
-    critical = max(range(layout.pp), key=lambda r: finish[r])
-    step = finish[critical] + max(optimizer)
+    pp = layout.pp
+    dp_exposed = exposed_dp_times(model, layout, costs)
+    done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
+    critical = max(range(pp), key=lambda r: done[r])
+    grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
+    tail = after_backward_times(model, layout, costs.params)
+    step = grads_done + sum(tail.values())
     tokens = global_batch * seq
     model_flops = model_flops_per_token(model.spec, seq) * tokens
     peak = model.cluster.gpu.peak_flops(model.options.dtype)
@@ -146,7 +172,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         "tp_cp_comm": m * costs.tp_comm_s[critical],
         "pipeline_bubble": timing.finish_s[critical] - busy,
         "dp_comm_exposed": dp_exposed[critical],
-        "optimizer": max(optimizer),
+        "tied_embedding_grad": grads_done - done[critical],
+        **tail,
     }
     return Prediction(
         step_time_s=step,
@@ -163,9 +190,53 @@ def _dp_shards(layout: Layout) -> int:
     return layout.dp * layout.cp
 
 
+def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) -> float:
+    """When the tied word embedding's gradient all-reduce between the first pipeline rank and
+    the one holding the head ends (0 when the model does not tie them or one rank holds both)."""
+    last = head_rank(layout.schedule, layout.pp, layout.vpp)
+    if not model.spec.tie_embeddings or last == 0:
+        return 0.0
+    spec = model.spec
+    reduce = step_costs.tied_embedding_time(
+        model.network, spec.vocab_size, spec.hidden_size, model.options.grad_reduce_bytes,
+        layout.tp, layout.cp, layout.dp, layout.pp)
+    return max(done[0], done[last]) + reduce
+
+
+def after_backward_times(model: CostModel, layout: Layout, params: list[float]) -> dict[str, float]:
+    """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
+    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py)."""
+    compute, net, shape = model.analytic, model.network, (layout.tp, layout.cp, layout.dp, layout.pp)
+    most = max(params)
+    return {
+        "loss_scale_check": step_costs.loss_scale_time(
+            compute, net, model.options.dtype, most, *shape, layout.zero_stage),
+        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
+        "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
+    }
+
+
+def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
+    """Per pipeline rank, the seconds its data-parallel communication adds after its last
+    compute action (`_exposed_dp_time`)."""
+    return [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
+
+
 def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
     """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
-    all-gather of the rank's weights over the DP x CP group, minus what overlaps."""
+    all-gather of the rank's weights over the DP x CP group, minus what their buckets hide.
+
+    Megatron-LM reduces only in the last micro-batch's backward: its buckets (Megatron's
+    default size, `grad_bucket_params`) fill in reverse layer order and each is reduced as
+    soon as its grads are ready, one after another; the first waits for one bucket's share of
+    the rank's backward, the last (on the first rank at least the word embedding, which
+    Megatron gives its own bucket when shared) is exposed after it
+    (`step.exposed_after_window`). Under Megatron's DDP and distributed optimizer (ZeRO 0
+    and 1) pipeline ranks after the first hold one bucket ("not on the critical path":
+    megatron/core/distributed/distributed_data_parallel.py), so their reduction starts after
+    their last backward, which ends before the first rank's; ZeRO-2/3 runtimes (DeepSpeed,
+    FSDP) bucket every rank. The overlapped
+    parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
     if shards == 1:
         return 0.0
@@ -174,7 +245,10 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     params = costs.params[rank]
     grad_bytes = params * opts.grad_reduce_bytes
     param_bytes = params * model.dtype_bytes
-    bucket = min(1.0, GRAD_BUCKET_PARAMS / max(params, 1.0))
+    bucket = edge = params
+    if rank == 0 or layout.zero_stage >= 2:  # Megatron DDP (ZeRO 0/1): one bucket after rank 0
+        bucket = min(params, grad_bucket_params(shards))
+        edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
     if layout.zero_stage == 0:
         reduce = net.all_reduce(grad_bytes, shards, stride)
         gather = 0.0
@@ -186,17 +260,22 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
     forward = sum(costs.forward_s[rank])
     sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
-    exposed = reduce if not opts.overlap_grad_reduce else overlapped_extra_time(reduce, backward, sm_share, reduce * bucket)
+    last_share = min(1.0, edge / params) if params else 0.0
+
+    def overlapped(total: float, window: float) -> float:
+        stream = step_costs.exposed_after_window(total, window, params, bucket, edge)
+        return max(stream, overlapped_extra_time(total, window, sm_share, total * last_share))
+
+    exposed = overlapped(reduce, backward) if opts.overlap_grad_reduce else reduce
     if gather:
-        exposed += gather if not opts.overlap_param_gather else overlapped_extra_time(gather, forward, sm_share, gather * bucket)
+        exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
     return exposed
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
-    """Memory-bound Adam step over the parameters this GPU owns, plus the grad-norm read."""
-    owned = params / dp_shards if zero_stage >= 1 else params
-    nbytes = owned * OPTIMIZER_BYTES_PER_PARAM + params * model.options.grad_reduce_bytes
-    return model.analytic.elementwise_time(nbytes, kernels=8)
+    """The Adam step over the parameters this GPU owns, as multi-tensor kernels, and the copy
+    of the updated fp32 main parameters into the model's (planner/cost/step.py)."""
+    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards)
 
 
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
@@ -214,13 +293,22 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
         weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
     tensors = weights + params * (state.grads + state.optimizer) + activations
+    outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,
+                                             _in_embedding_group(model, layout, rank))
     return RankMemory(
         weights=weights,
         grads=params * state.grads,
         optimizer=params * state.optimizer,
         activations=activations,
-        other=memory.other_bytes(tensors),
+        other=memory.other_bytes(tensors, outside),
+        outside_allocator=outside,
     )
+
+
+def _in_embedding_group(model: CostModel, layout: Layout, rank: int) -> bool:
+    """Whether `rank` all-reduces the tied word embedding's grads with another pipeline rank."""
+    last = head_rank(layout.schedule, layout.pp, layout.vpp)
+    return model.spec.tie_embeddings and last != 0 and rank in (0, last)
 
 
 def _layers_on(layout: Layout, rank: int) -> int:

@@ -127,4 +127,8 @@ def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:
         table.add_row(f"memory: {name}", f"{getattr(m, name):.2f} GiB")
     per_rank = " ".join(f"{g:.1f}" for g in p.memory_gb_per_stage)
     table.add_row("memory per pipeline rank", f"{per_rank} GiB (limit {memory_limit_gib:.1f})")
+    for name, values in (("reserved", p.memory_reserved_gb_per_stage),
+                         ("allocated", p.memory_allocated_gb_per_stage)):
+        if values:
+            table.add_row(f"memory {name} per pipeline rank", " ".join(f"{g:.1f}" for g in values) + " GiB")
     return table

@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple, get_args
 
 from planner.cost.shapes import Shard, separate_matmuls
 from planner.spec import ModelSpec
-from planner.units import GiB
+from planner.units import GiB, MiB
 
 BYTES_BF16 = 2
 BYTES_FP32 = 4
@@ -247,13 +247,60 @@ def state_bytes_per_param(zero_stage: int, dp_shards: int) -> StateBytes:
     raise ValueError(f"zero_stage must be 0..3, got {zero_stage}")
 
 
-FIXED_ALLOWANCE_BYTES = 2.0 * GiB
-"""CUDA context (~0.5 GiB outside the caching allocator), NCCL communicator buffers
-(~1 GiB for the TP, PP and DP groups) and cuBLAS / attention workspaces (~0.5 GiB)."""
+CUDA_CONTEXT_BYTES = 0.5 * GiB
+"""CUDA context and lazily loaded kernel images, outside the caching allocator. NCCL issue #1685
+(8 x H100) reports 1.06 GB of device memory outside PyTorch's allocator with one communicator
+connected; less that communicator's ring buffers (`NCCL_COLLECTIVE_COMM_BYTES`, 0.625 GiB)
+leaves about 0.4 GiB; we charge 0.5 GiB, the usual order of a CUDA 12 context on Hopper."""
+NCCL_CHANNELS = 32
+"""Channels NCCL opens per communicator between H100s over NVLink (NCCL issue #1685,
+NCCL_DEBUG=INFO: channels 00..31 per pair of GPUs); memory grows linearly with them
+(NCCL issue #986, S. Jeaugey)."""
+NCCL_CONNECTION_BYTES = 10 * MiB
+"""Buffers per channel and peer connection: NCCL_BUFFSIZE (4 MiB, Simple protocol; NCCL env
+docs) plus the LL128 and LL buffers, 10,485,760 B per connection in NCCL_DEBUG_SUBSYS=ALLOC
+(NCCL issue #1685)."""
+NCCL_RING_PEERS = 2
+"""A ring connects each rank to its previous and next peer, whatever the group size (NCCL
+issue #986)."""
+NCCL_COLLECTIVE_COMM_BYTES = NCCL_CHANNELS * NCCL_RING_PEERS * NCCL_CONNECTION_BYTES
+"""One communicator that runs collectives (TP, CP, DP, the tied embedding's group): 640 MiB."""
+NCCL_P2P_CHANNELS = 2
+"""Channels per peer for send/recv (NCCL_NCHANNELS_PER_NET_PEER, default 2; NCCL env docs)."""
+NCCL_P2P_COMM_BYTES = NCCL_P2P_CHANNELS * NCCL_RING_PEERS * NCCL_CONNECTION_BYTES
+"""The pipeline's send/recv communicator (previous and next stage): 40 MiB."""
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+"""cuBLAS workspace per handle and stream, taken from the caching allocator and never freed:
+32 MiB on Hopper and Blackwell, 8.125 MiB before (`getChosenWorkspaceSize`,
+aten/src/ATen/cuda/CublasHandlePool.cpp; PyTorch docs, CUBLAS_WORKSPACE_CONFIG); we charge 32."""
 FRAGMENTATION = 0.05
-"""Caching-allocator fragmentation, as a fraction of the tensors it holds."""
+"""Caching-allocator overhead, reserved minus allocated, as a fraction of the tensors it holds:
+block rounding (512 B below 1 MiB, 2 MiB segments for small blocks, 20 MiB segments for 1-10
+MiB, larger ones rounded up to 2 MiB: kMinBlockSize, kSmallBuffer, kLargeBuffer, kRoundLarge in
+c10/cuda/CUDACachingAllocator.cpp) and blocks freed in one size and not reusable for the next
+(activations of varying sizes). An assumed figure, not a measured one: no component-level
+source gives it for training; the rounding alone is under 1 MiB per large tensor."""
 
 
-def other_bytes(tensor_bytes: float) -> float:
-    """The allowance beyond the tensors the model counts: fixed buffers plus fragmentation."""
-    return FIXED_ALLOWANCE_BYTES + FRAGMENTATION * tensor_bytes
+def communicator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False) -> float:
+    """NCCL buffers of one GPU's communicators: one per parallel group with more than one rank
+    that runs collectives (TP, CP, the data-parallel gradient group DP x CP, the tied
+    embedding's first-last stage group), plus the pipeline's send/recv."""
+    collective = (tp > 1) + (cp > 1) + (dp * cp > 1) + embedding_group
+    return collective * NCCL_COLLECTIVE_COMM_BYTES + (NCCL_P2P_COMM_BYTES if pp > 1 else 0.0)
+
+
+def outside_allocator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False) -> float:
+    """Device memory the caching allocator does not report: CUDA context and NCCL buffers."""
+    return CUDA_CONTEXT_BYTES + communicator_bytes(tp, cp, dp, pp, embedding_group)
+
+
+def allocator_overhead_bytes(tensor_bytes: float) -> float:
+    """Reserved minus the tensors' bytes: fragmentation and rounding, plus the cuBLAS workspace."""
+    return CUBLAS_WORKSPACE_BYTES + FRAGMENTATION * tensor_bytes
+
+
+def other_bytes(tensor_bytes: float, outside_allocator: float) -> float:
+    """Device memory beyond the tensors the model counts: the allocator's overhead over them
+    plus what lies outside it (`outside_allocator_bytes`)."""
+    return allocator_overhead_bytes(tensor_bytes) + outside_allocator

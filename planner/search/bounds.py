@@ -44,14 +44,21 @@ def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, p
     return c * work_s / (1.0 - (1.0 - c / m) ** pp)
 
 
-def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool) -> float:
-    """The chain bound of one layout (cut points known), pipeline part only."""
+def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
+                 after_s: list[float] | None = None) -> float:
+    """The chain bound of one layout (cut points known), pipeline part only. With `after_s`,
+    also each rank's end plus what it runs after its last action (its exposed DP
+    communication): rank r ends no earlier than sum_{k<r} f_k + M x_r (the forward chain; the
+    backward chain's part runs after rank r's last action)."""
     m = num_microbatches
-    best = chain = 0.0
+    best = chain = forward_chain = 0.0
     for rank in range(len(costs.forward_s)):
         busy = sum(costs.forward_s[rank]) + sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
         best = max(best, chain + m * busy)
+        if after_s is not None:
+            best = max(best, forward_chain + m * busy + after_s[rank])
         first = costs.forward_s[rank][0] + costs.p2p_s
+        forward_chain += first
         if not split_backward:
             first += costs.backward_input_s[rank][0] + costs.backward_weight_s[rank][0] + costs.p2p_s
         chain += first

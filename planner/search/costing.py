@@ -3,7 +3,8 @@ cost tables the cut solvers take, and the Layout a set of cuts makes.
 
 Memory of pipeline rank r mirrors `planner.predict` exactly for one chunk per rank:
 
-    (1 + FRAGMENTATION) x (params_r x state + peak activations_r + transient_r) + allowance
+    (1 + FRAGMENTATION) x (params_r x state + peak activations_r + transient_r)
+        + cuBLAS workspace + CUDA context + NCCL buffers of r's communicators
 
 with params_r = n_r x block + the embedding (first stage) and head (last stage), peak
 activations = the micro-batch x chunk activations the schedule keeps in flight on r (its
@@ -104,7 +105,7 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
         weighted_sum += fixed / per_layer
     tensors = (model.spec.num_layers + weighted_sum) / inverse_sum
     tensors = max(tensors, total_params(model, parts) * state / pp)
-    return (1 + memory.FRAGMENTATION) * tensors + memory.FIXED_ALLOWANCE_BYTES
+    return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
 def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
@@ -117,6 +118,7 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
     per_mode = {mode: (state * block.param_count, block.activation_bytes)
                 for mode, block in zip(candidate.modes, parts.blocks)}
     grow = 1 + memory.FRAGMENTATION
+    least_fixed = outside_tensor_bytes(model, candidate)
 
     def floor(layout: Layout) -> float:
         worst = 0.0
@@ -125,9 +127,20 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
             layer_state, activation = per_mode[layout.recompute[rank]]
             need = fixed[rank] + sum(layers) * layer_state + inflight[rank] * min(layers) * activation
             worst = max(worst, need)
-        return grow * worst + memory.FIXED_ALLOWANCE_BYTES
+        return grow * worst + least_fixed
 
     return floor
+
+
+def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | None = None) -> float:
+    """Bytes of pipeline rank `rank` beside its tensors and their fragmentation (cuBLAS
+    workspace, CUDA context, NCCL buffers), as `planner.predict` counts them; without `rank`,
+    the least over the ranks."""
+    last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
+    embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
+                       and rank in (0, last))
+    return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
+        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:
@@ -171,7 +184,7 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
         fixed_bytes.append(tuple(
             grow * (params * state + held * sum(p.activation_bytes for p in fixed)
                     + max([block.peak_extra_bytes] + [p.peak_extra_bytes for p in fixed]))
-            + memory.FIXED_ALLOWANCE_BYTES
+            + outside_tensor_bytes(model, candidate, rank)
             for block in parts.blocks
         ))
         layer_bytes.append(tuple(

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from planner.cost.model import CostModel
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts
-from planner.predict import Prediction, chunk_costs, optimizer_time, predict
+from planner.predict import Prediction, after_backward_times, chunk_costs, exposed_dp_times, predict
 from planner.schedule import SCHEDULES
 from planner.search.bounds import layout_bound
 from planner.search.costing import (
@@ -240,8 +240,8 @@ class _Run:
 
 
 def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
-    """Chain bound of the layout plus its Adam step."""
+    """Chain bound of the layout with each rank's exposed DP communication, plus the step's
+    tail after the backward (loss-scale check, gradient norm, Adam step)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
-    shards = layout.dp * layout.cp
-    optimizer = max(optimizer_time(model, layout.zero_stage, shards, p) for p in costs.params)
-    return layout_bound(costs, layout.num_microbatches, split) + optimizer
+    pipeline = layout_bound(costs, layout.num_microbatches, split, exposed_dp_times(model, layout, costs))
+    return pipeline + sum(after_backward_times(model, layout, costs.params).values())

@@ -55,6 +55,10 @@ def test_layout_bound_never_exceeds_the_simulated_step(shape, data):
                        extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p)
     bound = layout_bound(costs, m, SCHEDULES[name].split_backward)
     assert bound <= sim.step_time_s * (1 + 1e-9)
+    # with work each rank runs after its last action (exposed DP communication)
+    after = [draw(st.floats(0.0, 5.0)) for _ in range(pp)]
+    ends = max(sim.step_time_s, *(sim.finish_s[r] + after[r] for r in range(pp)))
+    assert layout_bound(costs, m, SCHEDULES[name].split_backward, after) <= ends * (1 + 1e-9)
     # held counts give the simulator's activation peak without simulating
     held = peak_held_counts(generate(name, pp, m, vpp), vpp)
     for r in range(pp):
@@ -136,3 +140,26 @@ def _small_candidates() -> list[Candidate]:
     model = _small_model()
     space = SearchSpace(zero=(0, 1, 2, 3))
     return [c for c in candidates(model.spec, model.cluster, BATCH, SEQ, space) if c.pp > 1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_layout_step_bound_with_dp_and_tail_never_exceeds_the_predicted_step(data):
+    """The search's per-layout bound (chain bound with each rank's exposed DP communication,
+    plus the loss-scale check, gradient norm and Adam step) is at most `predict`'s step."""
+    from planner.predict import chunk_costs
+    from planner.search.search import _bound
+    model = _small_model()
+    candidate = data.draw(st.sampled_from(_small_candidates()))
+    pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
+    stages = pp * vpp
+    inner = stages - 2 if candidate.empty_ends else stages
+    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=inner - 1, max_size=inner - 1,
+                                     unique=True)))
+    counts = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
+    if candidate.empty_ends:
+        counts = [0, *counts, 0]
+    recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
+    layout = layout_of(candidate, stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule), recompute)
+    step = predict(model, layout, BATCH, SEQ).step_time_s
+    assert _bound(model, layout, chunk_costs(model, layout, SEQ)) <= step * (1 + 1e-9)
