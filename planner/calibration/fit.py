@@ -4,9 +4,9 @@ Each run is a layout the cost model can predict (`planner.predict.predict`) and 
 step time: one observation. Three knobs, each a factor on fields of the GPU preset's
 `[efficiency]` table (planner/presets/gpus.toml), tried in this order:
 
-  compute   gemm, attention_fwd, attention_bwd, hbm  (the roofline's achieved fractions)
+  compute   gemm, attention (FA2, FA3, cuDNN rates), hbm  (the roofline's achieved fractions)
   comm      intra_node_comm, inter_node_comm        (achieved fractions of link bandwidth)
-  overhead  kernel_overhead_us                       (per-kernel launch and tail time)
+  overhead  kernel_overhead_us, host_op_us_*          (per-kernel launch, tail and host time)
 
 A factor scales its fields together, so it stays within the fields' physical bounds (`BOUNDS`:
 an efficiency is a fraction of peak no kernel beats and no tuned run falls far below).
@@ -41,7 +41,13 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "hbm": (0.3, 0.95),
     "intra_node_comm": (0.3, 1.0),
     "inter_node_comm": (0.3, 1.0),
+    "flash3_fwd": (0.15, 0.95),
+    "flash3_bwd": (0.15, 0.95),
+    "cudnn_fwd": (0.15, 0.95),
+    "cudnn_bwd": (0.15, 0.95),
     "kernel_overhead_us": (0.5, 50.0),
+    "host_op_us_forward": (1.0, 50.0),
+    "host_op_us_backward": (1.0, 50.0),
 }
 """Physical range of each efficiency field. Fractions of peak: the best cuBLAS GEMMs and
 FlashAttention-3 kernels reach 75-85% of dense peak (Shah et al. 2024, FlashAttention-3,
@@ -51,11 +57,13 @@ than slow. Kernel overhead: a CUDA launch costs ~2-5 us of host time, eager PyTo
 dispatch adds tens of us per op when the host bounds the step."""
 
 KNOBS: dict[str, tuple[str, ...]] = {
-    "compute": ("gemm", "attention_fwd", "attention_bwd", "hbm"),
+    "compute": ("gemm", "attention_fwd", "attention_bwd", "flash3_fwd", "flash3_bwd", "cudnn_fwd",
+                "cudnn_bwd", "hbm"),
     "comm": ("intra_node_comm", "inter_node_comm"),
-    "overhead": ("kernel_overhead_us",),
+    "overhead": ("kernel_overhead_us", "host_op_us_forward", "host_op_us_backward"),
 }
-"""Each knob and the efficiency fields it scales, in the order they are tried."""
+"""Each knob and the efficiency fields it scales, in the order they are tried (a field the
+GPU preset leaves unset or at zero, e.g. a kernel it has no rate for, is left as it is)."""
 
 MIN_SENSITIVITY = 0.05
 """Smallest norm, over the runs, of a knob's d ln(step time) / d ln(factor) left after the
@@ -128,6 +136,8 @@ def knob_bounds(name: str, prior: GpuEfficiency) -> tuple[float, float]:
     lows, highs = [], []
     for field in KNOBS[name]:
         value, (low, high) = getattr(prior, field), BOUNDS[field]
+        if not value:
+            continue
         lows.append(low / value)
         highs.append(high / value)
     low, high = max(lows), min(highs)
@@ -139,7 +149,8 @@ def apply(prior: GpuEfficiency, factors: dict[str, float], source: str = "") -> 
     fields = prior.model_dump()
     for name, factor in factors.items():
         for field in KNOBS[name]:
-            fields[field] = fields[field] * factor
+            if fields[field]:
+                fields[field] = fields[field] * factor
     if source:
         fields["source"] = source
     return GpuEfficiency.model_construct(**fields)

@@ -55,7 +55,7 @@ def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str
     tokens = entry.global_batch * entry.seq
     return Run(
         name=name, spec=document.model, cluster=cluster, layout=layout, global_batch=entry.global_batch,
-        seq=entry.seq, options=runtime_cost_options(LOG_RUNTIMES[measured.format]),
+        seq=entry.seq, options=runtime_cost_options(LOG_RUNTIMES[measured.format], cluster.gpu),
         measured_step_time_s=measured.step_time_for(tokens, layout.num_gpus),
     )
 

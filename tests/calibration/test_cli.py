@@ -102,7 +102,7 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
     # file that sets exactly those factors, applied with evaluate --calibration).
     layouts = {
         "dp8": ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64", "--seq", "8192"],
-        "tp16": ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "16", "--seq", "2048",
+        "tp16": ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "16", "--seq", "8192",
                  "--tp", "16"],
     }
     truth = _truth_file(tmp_path, {"compute": 0.85, "comm": 0.6})

@@ -104,9 +104,11 @@ def test_a_run_slower_than_any_physical_efficiency_stops_at_the_bound():
 
 def test_knob_bounds_keep_every_field_within_its_physical_range():
     low, high = knob_bounds("compute", PRIOR)
-    # by hand from gpus.toml's h100 priors (gemm 0.75, attention 0.35 / 0.30, hbm 0.85):
-    assert low == pytest.approx(max(0.3 / 0.75, 0.15 / 0.35, 0.15 / 0.30, 0.3 / 0.85))
-    assert high == pytest.approx(min(0.95 / 0.75, 0.95 / 0.35, 0.95 / 0.30, 0.95 / 0.85))
+    # by hand from gpus.toml's h100 priors (gemm 0.75; attention FA2 0.34 / 0.295, FA3 0.62 /
+    # 0.54, cuDNN 0.545 / 0.47; hbm 0.85):
+    rates = (0.34, 0.295, 0.62, 0.54, 0.545, 0.47)
+    assert low == pytest.approx(max(0.3 / 0.75, 0.3 / 0.85, *(0.15 / r for r in rates)))
+    assert high == pytest.approx(min(0.95 / 0.75, 0.95 / 0.85, *(0.95 / r for r in rates)))
     for name, fields in KNOBS.items():
         lo, hi = knob_bounds(name, PRIOR)
         for factor in (lo, hi):
