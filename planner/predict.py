@@ -6,7 +6,8 @@ data-parallel communication and the optimizer step, memory per pipeline rank.
 finish_r is when pipeline rank r ends its last compute action in the schedule simulation;
 exposed_dp_r is the part of its gradient reduction (and, with a distributed optimizer, the
 parameter all-gather) that does not overlap the backward (forward) of one micro-batch,
-never less than one bucket; the optimizer step is memory-bound over the rank's shard.
+never less than one bucket: one collective call per Megatron-LM DDP bucket (FSDP: per layer),
+each paying its own latency; the optimizer step is memory-bound over the rank's shard.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import memory
+from planner.cost.comm import grad_bucket_count
 from planner.cost.model import CostModel
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
@@ -22,8 +24,6 @@ from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.units import GiB
 
-GRAD_BUCKET_PARAMS = 40e6
-"""Megatron-LM's default gradient bucket (40M parameters): the last one cannot overlap."""
 OPTIMIZER_BYTES_PER_PARAM = 30.0
 """Adam step traffic per locally owned parameter: read fp32 master, grad, m, v (16 B),
 write master, m, v (12 B) and the bf16 copy (2 B)."""
@@ -172,13 +172,14 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     params = costs.params[rank]
     grad_bytes = params * opts.grad_reduce_bytes
     param_bytes = params * model.dtype_bytes
-    bucket = min(1.0, GRAD_BUCKET_PARAMS / max(params, 1.0))
+    calls = _dp_calls(model, layout, rank, params)
+    bucket = 1.0 / calls
     if layout.zero_stage == 0:
-        reduce = net.all_reduce(grad_bytes, shards, stride)
+        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
         gather = 0.0
     else:
-        reduce = net.reduce_scatter(grad_bytes, shards, stride)
-        gather = net.all_gather(param_bytes, shards, stride)
+        reduce = calls * net.reduce_scatter(grad_bytes / calls, shards, stride)
+        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -187,6 +188,14 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     if gather:
         exposed += gather if not opts.overlap_param_gather else max(gather * bucket, gather - forward)
     return exposed
+
+
+def _dp_calls(model: CostModel, layout: Layout, rank: int, params: float) -> int:
+    """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
+    DDP one per bucket (on the first pipeline rank; one bucket on the others)."""
+    if layout.zero_stage == 3:
+        return max(1, _layers_on(layout, rank))
+    return max(1, grad_bucket_count(params, layout.dp, rank, model.options.overlap_grad_reduce))
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:

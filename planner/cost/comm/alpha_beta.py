@@ -1,4 +1,7 @@
-"""Collective and point-to-point communication times: the alpha-beta model.
+"""Textbook alpha-beta collectives and how a group sits on the nodes.
+
+The NCCL-shaped model (planner/cost/comm/nccl.py) replaces these for the planner's costs; they
+stay as the closed-form reference its tests compare against.
 
 A message of m bytes over a link of latency alpha (s) and bandwidth beta (bytes/s) takes
 alpha + m / beta. The collectives over n ranks are the textbook forms (Thakur, Rabenseifner
@@ -10,10 +13,6 @@ and Gropp 2005; Chan et al. 2007), with m the full (unsharded) buffer size:
   ring reduce-scatter  (n-1) alpha + (n-1)/n * m / beta
   point-to-point       alpha + m / beta
 
-An all-reduce takes the faster of ring and tree, as NCCL picks per size. A group that spans
-nodes with k > 1 members on each node runs hierarchically: reduce-scatter inside the node,
-all-reduce of m/k across nodes (each GPU on its own NIC), all-gather inside the node.
-
 Ranks are laid out with TP fastest, then CP, then DP, then PP (Megatron-LM's default
 "tp-cp-ep-dp-pp" order), which decides which groups leave the node.
 """
@@ -22,8 +21,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-from planner.spec import Cluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,66 +88,3 @@ def group_placement(size: int, stride: int, gpus_per_node: int) -> GroupPlacemen
     while size % per_node:
         per_node -= 1
     return GroupPlacement(size=size, per_node=per_node)
-
-
-@dataclass(frozen=True, slots=True)
-class Network:
-    """The two link tiers of a cluster, at their achieved bandwidth."""
-
-    intra: Link
-    inter: Link
-    gpus_per_node: int
-
-    @classmethod
-    def of(cls, cluster: Cluster) -> Network:
-        eff = cluster.gpu.efficiency
-        return cls(
-            intra=Link(
-                cluster.intra_node_latency_us * 1e-6,
-                cluster.intra_node_bw_gbps * 1e9 * eff.intra_node_comm,
-            ),
-            inter=Link(
-                cluster.inter_node_latency_us * 1e-6,
-                cluster.inter_node_bw_gbps * 1e9 * eff.inter_node_comm,
-            ),
-            gpus_per_node=cluster.gpus_per_node,
-        )
-
-    def placement(self, size: int, stride: int) -> GroupPlacement:
-        return group_placement(size, stride, self.gpus_per_node)
-
-    def all_reduce(self, nbytes: float, size: int, stride: int) -> float:
-        """All-reduce of nbytes in a group of `size` ranks `stride` apart."""
-        place = self.placement(size, stride)
-        if place.num_nodes == 1:
-            return flat_all_reduce_time(nbytes, size, self.intra)
-        if place.per_node == 1:
-            return flat_all_reduce_time(nbytes, size, self.inter)
-        k = place.per_node
-        return (
-            reduce_scatter_time(nbytes, k, self.intra)
-            + flat_all_reduce_time(nbytes / k, place.num_nodes, self.inter)
-            + all_gather_time(nbytes, k, self.intra)
-        )
-
-    def all_gather(self, nbytes: float, size: int, stride: int) -> float:
-        """All-gather (or, same cost, reduce-scatter) of an nbytes result buffer."""
-        place = self.placement(size, stride)
-        if place.num_nodes == 1:
-            return all_gather_time(nbytes, size, self.intra)
-        if place.per_node == 1:
-            return all_gather_time(nbytes, size, self.inter)
-        k = place.per_node
-        return all_gather_time(nbytes / k, place.num_nodes, self.inter) + all_gather_time(
-            nbytes, k, self.intra
-        )
-
-    def reduce_scatter(self, nbytes: float, size: int, stride: int) -> float:
-        """Reduce-scatter of an nbytes input buffer (mirror of all_gather)."""
-        return self.all_gather(nbytes, size, stride)
-
-    def p2p(self, nbytes: float, size: int, stride: int) -> float:
-        """Send nbytes to the next member of a group of `size` ranks `stride` apart; the
-        slowest hop sets the time, so any member on another node makes it inter-node."""
-        link = self.intra if self.placement(size, stride).num_nodes == 1 else self.inter
-        return p2p_time(nbytes, link)
