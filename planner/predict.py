@@ -127,7 +127,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
     costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
-    dp_exposed = [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
+    dp_exposed = [exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
     optimizer = [optimizer_time(model, layout.zero_stage, _dp_shards(layout), costs.params[r])
                  for r in range(layout.pp)]
     finish = [timing.finish_s[r] + dp_exposed[r] for r in range(layout.pp)]
@@ -161,7 +161,7 @@ def _dp_shards(layout: Layout) -> int:
     return layout.dp * layout.cp
 
 
-def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
+def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
     """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
     all-gather of the rank's weights over the DP x CP group, minus what overlaps."""
     shards = _dp_shards(layout)

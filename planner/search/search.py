@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from planner.cost.model import CostModel
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts
-from planner.predict import Prediction, chunk_costs, optimizer_time, predict
+from planner.predict import Prediction, chunk_costs, exposed_dp_time, optimizer_time, predict
 from planner.schedule import SCHEDULES
 from planner.search.bounds import layout_bound
 from planner.search.costing import (
@@ -240,8 +240,12 @@ class _Run:
 
 
 def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
-    """Chain bound of the layout plus its Adam step."""
+    """Chain bound of the layout, or the busiest rank's work plus its exposed DP communication
+    if larger (a rank finishes no earlier than its work), plus its Adam step."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
     shards = layout.dp * layout.cp
     optimizer = max(optimizer_time(model, layout.zero_stage, shards, p) for p in costs.params)
-    return layout_bound(costs, layout.num_microbatches, split) + optimizer
+    m = layout.num_microbatches
+    ranks = max(m * (sum(costs.forward_s[r]) + sum(costs.backward_input_s[r]) + sum(costs.backward_weight_s[r]))
+                + exposed_dp_time(model, layout, costs, r) for r in range(layout.pp))
+    return max(layout_bound(costs, m, split), ranks) + optimizer
