@@ -186,6 +186,18 @@ def test_intra_node_bandwidth_override_scales_the_nvlink():
     assert faster.fabric.nvlink_busbw == pytest.approx(2 * base.fabric.nvlink_busbw)
 
 
+def test_comm_efficiency_factors_scale_the_nccl_bandwidths():
+    """A calibration lowers intra_node_comm / inter_node_comm: the NVLink and NIC bandwidths of
+    NCCL's model scale with them (the presets hold 1.0)."""
+    gpu = resolve_gpu("h100")
+    assert gpu.efficiency.intra_node_comm == gpu.efficiency.inter_node_comm == 1.0
+    slower = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(
+        update={"intra_node_comm": 0.5, "inter_node_comm": 0.8})})
+    base, scaled = _net("h100", 16).fabric, Network.of(Cluster.of(slower, 16)).fabric
+    assert scaled.nvlink_busbw == pytest.approx(0.5 * base.nvlink_busbw)
+    assert scaled.nic_busbw == pytest.approx(0.8 * base.nic_busbw)
+
+
 def test_single_member_groups_and_empty_messages_cost_nothing():
     net = _net("h100", 8)
     assert net.all_reduce(1e9, 1, 1) == net.all_gather(0, 8, 1) == 0.0

@@ -91,14 +91,15 @@ def fabric_name(gpu_name: str) -> str:
 
 def fabric_of(cluster: Cluster) -> Fabric:
     """The cluster's fabric: the GPU's node design from networks.toml, its bandwidths scaled by
-    any --intra-node-bw / --inter-node-bw override of the preset's."""
+    any --intra-node-bw / --inter-node-bw override of the preset's and by the GPU's
+    intra_node_comm / inter_node_comm factors (1.0 in the presets; a calibration may lower them)."""
     data, nccl = _data(), nccl_constants()
     fabric = data["fabric"][fabric_name(cluster.gpu.name)]
     gpu, eff = cluster.gpu, cluster.gpu.efficiency
     if fabric["nvlink_links"]:
-        scale = cluster.intra_node_bw_gbps / gpu.intra_node_bw_gbps
+        scale = cluster.intra_node_bw_gbps / gpu.intra_node_bw_gbps * eff.intra_node_comm
         nvlink = fabric["nvlink_links"] * fabric["nvlink_link_gbps"] * scale
-        nic = cluster.inter_node_bw_gbps * nccl.nic_fraction
+        nic = cluster.inter_node_bw_gbps * nccl.nic_fraction * eff.inter_node_comm
     else:
         nvlink = cluster.intra_node_bw_gbps * eff.intra_node_comm
         nic = cluster.inter_node_bw_gbps * eff.inter_node_comm
