@@ -1,10 +1,9 @@
-"""Collectives: the textbook alpha-beta forms, and the NCCL-shaped model against closed forms
-written here from networks.toml's constants and the node datasheets."""
+"""Collectives: group placement, and the NCCL-shaped model against closed forms written here from
+networks.toml's constants and the node datasheets; Megatron-LM's buckets against megatron-core."""
 
 from __future__ import annotations
 
 import inspect
-import math
 import re
 import tomllib
 from importlib import resources
@@ -12,51 +11,14 @@ from importlib import resources
 import pytest
 
 from planner.catalog import resolve_gpu
-from planner.cost.comm import (
-    Link,
-    Network,
-    all_gather_time,
-    flat_all_reduce_time,
-    grad_bucket_count,
-    group_placement,
-    megatron_bucket_params,
-    p2p_time,
-    reduce_scatter_time,
-    ring_all_reduce_time,
-    tree_all_reduce_time,
-)
+from planner.cost.comm import Network, grad_bucket_count, group_placement, megatron_bucket_params
 from planner.spec import Cluster
 
-ALPHA, BETA = 5e-6, 100e9
-LINK = Link(ALPHA, BETA)
 NCCL = tomllib.loads(resources.files("planner.presets").joinpath("networks.toml").read_text())["nccl"]
 GB = 1e9
 
 
-# --- textbook forms ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [2, 3, 8, 64])
-@pytest.mark.parametrize("m", [1e3, 1e6, 1e9])
-def test_ring_collectives_textbook(n, m):
-    assert ring_all_reduce_time(m, n, LINK) == pytest.approx(2 * (n - 1) * ALPHA + 2 * (n - 1) / n * m / BETA)
-    assert all_gather_time(m, n, LINK) == pytest.approx((n - 1) * ALPHA + (n - 1) / n * m / BETA)
-    assert reduce_scatter_time(m, n, LINK) == all_gather_time(m, n, LINK)
-    # an all-reduce is a reduce-scatter followed by an all-gather (Rabenseifner)
-    assert ring_all_reduce_time(m, n, LINK) == pytest.approx(
-        reduce_scatter_time(m, n, LINK) + all_gather_time(m, n, LINK)
-    )
-    assert tree_all_reduce_time(m, n, LINK) == pytest.approx(2 * math.ceil(math.log2(n)) * ALPHA + 2 * m / BETA)
-
-
-def test_all_reduce_picks_tree_for_small_and_ring_for_large_messages():
-    assert flat_all_reduce_time(1e3, 256, LINK) == tree_all_reduce_time(1e3, 256, LINK)
-    assert flat_all_reduce_time(1e10, 8, LINK) == ring_all_reduce_time(1e10, 8, LINK)
-
-
-def test_single_rank_costs_nothing():
-    assert ring_all_reduce_time(1e9, 1, LINK) == 0 == all_gather_time(1e9, 1, LINK)
-    assert p2p_time(1e6, LINK) == pytest.approx(ALPHA + 1e6 / BETA)
+# --- placement ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -106,6 +68,25 @@ def test_small_all_reduce_is_latency_bound_by_the_ll_protocol():
     tree = NCCL["base_latency_us"]["tree"][0] + 2 * (n - 1) * NCCL["nvlink_latency_us"]["tree"][0]
     t = _net("a100-80gb", 8).all_reduce(64, n, 1)
     assert t == pytest.approx(_launch("a100-80gb") + min(ring, tree) * 1e-6, rel=1e-3)
+
+
+def test_small_all_reduce_over_many_nodes_takes_the_tree():
+    """512 H100s on 64 nodes, 1 KiB: the tree's latency grows with log2 of the nodes, the ring's
+    with every rank, so NCCL runs the tree (LL, capped by the 3+-node LL ceiling, NCCL's
+    correction 0.9 at 1 KiB); a large buffer takes NVLS tree, NVLink SHARP in the node and a tree
+    over the node's 8 rails, which NCCL models at half their bandwidth beyond 2 nodes."""
+    k, nodes, m = 8, 64, 1024
+    latency = NCCL["base_latency_us"]["tree"][0] + 2 * (
+        (k - 1) * NCCL["nvlink_latency_us"]["tree"][0] + 6 * NCCL["net_latency_us"]["tree"][0])
+    algbw = 0.5 * NCCL["ll_max_busbw_many_nodes"]["intel"] * NCCL["tree_correction"][0][4]
+    net = _net("h100", k * nodes)
+    assert net.all_reduce(m, k * nodes, 1) == pytest.approx(_launch("h100") + (latency + m / (algbw * 1e3)) * 1e-6)
+    big = 2**32
+    nvls_latency = NCCL["nvlink_latency_us"]["nvls_tree"][2] + 2 * 6 * NCCL["net_latency_us"]["nvls_tree"][2]
+    nvls_tree = _launch("h100") + nvls_latency * 1e-6 + big / (0.5 * k * 50.0 * NCCL["nic_fraction"] * GB)
+    assert net.all_reduce(big, k * nodes, 1) == pytest.approx(nvls_tree)
+    ring = 2 * (k * nodes - 1) / (k * nodes) * big / (18 * 20.6 * GB)  # NVLink < 8 rails x 48 GB/s
+    assert net.all_reduce(big, k * nodes, 1) < ring
 
 
 @pytest.mark.parametrize("gpu", ["a100-80gb", "h100", "b200"])

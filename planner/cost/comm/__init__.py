@@ -13,25 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from planner.cost.comm import nccl
-from planner.cost.comm.alpha_beta import (
-    GroupPlacement,
-    Link,
-    all_gather_time,
-    flat_all_reduce_time,
-    group_placement,
-    p2p_time,
-    reduce_scatter_time,
-    ring_all_reduce_time,
-    tree_all_reduce_time,
-)
 from planner.cost.comm.buckets import grad_bucket_count, megatron_bucket_params
 from planner.cost.comm.fabric import Fabric, fabric_of
+from planner.cost.comm.placement import GroupPlacement, group_placement
 from planner.spec import Cluster
 
 __all__ = [
-    "GroupPlacement", "Link", "MeasuredCurve", "Network", "OPS", "all_gather_time", "flat_all_reduce_time",
-    "grad_bucket_count", "group_placement", "megatron_bucket_params", "p2p_time", "reduce_scatter_time",
-    "ring_all_reduce_time", "tree_all_reduce_time",
+    "GroupPlacement", "MeasuredCurve", "Network", "OPS", "grad_bucket_count", "group_placement",
+    "megatron_bucket_params",
 ]
 
 MeasuredCurve = Callable[[float, int], float]
