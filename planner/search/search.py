@@ -207,7 +207,7 @@ class _Run:
             self.note_need(floor, layout)
             return floor
         costs = chunk_costs(self.model, layout, self.seq)
-        if _bound(self.model, layout, costs) >= self.threshold():
+        if _bound(self.model, layout, costs, self.threshold()) >= self.threshold():
             stats.pruned_bound += 1
             return None
         need = excess_memory(self.model, layout, costs)
@@ -239,13 +239,18 @@ class _Run:
             self.result.smallest_need = where
 
 
-def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
-    """Chain bound of the layout, or the busiest rank's work plus its exposed DP communication
-    if larger (a rank finishes no earlier than its work), plus its Adam step."""
+def _bound(model: CostModel, layout: Layout, costs: ChunkCosts, threshold: float) -> float:
+    """Chain bound of the layout, or a rank's work plus its exposed DP communication if larger
+    (a rank finishes no earlier than its work), plus its Adam step; stops adding parts once the
+    bound reaches `threshold`."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
     shards = layout.dp * layout.cp
     optimizer = max(optimizer_time(model, layout.zero_stage, shards, p) for p in costs.params)
     m = layout.num_microbatches
-    ranks = max(m * (sum(costs.forward_s[r]) + sum(costs.backward_input_s[r]) + sum(costs.backward_weight_s[r]))
-                + exposed_dp_time(model, layout, costs, r) for r in range(layout.pp))
-    return max(layout_bound(costs, m, split), ranks) + optimizer
+    bound = layout_bound(costs, m, split) + optimizer
+    for r in reversed(range(layout.pp if shards > 1 else 0)):  # later ranks: one bucket, exposed
+        if bound >= threshold:
+            break
+        work = m * (sum(costs.forward_s[r]) + sum(costs.backward_input_s[r]) + sum(costs.backward_weight_s[r]))
+        bound = max(bound, work + exposed_dp_time(model, layout, costs, r) + optimizer)
+    return bound
