@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from planner.cost.model import CostModel
 from planner.layout import Layout
@@ -240,17 +241,21 @@ class _Run:
 
 
 def _bound(model: CostModel, layout: Layout, costs: ChunkCosts, threshold: float) -> float:
-    """Chain bound of the layout, or a rank's work plus its exposed DP communication if larger
-    (a rank finishes no earlier than its work), plus its Adam step; stops adding parts once the
-    bound reaches `threshold`."""
+    """Chain bound of the layout plus its Adam step, raised while under `threshold` by each
+    rank's DP tail: rank r starts no earlier than micro-batch 0 has crossed the first chunks of
+    ranks 0 .. r-1, runs all its work, then exposes its DP communication (later ranks first:
+    their single bucket is all exposed)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
     shards = layout.dp * layout.cp
     optimizer = max(optimizer_time(model, layout.zero_stage, shards, p) for p in costs.params)
     m = layout.num_microbatches
     bound = layout_bound(costs, m, split) + optimizer
-    for r in reversed(range(layout.pp if shards > 1 else 0)):  # later ranks: one bucket, exposed
+    if shards == 1 or bound >= threshold:
+        return bound
+    starts = list(accumulate((costs.forward_s[r][0] + costs.p2p_s for r in range(layout.pp - 1)), initial=0.0))
+    for r in reversed(range(layout.pp)):
+        work = m * (sum(costs.forward_s[r]) + sum(costs.backward_input_s[r]) + sum(costs.backward_weight_s[r]))
+        bound = max(bound, starts[r] + work + exposed_dp_time(model, layout, costs, r) + optimizer)
         if bound >= threshold:
             break
-        work = m * (sum(costs.forward_s[r]) + sum(costs.backward_input_s[r]) + sum(costs.backward_weight_s[r]))
-        bound = max(bound, work + exposed_dp_time(model, layout, costs, r) + optimizer)
     return bound
