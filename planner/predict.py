@@ -8,7 +8,8 @@ finish_r is when pipeline rank r ends its last compute action in the schedule si
 simulator charges the p2p time, latency plus bytes over bandwidth, on every cross-rank
 dependency, the warm-up's P - 1 hops included); exposed_dp_r is the part of its gradient
 reduction (and, with a distributed optimizer, the parameter all-gather) that its buckets cannot
-hide behind the last micro-batch's backward (first micro-batch's forward), or, when longer, the
+hide behind the last micro-batch's backward (first micro-batch's forward), one collective call
+per Megatron-LM DDP bucket (FSDP: per layer), each paying its own latency, or, when longer, the
 slowdown the overlapped part causes in that compute (planner/cost/overlap.py); done_r =
 finish_r + exposed_dp_r. The tied embedding's all-reduce, fp16's loss-scale check, the gradient
 norm and the Adam step are planner/cost/step.py's. Each term is a key of `time_breakdown_s`,
@@ -17,9 +18,11 @@ whose values sum to the step time.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from planner.cost import memory, step as step_costs
+from planner.cost.comm import megatron_bucket_params
 from planner.cost.model import CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
@@ -29,15 +32,6 @@ from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.units import GiB
 
-GRAD_BUCKET_PARAMS = 40e6
-"""Megatron-LM's least gradient bucket: `bucket_size = max(40000000, 1000000 * dp_cp_size)`
-parameters (megatron/core/distributed/distributed_data_parallel.py)."""
-GRAD_BUCKET_PARAMS_PER_DP_RANK = 1e6
-
-
-def grad_bucket_params(dp_shards: int) -> float:
-    """Parameters per data-parallel bucket under Megatron-LM's default bucket size."""
-    return max(GRAD_BUCKET_PARAMS, GRAD_BUCKET_PARAMS_PER_DP_RANK * dp_shards)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,16 +212,16 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float]) 
 
 def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
     """Per pipeline rank, the seconds its data-parallel communication adds after its last
-    compute action (`_exposed_dp_time`)."""
-    return [_exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
+    compute action (`exposed_dp_time`)."""
+    return [exposed_dp_time(model, layout, costs, r) for r in range(layout.pp)]
 
 
-def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
+def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
     """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
     all-gather of the rank's weights over the DP x CP group, minus what their buckets hide.
 
     Megatron-LM reduces only in the last micro-batch's backward: its buckets (Megatron's
-    default size, `grad_bucket_params`) fill in reverse layer order and each is reduced as
+    default size, `megatron_bucket_params`) fill in reverse layer order and each is reduced as
     soon as its grads are ready, one after another; the first waits for one bucket's share of
     the rank's backward, the last (on the first rank at least the word embedding, which
     Megatron gives its own bucket when shared) is exposed after it
@@ -245,16 +239,16 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     params = costs.params[rank]
     grad_bytes = params * opts.grad_reduce_bytes
     param_bytes = params * model.dtype_bytes
-    bucket = edge = params
-    if rank == 0 or layout.zero_stage >= 2:  # Megatron DDP (ZeRO 0/1): one bucket after rank 0
-        bucket = min(params, grad_bucket_params(shards))
+    calls = _dp_calls(layout, rank, params, opts.overlap_grad_reduce)
+    bucket = edge = params / calls
+    if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
     if layout.zero_stage == 0:
-        reduce = net.all_reduce(grad_bytes, shards, stride)
+        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
         gather = 0.0
     else:
-        reduce = net.reduce_scatter(grad_bytes, shards, stride)
-        gather = net.all_gather(param_bytes, shards, stride)
+        reduce = calls * net.reduce_scatter(grad_bytes / calls, shards, stride)
+        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -270,6 +264,18 @@ def _exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: 
     if gather:
         exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
     return exposed
+
+
+def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
+    """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
+    DDP one per bucket of `megatron_bucket_params` (planner/cost/comm/buckets.py) on the first
+    pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
+    overlap."""
+    if layout.zero_stage == 3:
+        return max(1, _layers_on(layout, rank))
+    if not overlap or (rank > 0 and layout.zero_stage < 2):
+        return 1
+    return max(1, math.ceil(params / megatron_bucket_params(_dp_shards(layout))))
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.comm import all_gather_time
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard
 from planner.spec import Cluster
@@ -30,7 +29,7 @@ def test_all_gather_cp_exposes_one_gather_and_one_reduce_scatter(cp):
     seq = 65536
     model, costs = _cp_costs("all_gather", seq, cp)
     gathered = _kv_bytes(seq, cp) * cp
-    expected = all_gather_time(gathered, cp, model.network.intra)
+    expected = model.network.all_gather(gathered, cp, 1)  # K, V gathered inside the node (TP 1)
     assert costs.comm_forward_s == pytest.approx(expected)
     assert costs.comm_backward_s == pytest.approx(expected)
 

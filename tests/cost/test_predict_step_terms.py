@@ -10,7 +10,10 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import memory, step
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout, even_stage_layers
-from planner.predict import grad_bucket_params, predict
+import math
+
+from planner.cost.comm import megatron_bucket_params
+from planner.predict import predict
 from planner.spec import Cluster
 
 SEQ = 2048
@@ -85,8 +88,9 @@ def test_fp16_adds_the_loss_scale_check_and_nothing_else():
 
 def test_dp_reduction_with_one_microbatch_follows_the_bucket_closed_form():
     """PP 1, M 1, ZeRO-1: the exposed reduce-scatter is the bucket stream's closed form (checked
-    against a replay in test_step_costs.py) with equal 40M buckets and a last one holding at
-    least the word embedding; the parameter all-gather mirrors it over the forward. Without
+    against a replay in test_step_costs.py) with ceil(params / 40M) equal buckets, each one
+    collective call, and a last one holding at least the word embedding; the parameter
+    all-gather mirrors it over the forward. Without
     interference; with it, the exposed time is never less."""
     model = _model("llama3-8b", 16, interference=False)
     layout = _layout(model.spec, 1, 1, 16, 1)
@@ -94,12 +98,13 @@ def test_dp_reduction_with_one_microbatch_follows_the_bucket_closed_form():
     from planner.predict import chunk_costs
     costs = chunk_costs(model, layout, SEQ)
     params = costs.params[0]
-    bucket = grad_bucket_params(16)
-    assert bucket == 40e6
+    assert megatron_bucket_params(16) == 40e6
+    calls = math.ceil(params / 40e6)
+    bucket = params / calls
     embedding = memory.embedding_param_count(model.spec, 1)
     edge = max(bucket, embedding)
-    reduce = model.network.reduce_scatter(params * 4, 16, 1)
-    gather = model.network.all_gather(params * 2, 16, 1)
+    reduce = calls * model.network.reduce_scatter(params * 4 / calls, 16, 1)
+    gather = calls * model.network.all_gather(params * 2 / calls, 16, 1)
     backward = costs.backward_input_s[0][0] + costs.backward_weight_s[0][0]
     forward = costs.forward_s[0][0]
     b, t = bucket / params, edge / params
@@ -117,8 +122,8 @@ def test_dp_reduction_with_one_microbatch_follows_the_bucket_closed_form():
 
 
 def test_dp_bucket_grows_with_the_data_parallel_size():
-    assert grad_bucket_params(8) == 40e6
-    assert grad_bucket_params(64) == 64e6
+    assert megatron_bucket_params(8) == 40e6
+    assert megatron_bucket_params(64) == 64e6
 
 
 def test_memory_allocated_reserved_and_device():
@@ -165,16 +170,18 @@ def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
     model = _model("llama3-8b", 64)
     layout = _layout(model.spec, 8, 4, 2, 8)
     costs = chunk_costs(model, layout, SEQ)
-    cluster, eff = model.cluster, model.cluster.gpu.efficiency
+    cluster = model.cluster
     nbytes = 2 * SEQ * model.spec.hidden_size / 8
-    hop = cluster.inter_node_latency_us * 1e-6 + nbytes / (cluster.inter_node_bw_gbps * 1e9 * eff.inter_node_comm)
-    assert costs.p2p_s == pytest.approx(hop)
+    assert model.network.placement(4, 16).num_nodes == 4  # each stage on its own nodes
+    assert costs.p2p_s == pytest.approx(model.network.p2p(nbytes, 4, 16))
+    # never faster than the bytes over the scale-out NIC at line rate
+    assert costs.p2p_s > nbytes / (cluster.inter_node_bw_gbps * 1e9)
     uniform = type(costs)(
         forward_s=[[1.0]] * 4, backward_input_s=[[1.5]] * 4, backward_weight_s=[[0.5]] * 4,
         activation_bytes=[[1.0]] * 4, extra_bytes=[0.0] * 4, params=[0.0] * 4, tp_comm_s=[0.0] * 4,
         p2p_s=costs.p2p_s)
     timing = pipeline_timing(uniform, "1f1b", 4, 1, 8)
-    hops = (timing.step_time_s - (8 + 4 - 1) * 3.0) / hop
+    hops = (timing.step_time_s - (8 + 4 - 1) * 3.0) / costs.p2p_s
     assert hops == pytest.approx(round(hops), abs=1e-6)
     assert round(hops) >= 2 * (4 - 1)
 
@@ -182,7 +189,7 @@ def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
 def test_later_pipeline_ranks_reduce_in_one_bucket_under_megatron_ddp():
     """Megatron's DDP turns bucketing off on pipeline ranks after the first: their whole
     reduce-scatter and all-gather are exposed; ZeRO-2 (DeepSpeed) buckets every rank."""
-    from planner.predict import _exposed_dp_time, chunk_costs
+    from planner.predict import chunk_costs, exposed_dp_time
     model = _model("llama3-8b", 32)
     for zero, bucketed in ((1, False), (2, True)):
         layout = _layout(model.spec, 2, 2, 8, 8, zero=zero)
@@ -190,7 +197,7 @@ def test_later_pipeline_ranks_reduce_in_one_bucket_under_megatron_ddp():
         params = costs.params[1]
         reduce = model.network.reduce_scatter(params * 4, 8, 2)
         gather = model.network.all_gather(params * 2, 8, 2)
-        exposed = _exposed_dp_time(model, layout, costs, 1)
+        exposed = exposed_dp_time(model, layout, costs, 1)
         if bucketed:
             assert exposed < reduce + gather
         else:

@@ -10,17 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog import resolve_gpu
+from planner.spec import Cluster
 from planner.cost import step
-from planner.cost.comm import Link, Network
+from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute
 
 GPU = resolve_gpu("h100")
 COMPUTE = AnalyticCompute(GPU)
 BW = GPU.hbm_bw_gbps * 1e9 * GPU.efficiency.hbm
 OVERHEAD = GPU.efficiency.kernel_overhead_us * 1e-6
-ALPHA_INTRA, BETA_INTRA = 3e-6, 300e9
-ALPHA_INTER, BETA_INTER = 10e-6, 40e9
-NET = Network(intra=Link(ALPHA_INTRA, BETA_INTRA), inter=Link(ALPHA_INTER, BETA_INTER), gpus_per_node=8)
+NET = Network.of(Cluster.of(GPU, 64))
+"""The collectives' own times are tests/cost/test_comm.py's and test_nccl_tests.py's; here
+each term is checked to charge the right collective, group and bytes."""
 PER_LAUNCH = 2048 * 32 * 320
 
 
@@ -43,23 +44,17 @@ def test_adam_is_memory_bound_over_the_owned_shard_plus_launches(zero, dp, owned
     assert step.adam_time(COMPUTE, 1e9, zero, dp) == pytest.approx(expected)
 
 
-def _tree_or_ring(nbytes, n, alpha, beta):
-    ring = 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / beta
-    tree = 2 * math.ceil(math.log2(n)) * alpha + 2 * nbytes / beta
-    return min(ring, tree)
-
-
 def test_grad_norm_reads_owned_grads_and_all_reduces_one_value():
     params = 2e9
     # TP 8 inside one node, no DP, no PP: the model-parallel group is the TP group
     local = params * 4 / BW + math.ceil(params / PER_LAUNCH) * OVERHEAD
-    expected = local + _tree_or_ring(4, 8, ALPHA_INTRA, BETA_INTRA)
+    expected = local + NET.all_reduce(4, 8, 1)
     assert step.grad_norm_time(COMPUTE, NET, params, 8, 1, 1, 1, 0) == pytest.approx(expected)
     # the distributed optimizer reduces its statistics over DP too (here 4 nodes, one GPU each
     # in the DP group, stride 8) and reads only its shard of the grads
     owned = params / 4
     local = owned * 4 / BW + math.ceil(owned / PER_LAUNCH) * OVERHEAD
-    expected = local + _tree_or_ring(4, 8, ALPHA_INTRA, BETA_INTRA) + _tree_or_ring(4, 4, ALPHA_INTER, BETA_INTER)
+    expected = local + NET.all_reduce(4, 8, 1) + NET.all_reduce(4, 4, 8)
     assert step.grad_norm_time(COMPUTE, NET, params, 8, 1, 4, 1, 1) == pytest.approx(expected)
 
 
@@ -74,13 +69,15 @@ def test_loss_scale_check_only_for_fp16():
 def test_tied_embedding_all_reduce_between_two_ranks_of_different_nodes():
     assert step.tied_embedding_time(NET, 50_000, 4096, 4, 8, 1, 2, 1) == 0.0
     nbytes = 4 * 50_000 * 4096 / 8
-    # two ranks: ring 2 alpha + m / beta beats tree 2 alpha + 2 m / beta
-    expected = 2 * ALPHA_INTER + nbytes / BETA_INTER
+    # first and last of 4 stages, TP 8 DP 2: 2 ranks 48 apart, on different nodes
+    expected = NET.all_reduce(nbytes, 2, 8 * 2 * 3)
     assert step.tied_embedding_time(NET, 50_000, 4096, 4, 8, 1, 2, 4) == pytest.approx(expected)
-    # first and last stage in the same node (TP 1, DP 1, PP 4): NVLink
+    assert NET.placement(2, 48).num_nodes == 2
+    # first and last stage in the same node (TP 1, DP 1, PP 4): NVLink, faster
     nbytes = 4 * 50_000 * 4096
-    assert step.tied_embedding_time(NET, 50_000, 4096, 4, 1, 1, 1, 4) == pytest.approx(
-        2 * ALPHA_INTRA + nbytes / BETA_INTRA)
+    inside = step.tied_embedding_time(NET, 50_000, 4096, 4, 1, 1, 1, 4)
+    assert inside == pytest.approx(NET.all_reduce(nbytes, 2, 3))
+    assert inside < NET.all_reduce(nbytes, 2, 8)
 
 
 def _replay_buckets(sizes, total_s, window_s):
