@@ -110,18 +110,7 @@ def test_memory_floors_never_exceed_the_predicted_peak(data):
     and any recompute mode per rank: the candidate's floor and the layout's floor are at
     most the memory `predict` finds."""
     model = _small_model()
-    candidate = data.draw(st.sampled_from(_small_candidates()))
-    pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
-    stages = pp * vpp
-    inner = stages - 2 if candidate.empty_ends else stages
-    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=inner - 1, max_size=inner - 1,
-                                     unique=True)))
-    counts = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
-    if candidate.empty_ends:
-        counts = [0, *counts, 0]
-    recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
-    stage_layers = stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule)
-    layout = layout_of(candidate, stage_layers, recompute)
+    candidate, layout = _draw_layout(data, model)
     parts = parts_of(model, candidate, SEQ)
     inflight = inflight_of(candidate)
     peak = predict(model, layout, BATCH, SEQ).peak_memory_bytes
@@ -150,6 +139,14 @@ def test_layout_step_bound_with_dp_and_tail_never_exceeds_the_predicted_step(dat
     from planner.predict import chunk_costs
     from planner.search.search import _bound
     model = _small_model()
+    _, layout = _draw_layout(data, model)
+    step = predict(model, layout, BATCH, SEQ).step_time_s
+    assert _bound(model, layout, chunk_costs(model, layout, SEQ)) <= step * (1 + 1e-9)
+
+
+def _draw_layout(data, model: CostModel):
+    """A candidate of `_small_candidates` with any cuts (at least one layer per chunk, or
+    empty end stages for such candidates) and any recompute mode per rank."""
     candidate = data.draw(st.sampled_from(_small_candidates()))
     pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
     stages = pp * vpp
@@ -160,6 +157,5 @@ def test_layout_step_bound_with_dp_and_tail_never_exceeds_the_predicted_step(dat
     if candidate.empty_ends:
         counts = [0, *counts, 0]
     recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
-    layout = layout_of(candidate, stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule), recompute)
-    step = predict(model, layout, BATCH, SEQ).step_time_s
-    assert _bound(model, layout, chunk_costs(model, layout, SEQ)) <= step * (1 + 1e-9)
+    stage_layers = stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule)
+    return candidate, layout_of(candidate, stage_layers, recompute)
