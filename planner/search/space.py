@@ -52,6 +52,11 @@ class SearchSpace:
         for name in self.schedules or ():
             if name not in SCHEDULES:
                 raise ScheduleError(f"unknown schedule '{name}': use one of {', '.join(SCHEDULES)}")
+            if not SCHEDULES[name].searched:
+                raise ScheduleError(
+                    f"schedule '{name}' is simulated only (planner simulate --schedule {name}), not yet "
+                    f"searched: use one of {', '.join(n for n, i in SCHEDULES.items() if i.searched)}"
+                )
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise LayoutError(f"ZeRO stages are 0..3, got {list(self.zero)}")
 
@@ -116,7 +121,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
 
 def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs defined for this pipeline shape within the space."""
-    names = space.schedules or tuple(SCHEDULES)
+    names = space.schedules or tuple(n for n, info in SCHEDULES.items() if info.searched)
     if pp == 1:
         return [("1f1b", 1)]
     shapes = []
