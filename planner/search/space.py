@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from planner.errors import LayoutError, ScheduleError
+from planner.hints import planner_command
 from planner.layout import check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.schedule import SCHEDULES, check_shape
@@ -54,8 +55,8 @@ class SearchSpace:
                 raise ScheduleError(f"unknown schedule '{name}': use one of {', '.join(SCHEDULES)}")
             if not SCHEDULES[name].searched:
                 raise ScheduleError(
-                    f"schedule '{name}' is simulated only (planner simulate --schedule {name}), not yet "
-                    f"searched: use one of {', '.join(n for n, i in SCHEDULES.items() if i.searched)}"
+                    f"schedule '{name}' is simulated only ({planner_command('simulate', f'--schedule {name}')}), "
+                    f"not searched: use one of {', '.join(n for n, i in SCHEDULES.items() if i.searched)}"
                 )
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise LayoutError(f"ZeRO stages are 0..3, got {list(self.zero)}")
