@@ -28,6 +28,8 @@ LONG_SEQUENCE = 16384
 """Sequences this long or longer also try context parallelism by default."""
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_DEFAULT_VPP = 8
+SEARCHED_SCHEDULES = tuple(name for name, info in SCHEDULES.items() if info.searched)
+"""The schedules `plan` compares (chimera and seq1f1b are simulated only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +58,7 @@ class SearchSpace:
             if not SCHEDULES[name].searched:
                 raise ScheduleError(
                     f"schedule '{name}' is simulated only ({planner_command('simulate', f'--schedule {name}')}), "
-                    f"not searched: use one of {', '.join(n for n, i in SCHEDULES.items() if i.searched)}"
+                    f"not searched: use one of {', '.join(SEARCHED_SCHEDULES)}"
                 )
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise LayoutError(f"ZeRO stages are 0..3, got {list(self.zero)}")
@@ -122,7 +124,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
 
 def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs defined for this pipeline shape within the space."""
-    names = space.schedules or tuple(n for n, info in SCHEDULES.items() if info.searched)
+    names = space.schedules or SEARCHED_SCHEDULES
     if pp == 1:
         return [("1f1b", 1)]
     shapes = []
