@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import ConfigError
 from planner.spec import ModelSpec, validation_message
@@ -23,6 +23,14 @@ CostSourceName = Literal["measured", "calibrated", "analytic"]
 
 SCHEDULES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
 RECOMPUTE_MODES: tuple[str, ...] = RecomputeName.__args__  # type: ignore[attr-defined]
+SIMULATED_ONLY_SCHEDULES = {
+    "chimera": "two pipelines in opposite directions, each rank holding two weight replicas "
+               "(torch's schedule CSV would chain stage P-1 into stage P as one V pipeline)",
+    "seq1f1b": "sequence segments as the pipelined unit, attending to earlier segments' keys and "
+               "values (torch's schedule CSV would run each segment as a whole micro-batch)",
+}
+"""Schedules `planner simulate` draws but no runtime the planner exports to runs, and why:
+a plan naming one is refused by every command that reads plans (export included)."""
 V_SHAPED_SCHEDULES = frozenset({"zbv", "dualpipev"})
 """Schedules whose two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P."""
 
@@ -106,6 +114,16 @@ class PlanEntry(BaseModel):
     runtimes: list[str] | None = None
     """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
     the exporters' order; None where not worked out (plan files written before this field)."""
+
+    @field_validator("schedule", mode="before")
+    @classmethod
+    def _runnable_schedule(cls, value: object) -> object:
+        if isinstance(value, str) and value in SIMULATED_ONLY_SCHEDULES:
+            raise ValueError(
+                f"schedule '{value}' is simulated only: no runtime the planner exports to (megatron, "
+                f"torchtitan, torch, deepspeed) runs {SIMULATED_ONLY_SCHEDULES[value]}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> PlanEntry:

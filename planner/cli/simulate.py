@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -10,20 +11,27 @@ from rich.table import Table
 
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.errors import PlannerError, ScheduleError
-from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, simulate
+from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, schedule_info, simulate
+from planner.schedule.registry import SEGMENTED
+from planner.schedule.seq1f1b import causal_segment_scales
 from planner.schedule.render import timeline_renderable, timeline_svg
 from planner.units import MS_PER_S
 
+DEFAULT_SEGMENTS = 4
+"""seq1f1b's default k (Sun et al. 2024 evaluate k = 2, 4, 8)."""
 
-def _costs(stages: int, vpp: int, f: float, b: float, w: float | None, comm: float) -> StageCosts:
-    """Per-chunk costs in seconds from the per-rank millisecond flags (see the command help)."""
+
+def _costs(stages: int, vpp: int, f: float, b: float, w: float | None, comm: float,
+           pieces: int | None = None) -> StageCosts:
+    """Per-chunk costs in seconds from the per-rank millisecond flags (see the command help);
+    one micro-batch's rank cost is split over `pieces` actions (default V)."""
     for flag, value in (("--f", f), ("--b", b), ("--comm", comm)):
         if value < 0:
             raise ScheduleError(f"{flag} must be >= 0 ms, got {value}")
     weight = b / 2 if w is None else w
     if not 0 <= weight <= b:
         raise ScheduleError(f"--w is the weight-gradient part of --b, so 0 <= w <= b; got w={weight}, b={b}")
-    scale = vpp * MS_PER_S
+    scale = (vpp if pieces is None else pieces) * MS_PER_S
     return StageCosts.uniform(stages, vpp, f / scale, (b - weight) / scale, weight / scale, p2p=comm / MS_PER_S)
 
 
@@ -32,7 +40,14 @@ def simulate_command(
     schedule: str = typer.Option("1f1b", "--schedule", help=f"One of: {', '.join(SCHEDULES)}."),
     stages: int = typer.Option(4, "--stages", help="Pipeline ranks P."),
     microbatches: int = typer.Option(8, "--microbatches", help="Micro-batches per step M."),
-    vpp: int = typer.Option(1, "--vpp", help="Chunks (virtual stages) per rank V."),
+    vpp: int | None = typer.Option(None, "--vpp", help="Chunks (virtual stages) per rank V. Default: the "
+                                   "least the schedule takes (2 for zbv, dualpipev, interleaved_1f1b, chimera)."),
+    segments: int | None = typer.Option(None, "--segments", help="seq1f1b: sequence segments k per "
+                                        f"micro-batch (default {DEFAULT_SEGMENTS})."),
+    attention_share: float = typer.Option(0.0, "--attention-share", help="seq1f1b: share of --f and of the "
+                                          "input-grad part of --b that is causal attention, whose cost grows "
+                                          "with the segment's position ((2j+1)/k^2 of the whole sequence's); "
+                                          "0 = equal segments."),
     f: float = typer.Option(1.0, "--f", help="Forward ms of one micro-batch on one rank (all its chunks; "
                             "each chunk takes 1/V of it)."),
     b: float = typer.Option(2.0, "--b", help="Full backward ms (input grad + weight grad) of one micro-batch "
@@ -44,14 +59,28 @@ def simulate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of the picture."),
     svg: Path | None = typer.Option(None, "--svg", help="Also write the timeline as SVG to FILE.", metavar="FILE"),
 ) -> None:
-    """Simulate one step of a pipeline schedule with uniform per-rank costs and draw it."""
-    info = check_shape(schedule, stages, microbatches, vpp)
+    """Simulate one step of a pipeline schedule with uniform per-rank costs and draw it.
+
+    seq1f1b runs each micro-batch as k segments of 1/k of --f and --b (times
+    --attention-share's per-position factors); chimera's M micro-batches go half down, half
+    up (numbered per direction in the picture), each through one of a rank's two stages."""
+    if vpp is None:
+        vpp = schedule_info(schedule).min_vpp
+    if segments is None:
+        segments = DEFAULT_SEGMENTS if schedule in SEGMENTED else 1
+    info = check_shape(schedule, stages, microbatches, vpp, segments)
     if w is not None and not info.split_backward:
         stderr.print(f"warning: --w has no effect on {schedule}, whose backward is one B of --b ms",
                      markup=False, highlight=False)
-    costs = _costs(stages, vpp, f, b, w, comm)
-    result = simulate(compile_schedule(schedule, stages, microbatches, vpp), costs, timeline=True)
-    title = f"{schedule}  P={stages} M={microbatches} V={vpp}"
+    # a Chimera micro-batch runs one of a rank's two chunks (a whole stage); a seq1f1b unit is 1/k
+    pieces = 1 if schedule == "chimera" else segments if schedule in SEGMENTED else vpp
+    costs = _costs(stages, vpp, f, b, w, comm, pieces)
+    if attention_share:
+        if schedule not in SEGMENTED:
+            raise ScheduleError(f"--attention-share applies to {', '.join(sorted(SEGMENTED))} only, not {schedule}")
+        costs = replace(costs, unit_scale=causal_segment_scales(segments, attention_share) * microbatches)
+    result = simulate(compile_schedule(schedule, stages, microbatches, vpp, segments), costs, timeline=True)
+    title = f"{schedule}  P={stages} M={microbatches} V={vpp}" + (f" k={segments}" if segments > 1 else "")
     if svg is not None:
         try:
             svg.write_text(timeline_svg(result, title=title))
@@ -59,7 +88,10 @@ def simulate_command(
             raise PlannerError(f"cannot write {svg}: {exc.strerror}; pick a writable --svg path") from None
         stderr.print(f"wrote {svg}", markup=False, highlight=False)
     if as_json:
-        print_json(json.dumps(_figures(schedule, stages, microbatches, vpp, result), indent=2))
+        figures = _figures(schedule, stages, microbatches, vpp, result)
+        if segments > 1:
+            figures["segments"] = segments
+        print_json(json.dumps(figures, indent=2))
         return
     stdout.print(title, style="bold")
     stdout.print(timeline_renderable(result, width=stdout.width))

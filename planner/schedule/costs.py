@@ -55,6 +55,10 @@ class StageCosts:
     loss, and with it the graph its weight-gradient pass does not walk). None: nothing."""
     slowdown: tuple[float, ...] | None = None
     """Per-rank factor multiplying every compute time of that rank (straggler), 1.0 = nominal."""
+    unit_scale: tuple[float, ...] | None = None
+    """Per micro-batch index, a factor on its forward and input-grad times (W unscaled; a
+    full B scales its I part): Seq1F1B's segments, whose causal attention grows with their
+    position (`seq1f1b.causal_segment_scales`, repeated per micro-batch). None: all 1."""
 
     def __post_init__(self) -> None:
         num_ranks, vpp = self.num_ranks, self.vpp
@@ -78,6 +82,8 @@ class StageCosts:
             raise ScheduleError(
                 f"StageCosts.slowdown needs {num_ranks} positive factors, got {self.slowdown}"
             )
+        if self.unit_scale is not None and any(x < 0 for x in self.unit_scale):
+            raise ScheduleError(f"StageCosts.unit_scale factors must be >= 0, got {self.unit_scale}")
 
     def _check_nested(self, inner: str, inner_what: str, outer: str, outer_what: str) -> None:
         """`inner` bytes are a part of `outer` bytes on every chunk."""

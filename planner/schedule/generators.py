@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from planner.schedule.actions import B, F, I, W, Action, ActionType, PipelineOrder
 from planner.schedule.registry import check_shape, interleave_rounds
+from planner.schedule.chimera import chimera
+from planner.schedule.seq1f1b import seq1f1b
 from planner.schedule.v_schedules import dualpipev, zbv
 
 
@@ -172,12 +174,17 @@ def zb_h2(pp: int, num_microbatches: int) -> PipelineOrder:
     return order
 
 
-def generate(name: str, pp: int, num_microbatches: int, vpp: int = 1) -> PipelineOrder:
-    """Per-rank compute actions of schedule `name` for P=`pp`, M, V=`vpp` (checked first).
+def generate(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> PipelineOrder:
+    """Per-rank compute actions of schedule `name` for P=`pp`, M, V=`vpp` (checked first);
+    seq1f1b cuts each micro-batch into `segments` units (micro-batch index m*k + j).
 
     Raises ScheduleError for an unknown name or a shape the schedule does not define.
     """
-    check_shape(name, pp, num_microbatches, vpp)
+    check_shape(name, pp, num_microbatches, vpp, segments)
+    if name == "chimera":
+        return chimera(pp, num_microbatches)
+    if name == "seq1f1b":
+        return seq1f1b(pp, num_microbatches, segments)
     if name == "gpipe":
         return gpipe(pp, num_microbatches)
     if name == "1f1b":

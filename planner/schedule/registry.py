@@ -28,6 +28,8 @@ class ScheduleInfo:
     torch_name: str | None
     """Key for torch's `get_schedule_class`, or None when torch has no such class."""
     source: str
+    searched: bool = True
+    """Whether `planner plan` searches it (False: simulated only, named in `UNSEARCHED`)."""
 
     def allows_vpp(self, vpp: int) -> bool:
         """Whether `vpp` chunks per rank is defined for this schedule."""
@@ -62,11 +64,27 @@ SCHEDULES: dict[str, ScheduleInfo] = {
                      torch_name="ZBVZeroBubble", source="Qi et al. 2024, Zero Bubble PP, ZB-V"),
         ScheduleInfo(name="dualpipev", placement="v", split_backward=True, min_vpp=2, max_vpp=2,
                      torch_name="DualPipeV", source="DeepSeek-AI 2024, DualPipe (V variant)"),
+        ScheduleInfo(name="chimera", placement="v", split_backward=False, min_vpp=2, max_vpp=2,
+                     torch_name=None, searched=False,
+                     source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)"),
+        ScheduleInfo(name="seq1f1b", placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
+                     torch_name=None, searched=False,
+                     source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488"),
     )
 }
 
 TORCH_SCHEDULE_CLASS: dict[str, str | None] = {name: info.torch_name for name, info in SCHEDULES.items()}
 """Our schedule name -> torch `get_schedule_class` key (None: no torch class, use the CSV)."""
+
+
+SEGMENTED = frozenset({"seq1f1b"})
+"""Schedules whose pipelined unit is a sequence segment (they take `segments` k >= 1)."""
+
+
+def pipeline_starts(name: str, pp: int, vpp: int) -> frozenset[int]:
+    """Stages other than 0 where schedule `name` starts a separate pipeline: Chimera's up
+    direction begins at stage P (its chunk 1 of rank P-1); none for the others."""
+    return frozenset({pp}) if name == "chimera" and vpp == 2 else frozenset()
 
 
 def schedule_info(name: str) -> ScheduleInfo:
@@ -94,13 +112,30 @@ def interleave_rounds(pp: int, num_microbatches: int) -> tuple[int, int]:
     return rounds, num_microbatches // rounds
 
 
-def check_shape(name: str, pp: int, num_microbatches: int, vpp: int) -> ScheduleInfo:
-    """Raise ScheduleError unless schedule `name` is defined for (P, M, V); return its row.
+def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1) -> ScheduleInfo:
+    """Raise ScheduleError unless schedule `name` is defined for (P, M, V) and `segments`
+    sequence segments per micro-batch; return its row.
 
     Rules are torch's where torch implements the schedule: 1F1B needs M >= P, DualPipeV
-    M >= 2P, the interleaved schedules M % max(1, M // P) == 0 when V >= 2.
+    M >= 2P, the interleaved schedules M % max(1, M // P) == 0 when V >= 2. Chimera splits
+    M evenly between its two directions (M even); only seq1f1b takes segments > 1.
     """
     info = schedule_info(name)
+    if segments < 1 or (segments > 1 and name not in SEGMENTED):
+        raise ScheduleError(
+            f"segments={segments}: only {', '.join(sorted(SEGMENTED))} splits micro-batches into "
+            "sequence segments (segments >= 1); other schedules take segments=1"
+        )
+    if name == "chimera" and pp % 2:
+        raise ScheduleError(
+            f"chimera needs an even number of stages (as Li & Hoefler 2021: each direction's fill "
+            f"is the other's drain only for even depth); got stages={pp}"
+        )
+    if name == "chimera" and num_microbatches % 2:
+        raise ScheduleError(
+            f"chimera sends half the micro-batches down and half up, so microbatches must be even; "
+            f"got {num_microbatches}, use {num_microbatches + 1}"
+        )
     if pp < 1 or num_microbatches < 1 or vpp < 1:
         raise ScheduleError(
             f"pipeline shape must be positive: got stages={pp}, microbatches={num_microbatches}, vpp={vpp}"

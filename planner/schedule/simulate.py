@@ -39,6 +39,7 @@ from planner.errors import ScheduleError
 from planner.schedule.actions import B, F, I, W, Action, PipelineOrder
 from planner.schedule.costs import StageCosts
 from planner.schedule.generators import generate
+from planner.schedule.registry import pipeline_starts as schedule_pipeline_starts
 from planner.schedule.validate import OrderInfo, index_order
 
 _KIND_CODE = {F: 0, I: 1, W: 2, B: 3}
@@ -76,6 +77,8 @@ class CompiledSchedule:
     """Per rank, the positions of its actions in its list order (= time order)."""
     peak_inflight: tuple[int, ...]
     peak_inflight_freed_at_input_grad: tuple[int, ...]
+    unit: array
+    """Micro-batch index of each position (for `StageCosts.unit_scale`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,26 +156,31 @@ def _deadlock_message(order: PipelineOrder, flat: list[Action], offset: list[int
     )
 
 
-def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo) -> list[int]:
+def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo,
+                  pipeline_starts: frozenset[int]) -> list[int]:
     """Index in `flat` of each action's cross-stage input: F(s-1, m) for F(s, m), the
     backward (B or I) of (s+1, m) for a backward of (s, m); -1 for none (first-stage F,
-    last-stage backward, W: their inputs are earlier on the same rank)."""
+    last-stage backward, W: their inputs are earlier on the same rank). A stage in
+    `pipeline_starts` begins a separate pipeline: its F has no input and the stage before
+    it is a last stage (Chimera's two directions)."""
     num_mb, last = info.num_microbatches, info.num_stages - 1
     fwd, inp, _, full = tables
     dep = [-1] * len(flat)
     for g, (stage, kind, mb) in enumerate(flat):
         if kind == F:
-            if stage > 0:
+            if stage > 0 and stage not in pipeline_starts:
                 dep[g] = fwd[(stage - 1) * num_mb + mb]
-        elif kind != W and stage < last:
+        elif kind != W and stage < last and stage + 1 not in pipeline_starts:
             key = (stage + 1) * num_mb + mb
             dep[g] = full[key] if full[key] >= 0 else inp[key]
     return dep
 
 
-def compile_order(order: PipelineOrder) -> CompiledSchedule:
+def compile_order(order: PipelineOrder, pipeline_starts: frozenset[int] = frozenset()) -> CompiledSchedule:
     """Validate `order` (validate.check_order), resolve dependencies, find a topological
-    execution order; ScheduleError if invalid or deadlocked (naming each stuck rank)."""
+    execution order; ScheduleError if invalid or deadlocked (naming each stuck rank).
+    `pipeline_starts`: stages other than 0 that start a pipeline of their own (see
+    `_dependencies`; registry.pipeline_starts gives a schedule's)."""
     info, tables = index_order(order)
     num_ranks, vpp = info.num_ranks, info.vpp
     offset = [0] * (num_ranks + 1)
@@ -181,7 +189,7 @@ def compile_order(order: PipelineOrder) -> CompiledSchedule:
     flat = [a for r in range(num_ranks) for a in order[r]]
     rank_of = [r for r in range(num_ranks) for _ in order[r]]
     codes = [_KIND_CODE[kind] for _, kind, _ in flat]
-    dep = _dependencies(flat, tables, info)
+    dep = _dependencies(flat, tables, info, pipeline_starts)
 
     # Dependency-driven sweep: run each rank until its next action waits on another rank's
     # unfinished one, park it on that action, wake it when the action completes.
@@ -229,13 +237,16 @@ def compile_order(order: PipelineOrder) -> CompiledSchedule:
         rank_positions=tuple(array("i", position[offset[r]:offset[r + 1]]) for r in range(num_ranks)),
         peak_inflight=until_w,
         peak_inflight_freed_at_input_grad=until_i,
+        unit=array("i", [flat[g][2] for g in topo]),
     )
 
 
 @lru_cache(maxsize=32)
-def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1) -> CompiledSchedule:
-    """Generate schedule `name` for (P, M, V) and compile it; cached (search loops re-cost it)."""
-    return compile_order(generate(name, pp, num_microbatches, vpp))
+def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> CompiledSchedule:
+    """Generate schedule `name` for (P, M, V, segments) and compile it; cached (search loops
+    re-cost it)."""
+    order = generate(name, pp, num_microbatches, vpp, segments)
+    return compile_order(order, schedule_pipeline_starts(name, pp, vpp))
 
 
 def _slot_durations(costs: StageCosts) -> list[float]:
@@ -248,6 +259,26 @@ def _slot_durations(costs: StageCosts) -> list[float]:
             w = costs.backward_weight_s[r][c] * factor
             out += [f, i, w, i + w]
     return out
+
+
+def _scaled_durations(compiled: CompiledSchedule, slot_dur: list[float],
+                      scale: tuple[float, ...]) -> list[float]:
+    """Each position's duration with its micro-batch's factor on F and I (B: on its I part)."""
+    if len(scale) < compiled.info.num_microbatches:
+        raise ScheduleError(
+            f"StageCosts.unit_scale has {len(scale)} factors but the schedule has "
+            f"{compiled.info.num_microbatches} micro-batch indices; give one per index"
+        )
+    durs = []
+    for k, u in zip(compiled.slot, compiled.unit):
+        code, x = k & 3, scale[u]
+        if code == 3:  # B = I + W: W is slot k-1, I slot k-2
+            durs.append(slot_dur[k - 2] * x + slot_dur[k - 1])
+        elif code == 2:
+            durs.append(slot_dur[k])
+        else:
+            durs.append(slot_dur[k] * x)
+    return durs
 
 
 def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, ...] | None:
@@ -324,6 +355,8 @@ def simulate(
         )
     slot_dur = _slot_durations(costs)
     durs = [slot_dur[k] for k in compiled.slot]
+    if costs.unit_scale is not None:
+        durs = _scaled_durations(compiled, slot_dur, costs.unit_scale)
     p2p = costs.p2p_s
     lags = [p2p * x for x in compiled.remote] if p2p else repeat(0.0)
     end: list[float] = []
@@ -341,8 +374,12 @@ def simulate(
 
     num_ranks = info.num_ranks
     busy = [0.0] * num_ranks
-    for k, count in enumerate(compiled.slot_counts):
-        busy[k // (4 * info.vpp)] += count * slot_dur[k]
+    if costs.unit_scale is None:
+        for k, count in enumerate(compiled.slot_counts):
+            busy[k // (4 * info.vpp)] += count * slot_dur[k]
+    else:
+        for r, d in zip(compiled.rank, durs):
+            busy[r] += d
     spans = [end[pos[-1]] - (end[pos[0]] - durs[pos[0]]) for pos in compiled.rank_positions]
     span = max(spans)
     step = max(end) if end else 0.0

@@ -25,7 +25,7 @@ from planner.plan import RECOMPUTE_MODES
 from planner.predict import Prediction
 from planner.schedule import SCHEDULES
 from planner.search.search import Accept, Found, SearchResult, search
-from planner.search.space import DEFAULT_MBS, SearchSpace, candidates, meshes
+from planner.search.space import DEFAULT_MBS, SEARCHED_SCHEDULES, SearchSpace, candidates, meshes
 from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
@@ -77,7 +77,7 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
     for mbs in (layout.mbs // 2, layout.mbs * 2):
         if mbs >= 1 and (space.mbs is None or mbs in space.mbs):
             changes.append((f"mbs {mbs}", replace(pinned, mbs=(mbs,))))
-    for name in space.schedules or SCHEDULES:
+    for name in space.schedules or SEARCHED_SCHEDULES:
         if name != layout.schedule and layout.pp > 1:
             changes.append((f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp)))
     for vpp in (layout.vpp - 1, layout.vpp + 1):

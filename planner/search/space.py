@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from planner.errors import LayoutError, ScheduleError
+from planner.hints import planner_command
 from planner.layout import check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.schedule import SCHEDULES, check_shape
@@ -27,6 +28,8 @@ LONG_SEQUENCE = 16384
 """Sequences this long or longer also try context parallelism by default."""
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_DEFAULT_VPP = 8
+SEARCHED_SCHEDULES = tuple(name for name, info in SCHEDULES.items() if info.searched)
+"""The schedules `plan` compares (chimera and seq1f1b are simulated only)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +55,11 @@ class SearchSpace:
         for name in self.schedules or ():
             if name not in SCHEDULES:
                 raise ScheduleError(f"unknown schedule '{name}': use one of {', '.join(SCHEDULES)}")
+            if not SCHEDULES[name].searched:
+                raise ScheduleError(
+                    f"schedule '{name}' is simulated only ({planner_command('simulate', f'--schedule {name}')}), "
+                    f"not searched: use one of {', '.join(SEARCHED_SCHEDULES)}"
+                )
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise LayoutError(f"ZeRO stages are 0..3, got {list(self.zero)}")
 
@@ -116,7 +124,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
 
 def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:
     """(schedule, vpp) pairs defined for this pipeline shape within the space."""
-    names = space.schedules or tuple(SCHEDULES)
+    names = space.schedules or SEARCHED_SCHEDULES
     if pp == 1:
         return [("1f1b", 1)]
     shapes = []

@@ -71,8 +71,40 @@ def test_terminal_output_and_svg(capsys, tmp_path):
     assert root.tag.endswith("svg")
 
 
+@pytest.mark.parametrize(("schedule", "vpp"), [("zbv", 2), ("dualpipev", 2), ("interleaved_1f1b", 2),
+                                               ("chimera", 2), ("1f1b", 1), ("seq1f1b", 1)])
+def test_vpp_defaults_to_what_the_schedule_needs(capsys, schedule, vpp):
+    assert _json(capsys, "--schedule", schedule)["vpp"] == vpp
+
+
+@pytest.mark.parametrize("schedule, title", [("chimera", "chimera  P=4 M=8 V=2"), ("seq1f1b", "seq1f1b  P=4 M=8 V=1 k=4")])
+def test_chimera_and_seq1f1b_draw_their_timelines(capsys, tmp_path, schedule, title):
+    path = tmp_path / f"{schedule}.svg"
+    code, out, err = _run(capsys, "--schedule", schedule, "--svg", str(path))
+    assert code == 0, err
+    assert title in out and "rank 3" in out and "bubble" in out
+    assert ET.parse(path).getroot().tag.endswith("svg")
+
+
+def test_chimera_runs_each_microbatch_through_one_stage_and_seq1f1b_splits_it(capsys):
+    """--f/--b are one micro-batch on one rank: Chimera's rank runs M of them (M/2 on each of
+    its two stages), Seq1F1B's k segments of 1/k each; both match 1F1B's busy time, with less
+    bubble (P=4, M=8, f=1, b=2: 1F1B 3/11, Chimera 2(P-2)/(3M+2(P-2)) = 1/7, Seq1F1B k=4 3/35)."""
+    one, chim = _json(capsys, "--schedule", "1f1b"), _json(capsys, "--schedule", "chimera")
+    seq = _json(capsys, "--schedule", "seq1f1b", "--segments", "4")
+    assert one["busy_per_stage"] == chim["busy_per_stage"] == pytest.approx(seq["busy_per_stage"]) == [24.0] * 4
+    assert (one["bubble_fraction"], chim["bubble_fraction"], seq["bubble_fraction"]) == pytest.approx(
+        (3 / 11, 1 / 7, 3 / 35))
+    causal = _json(capsys, "--schedule", "seq1f1b", "--attention-share", "0.5")
+    assert causal["busy_per_stage"] == pytest.approx([24.0] * 4) and causal["step_time"] > seq["step_time"]
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--schedule", "2f2b"], "unknown schedule '2f2b'"),
+    (["--schedule", "chimera", "--stages", "3"], "even number of stages"),
+    (["--schedule", "1f1b", "--segments", "2"], "segments=2"),
+    (["--schedule", "1f1b", "--attention-share", "0.3"], "--attention-share applies to seq1f1b"),
+    (["--schedule", "seq1f1b", "--attention-share", "2"], "within 0..1"),
     (["--schedule", "zbv", "--vpp", "1"], "needs vpp 2"),
     (["--schedule", "1f1b", "--stages", "8", "--microbatches", "4"], "microbatches >= 8"),
     (["--schedule", "zb_h1", "--b", "1", "--w", "2"], "0 <= w <= b"),

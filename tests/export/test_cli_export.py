@@ -3,6 +3,7 @@ and turns every refusal or bad input into one line on stderr with exit code 2.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,18 @@ def test_plan_file_without_model_is_refused(tmp_path, capsys):
     path = plan_path(tmp_path, make_plan().model_copy(update={"model": None}))
     code, _, err = invoke(capsys, "export", str(path), "--to", "megatron", "-o", str(tmp_path / "out"))
     assert code == 2 and "no 'model' section" in err
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "torchtitan", "torch", "deepspeed"])
+@pytest.mark.parametrize("schedule, words", [("chimera", "opposite directions"), ("seq1f1b", "sequence segments")])
+def test_simulated_only_schedules_are_refused_by_every_exporter(runtime, schedule, words, tmp_path, capsys):
+    """No runtime runs Chimera or Seq1F1B (torch's CSV runtime would run a different
+    schedule: one V pipeline, or each segment as a whole micro-batch): one line naming it."""
+    plan = json.loads(make_plan("tiny-llama").model_dump_json())
+    plan["plans"][0]["schedule"] = schedule
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    code, _, err = invoke(capsys, "export", str(path), "--to", runtime, "-o", str(tmp_path / "out"))
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert f"schedule '{schedule}' is simulated only" in err and words in err
+    assert not (tmp_path / "out").exists()

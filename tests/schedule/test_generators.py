@@ -92,7 +92,8 @@ def test_bad_shapes_name_the_numbers_and_the_fix(name, pp, m, vpp, needle):
 
 
 def test_schedule_table():
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev"]
+    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev",
+                              "chimera", "seq1f1b"]
     zbv = schedule_info("zbv")
     assert (zbv.placement, zbv.split_backward, zbv.allows_vpp(2), zbv.allows_vpp(1)) == ("v", True, True, False)
     assert schedule_info("interleaved_1f1b").allows_vpp(7)

@@ -29,7 +29,9 @@ cost_value = st.floats(min_value=0.05, max_value=3.0, allow_nan=False).map(lambd
 @st.composite
 def cases(draw):
     """A schedule, a shape it accepts, and random per-(rank, chunk) costs."""
-    name = draw(st.sampled_from(list(SCHEDULES)))
+    # one pipeline of M micro-batches per stage; chimera's two (M/2 each) are checked in
+    # test_chimera_seq1f1b.py
+    name = draw(st.sampled_from([n for n in SCHEDULES if n != "chimera"]))
     info = schedule_info(name)
     pp = draw(st.integers(1, 5))
     vpp = draw(st.integers(info.min_vpp, info.max_vpp or 3))
