@@ -166,30 +166,79 @@ def every_other_matmul_saved(spec: ModelSpec, shard: Shard) -> float:
     return block_input + sum(BYTES_BF16 * g.m * g.n * g.count for g in matmuls[0::2]) + attention
 
 
-def transformer_param_count(spec: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one transformer block held by one of `tp` tensor-parallel GPUs. KV
-    heads are replicated when there are fewer of them than TP ranks (as Megatron does)."""
+def attention_param_count(spec: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one block's attention (projections and biases) on one of `tp` GPUs. KV
+    heads are replicated when there are fewer of them than TP ranks (as Megatron does). Latent
+    attention (MLA) splits its up-projections and output by heads and replicates its
+    down-projections and their norms (Megatron-Core's MLASelfAttention)."""
     h, d = spec.hidden_size, spec.kv_channels
+    if spec.is_mla:
+        heads = spec.num_attention_heads / tp
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        q = h * heads * qk if spec.q_lora_rank is None else (
+            h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * heads * qk)
+        kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank
+        kv += spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q + kv + heads * spec.v_head_dim * h
     q_width = spec.num_attention_heads * d / tp
     kv_width = max(spec.num_kv_heads / tp, 1) * d
-    norm = (2 if spec.norm == "layernorm" else 1) * h
     attn = h * (q_width + 2 * kv_width) + q_width * h
     if spec.qkv_bias:
         attn += q_width + 2 * kv_width
     if spec.linear_bias:
         attn += h
+    return attn
+
+
+def routed_expert_param_count(spec: ModelSpec, ep: int = 1, etp: int = 1, experts: int | None = None) -> float:
+    """Parameters of the routed experts of one MoE layer on one GPU: `experts` of them (all
+    when unset) spread over `ep` expert-parallel ranks, each split `etp` ways."""
     up = 2 if spec.activation == "swiglu" else 1
-    if spec.is_moe:
-        ffn = spec.expert_ffn_hidden_size / tp
-        mlp = spec.num_experts * (up + 1) * h * ffn + h * spec.num_experts
-        if spec.num_shared_experts:
-            mlp += (up + 1) * h * spec.ffn_hidden_size * spec.num_shared_experts / tp
-    else:
+    count = spec.num_experts if experts is None else experts
+    return count * (up + 1) * spec.hidden_size * spec.expert_ffn_hidden_size / (ep * etp)
+
+
+def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1, etp: int | None = None,
+                    active: bool = False) -> float:
+    """Parameters of one block's MLP on one GPU: dense (split over `tp`), or an MoE layer's
+    router (replicated), shared experts (split over `tp`) and routed experts (over `ep` x
+    `etp`, `etp` = `tp` when unset); with `active`, only the top-k experts a token runs."""
+    h, up = spec.hidden_size, 2 if spec.activation == "swiglu" else 1
+    if not moe:
         ffn = spec.ffn_hidden_size / tp
-        mlp = (up + 1) * h * ffn
-        if spec.linear_bias:
-            mlp += up * ffn + h
-    return attn + mlp + 2 * norm
+        return (up + 1) * h * ffn + ((up * ffn + h) if spec.linear_bias else 0.0)
+    experts = spec.moe_top_k if active else None
+    routed = routed_expert_param_count(spec, 1 if active else ep, 1 if active else (etp or tp), experts)
+    if active:
+        routed /= tp
+    return routed + h * spec.num_experts + (up + 1) * h * spec.shared_ffn_width / tp
+
+
+def transformer_param_count(spec: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None,
+                            moe: bool | None = None) -> float:
+    """Parameters of one transformer block held by one GPU of a `tp`-way tensor-parallel
+    group; an MoE block (`moe`, the model's predominant block when unset) holds its routed
+    experts split over `ep` x `etp` (`etp` = `tp` when unset, Megatron's default)."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    moe = spec.is_moe if moe is None else moe
+    return attention_param_count(spec, tp) + mlp_param_count(spec, tp, moe, ep, etp) + 2 * norm
+
+
+def active_param_count(spec: ModelSpec) -> float:
+    """Parameters one token runs through: every weight but the routed experts it is not sent
+    to (the input embedding counted, as model cards do)."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    blocks = sum(attention_param_count(spec) + 2 * norm
+                 + mlp_param_count(spec, moe=spec.is_moe_layer(i), active=True) for i in range(spec.num_layers))
+    return blocks + embedding_param_count(spec) + head_param_count(spec, shares_rank_with_embedding=True)
+
+
+def mtp_param_count(spec: ModelSpec) -> float:
+    """Parameters of the multi-token-prediction modules beyond those shared with the model
+    (embedding and head): per module two norms, the 2h x h projection and one MoE block."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    per_module = 2 * norm + 2 * spec.hidden_size**2 + transformer_param_count(spec, moe=spec.is_moe)
+    return spec.mtp_depth * per_module
 
 
 def embedding_param_count(spec: ModelSpec, tp: int = 1) -> float:
@@ -212,9 +261,10 @@ def head_param_count(spec: ModelSpec, tp: int = 1, shares_rank_with_embedding: b
 
 
 def total_param_count(spec: ModelSpec) -> float:
-    """All parameters of the model, counted once."""
+    """All parameters of the model, counted once (multi-token prediction aside: `mtp_param_count`)."""
+    blocks = sum(transformer_param_count(spec, moe=spec.is_moe_layer(i)) for i in range(spec.num_layers))
     return (
-        spec.num_layers * transformer_param_count(spec)
+        blocks
         + embedding_param_count(spec)
         + head_param_count(spec, shares_rank_with_embedding=True)
     )
