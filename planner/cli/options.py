@@ -126,7 +126,8 @@ def build_cost_model(
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
     """The micro-batch shape one GPU of the layout sees."""
-    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
+    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
+                 ep=layout.ep, etp=layout.etp)
 
 
 def cost_sources(cost_model: CostModel, layout: Layout, seq: int) -> dict[str, str]:

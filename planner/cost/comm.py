@@ -65,6 +65,14 @@ def reduce_scatter_time(nbytes: float, n: int, link: Link) -> float:
     return all_gather_time(nbytes, n, link)
 
 
+def all_to_all_time(nbytes: float, n: int, link: Link) -> float:
+    """All-to-all where each of n ranks sends nbytes in all, nbytes / n to each peer (its own
+    share stays): (n-1) alpha + (n-1)/n * m / beta."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) * link.latency_s + (n - 1) / n * nbytes / link.bandwidth_Bps
+
+
 def flat_all_reduce_time(nbytes: float, n: int, link: Link) -> float:
     """All-reduce on one link tier: the faster of ring and tree."""
     return min(ring_all_reduce_time(nbytes, n, link), tree_all_reduce_time(nbytes, n, link))
@@ -148,6 +156,18 @@ class Network:
     def reduce_scatter(self, nbytes: float, size: int, stride: int) -> float:
         """Reduce-scatter of an nbytes input buffer (mirror of all_gather)."""
         return self.all_gather(nbytes, size, stride)
+
+    def all_to_all(self, nbytes: float, size: int, stride: int) -> float:
+        """All-to-all in which each of `size` ranks `stride` apart sends nbytes spread evenly
+        over the group. Across nodes the share for peers on other nodes goes over the NICs
+        while the node's own share crosses NVLink at the same time; the slower sets the time."""
+        place = self.placement(size, stride)
+        if place.num_nodes == 1:
+            return all_to_all_time(nbytes, size, self.intra)
+        k = place.per_node
+        remote = (size - k) / size * nbytes / self.inter.bandwidth_Bps + (size - k) * self.inter.latency_s
+        local = all_to_all_time(nbytes * k / size, k, self.intra)
+        return max(remote, local)
 
     def p2p(self, nbytes: float, size: int, stride: int) -> float:
         """Send nbytes to the next member of a group of `size` ranks `stride` apart; the

@@ -44,6 +44,8 @@ class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
     selective_policy: SelectivePolicy = "core_attention"
+    moe_imbalance: float = 1.0
+    """Busiest expert-parallel rank's routed tokens over the mean (planner/cost/moe.py)."""
     eager_swiglu: bool = False
     """SwiGLU run op by op, `w2(silu(w1 x) * w3 x)` (torchtitan's FeedForward without
     torch.compile): the multiply keeps silu's output as well, one more FFN-wide tensor. A
@@ -81,13 +83,22 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
     tokens, rep = shard.local_tokens, shard.elementwise_tokens
     heads = spec.num_attention_heads / tp
     kv_heads = max(spec.num_kv_heads / tp, 1)
-    ffn = spec.expert_ffn_hidden_size * spec.moe_top_k if spec.is_moe else spec.ffn_hidden_size
+    ffn = spec.ffn_hidden_size
+    if spec.is_moe:  # routed copies on the busiest rank, and the shared experts
+        ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * options.moe_imbalance + spec.shared_ffn_width
     bf16 = BYTES_BF16
     saved = [
         SavedTensor("attn_norm_input", bf16 * rep * h, "keep"),
         SavedTensor("qkv_input", bf16 * rep * h, "keep"),
-        SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"),
     ]
+    if spec.is_mla:  # the compressed q and kv (replicated over TP), then q, k, v per head
+        qk, v = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
+        latents = (spec.q_lora_rank or 0) + spec.kv_lora_rank + spec.qk_rope_head_dim
+        saved += [SavedTensor("mla_latents", 2 * bf16 * tokens * latents, "keep"),
+                  SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "keep")]
+        d = v  # the attention output's per-head width
+    else:
+        saved.append(SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"))
     if options.flash_attention:
         saved += [
             SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"),
@@ -108,6 +119,10 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
         SavedTensor("mlp_norm_input", bf16 * rep * h, "keep"),
         SavedTensor("mlp_input", bf16 * rep * h, "keep"),
     ]
+    if spec.is_moe:  # router logits (fp32), the dispatched copies that enter the experts
+        saved += [SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
+                  SavedTensor("dispatched_tokens", bf16 * tokens * spec.moe_top_k * options.moe_imbalance * h / tp,
+                              "keep")]
     if spec.activation == "swiglu":
         saved += [
             SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
@@ -277,6 +292,12 @@ class StateBytes:
     weights: float
     grads: float
     optimizer: float
+
+
+def expert_dp_shards(tp: int, cp: int, dp: int, ep: int, etp: int) -> int:
+    """Expert data-parallel ranks (EDP) of Megatron's MoE parallel folding: the TP x CP x DP
+    ranks over ETP x EP."""
+    return max(1, tp * cp * dp // (ep * etp))
 
 
 def state_bytes_per_param(zero_stage: int, dp_shards: int) -> StateBytes:
