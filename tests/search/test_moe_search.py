@@ -100,3 +100,18 @@ def test_expert_shapes_fold_over_the_ranks():
     assert all(128 % ep == 0 and (tp * cp * dp) % (ep * etp) == 0 for tp, cp, dp, ep, etp in found)
     assert {ep for *_, ep, _ in found} == {1, 2, 4, 8, 16, 32, 64}
     assert (8, 1, 8, 64, 1) in found and (8, 1, 8, 8, 8) in found
+
+
+def test_explain_names_ep_etp_and_the_all_to_all_a_schedule_cannot_hide():
+    from planner.search.explain import alternatives
+
+    spec = resolve_model("mixtral-8x7b")
+    model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 64))
+    space = SearchSpace(tp=(2,), pp=(8,), mbs=(2,), schedules=("dualpipev", "zbv"), ep=(1, 2), etp=(1, 2))
+    best = search(model, 256, 4096, space, top=1).plans[0]
+    assert best.layout.schedule == "dualpipev"
+    changes = {a.change: a for a in alternatives(model, best, 256, 4096, space)}
+    assert {"ep 2", "schedule zbv"} <= set(changes)
+    assert changes["schedule zbv"].found.layout.schedule == "zbv"
+    zbv = changes["schedule zbv"].found.prediction.time_breakdown_s["moe_all_to_all"]
+    assert zbv > best.prediction.time_breakdown_s["moe_all_to_all"]
