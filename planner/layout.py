@@ -31,6 +31,14 @@ class Layout:
     zero_stage: int = 1
     stage_layers: tuple[tuple[LayerRange, ...], ...]
     """[rank][chunk] -> half-open range of transformer layers."""
+    ep: int = 1
+    """Expert-parallel degree; experts fold over the TP x CP x DP ranks as ETP x EP x EDP."""
+    etp: int | None = None
+    """Expert tensor-parallel degree; None: equal to tp (Megatron's default)."""
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
     @property
     def num_gpus(self) -> int:
@@ -115,6 +123,23 @@ def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch
         )
     if len(layout.recompute) != layout.pp:
         raise LayoutError(f"{len(layout.recompute)} recompute modes for {layout.pp} pipeline ranks")
+    check_expert_parallel(spec, layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+
+
+def check_expert_parallel(spec: ModelSpec, tp: int, cp: int, dp: int, ep: int, etp: int) -> None:
+    """Raise LayoutError unless EP and ETP fold over the TP x CP x DP ranks (Megatron's MoE
+    parallel folding): EP divides the experts, ETP the expert FFN, EP x ETP the ranks."""
+    if not spec.is_moe:
+        if ep > 1:
+            raise LayoutError(f"ep {ep} needs a mixture-of-experts model; {spec.name} is dense")
+        return
+    if spec.num_experts % ep:
+        raise LayoutError(f"ep {ep} does not divide the {spec.num_experts} experts of {spec.name}")
+    if spec.expert_ffn_hidden_size % etp:
+        raise LayoutError(f"etp {etp} does not divide the expert FFN width {spec.expert_ffn_hidden_size}")
+    if (tp * cp * dp) % (ep * etp):
+        raise LayoutError(f"ep {ep} x etp {etp} does not divide tp {tp} x cp {cp} x dp {dp} = {tp * cp * dp} "
+                          "ranks the experts fold over")
 
 
 def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
@@ -127,7 +152,7 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
         raise LayoutError(
             f"tp {tp} and the {spec.num_kv_heads} KV heads of {spec.name} must divide one another"
         )
-    ffn = spec.expert_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size
+    ffn = spec.ffn_hidden_size if not spec.is_moe or spec.first_dense_layers else spec.expert_ffn_hidden_size
     if ffn % tp:
         raise LayoutError(f"tp {tp} does not divide the FFN width {ffn} of {spec.name}")
 
@@ -147,11 +172,14 @@ def layout_from_entry(entry: PlanEntry) -> Layout:
         sequence_parallel=entry.sequence_parallel,
         zero_stage=entry.zero_stage,
         stage_layers=tuple(tuple(entry.chunks_of(r)) for r in range(entry.pp)),
+        ep=entry.ep,
+        etp=entry.etp,
     )
 
 
 def entry_from_layout(
-    layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16"
+    layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16",
+    precision: str = "bf16",
 ) -> PlanEntry:
     """The JSON-contract PlanEntry of a Layout and its prediction."""
     modes = set(layout.recompute)
@@ -174,6 +202,9 @@ def entry_from_layout(
         sequence_parallel=layout.sequence_parallel,
         zero_stage=layout.zero_stage,
         dtype=dtype,
+        ep=layout.ep,
+        etp=layout.etp,
+        precision=precision,
         stage_layers=stage_layers,
         predicted=predicted,
     )

@@ -111,6 +111,12 @@ class PlanEntry(BaseModel):
     """Per layer kind, where its compute times came from: "measured" (the profile spans the
     shape), "calibrated" (the analytic model fitted to the profile), "analytic" (the GPU
     preset's efficiencies)."""
+    ep: int = Field(default=1, gt=0)
+    """Expert-parallel degree (MoE): the experts fold over TP x CP x DP as ETP x EP x EDP."""
+    etp: int | None = Field(default=None, gt=0)
+    """Expert tensor-parallel degree (MoE); None: equal to tp, Megatron's default."""
+    precision: Literal["bf16", "fp8"] = "bf16"
+    """GEMM precision of the linear layers (planner/cost/model.py CostOptions.precision)."""
     runtimes: list[str] | None = None
     """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
     the exporters' order; None where not worked out (plan files written before this field)."""

@@ -32,6 +32,10 @@ from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.units import GiB
 
+PAIRED_SCHEDULES = frozenset({"dualpipev"})
+"""Schedules that run one micro-batch's forward beside another's backward on the same rank
+and overlap each one's MoE all-to-all with the other's compute (DeepSeek-V3 report, section
+3.2.1: DualPipe's computation-communication overlap)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,10 +109,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
     activation bytes per micro-batch, transient bytes, parameters, and the p2p time."""
     spec = model.spec
-    shard = Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp,
-                  sequence_parallel=layout.sequence_parallel)
+    shard = layout_shard(layout, seq)
     pp, vpp = layout.pp, layout.vpp
-    blocks = {mode: model.layer_costs("transformer", shard, mode) for mode in set(layout.recompute)}
+    paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
+    blocks = {mode: model.layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
     embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act = [], [], [], []
     extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
@@ -144,6 +148,19 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     )
 
 
+def layout_shard(layout: Layout, seq: int) -> Shard:
+    """The micro-batch shape one GPU of the layout sees."""
+    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
+                 ep=layout.ep, etp=layout.etp)
+
+
+def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
+    """Per pipeline rank, its transformer layers times one block's `field` in the rank's mode."""
+    shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
+    return [_layers_on(layout, r) * getattr(model.layer_costs("transformer", shard, layout.recompute[r], paired), field)
+            for r in range(layout.pp)]
+
+
 def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
     """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
     costs = chunk_costs(model, layout, seq)
@@ -161,9 +178,11 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     mfu = model_flops / (step * layout.num_gpus * peak)
     busy = timing.busy_s[critical]
     m = layout.num_microbatches
+    all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
     breakdown = {
         "compute": busy - m * costs.tp_comm_s[critical],
-        "tp_cp_comm": m * costs.tp_comm_s[critical],
+        "tp_cp_comm": m * costs.tp_comm_s[critical] - all_to_all,
+        **({"moe_all_to_all": all_to_all} if model.spec.is_moe else {}),
         "pipeline_bubble": timing.finish_s[critical] - busy,
         "dp_comm_exposed": dp_exposed[critical],
         "tied_embedding_grad": grads_done - done[critical],
@@ -287,24 +306,33 @@ def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: fl
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
                   peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
-    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r) for r in range(layout.pp))
+    per_layer = (memory.routed_expert_param_count(model.spec, layout.ep, layout.expert_tp)
+                 if model.spec.is_moe else 0.0)
+    experts = [per_layer * _layers_on(layout, r) for r in range(layout.pp)]
+    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r])
+                 for r in range(layout.pp))
 
 
 def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activations: float,
-                 rank: int) -> RankMemory:
+                 rank: int, expert_params: float = 0.0) -> RankMemory:
     state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
     params = costs.params[rank]
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+    expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
     activations = peak_activations + costs.extra_bytes[rank]
-    weights = params * state.weights
+    dense = params - expert_params
+    weights = dense * state.weights + expert_params * expert.weights
     if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
         weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
-    tensors = weights + params * (state.grads + state.optimizer) + activations
+    grads = dense * state.grads + expert_params * expert.grads
+    optimizer = dense * state.optimizer + expert_params * expert.optimizer
+    tensors = weights + grads + optimizer + activations
     outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,
                                              _in_embedding_group(model, layout, rank))
     return RankMemory(
         weights=weights,
-        grads=params * state.grads,
-        optimizer=params * state.optimizer,
+        grads=grads,
+        optimizer=optimizer,
         activations=activations,
         other=memory.other_bytes(tensors, outside),
         outside_allocator=outside,

@@ -52,8 +52,31 @@ class ModelSpec(BaseModel):
     moe_top_k: int = Field(default=0, ge=0)
     moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
     num_shared_experts: int = Field(default=0, ge=0)
+    # Mixture-of-experts layout, multi-head latent attention and multi-token prediction
+    # (issue 14). Defaults keep a dense model, or an MoE model with every layer MoE, as before.
+    shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
+    """Total hidden width of the shared experts; num_shared_experts x the expert width when unset."""
+    first_dense_layers: int = Field(default=0, ge=0)
+    """Leading layers with a dense MLP of width ffn_hidden_size (DeepSeek's first_k_dense_replace)."""
+    moe_layer_freq: int = Field(default=1, gt=0)
+    """After the dense ones, layer i (0-based) is MoE when (i + 1) % moe_layer_freq == 0
+    (Qwen's decoder_sparse_step); the others are dense."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0)
+    """Tokens an expert takes at most, relative to an even share; None: dropless routing."""
+    q_lora_rank: int | None = Field(default=None, gt=0)
+    """MLA: rank of the query's down-projection (None: a full query projection)."""
+    kv_lora_rank: int | None = Field(default=None, gt=0)
+    """MLA: rank of the joint key/value compression; set, the model uses latent attention."""
+    qk_rope_head_dim: int = Field(default=0, ge=0)
+    """MLA: per-head width of the rotary part of q and k (k's rotary part is shared by heads)."""
+    qk_nope_head_dim: int = Field(default=0, ge=0)
+    v_head_dim: int = Field(default=0, ge=0)
+    mtp_depth: int = Field(default=0, ge=0)
+    """Multi-token-prediction modules after the last layer (DeepSeek-V3: 1)."""
     published_params: float | None = None
     """Parameter count the model's authors report (documentation and tests only)."""
+    published_active_params: float | None = None
+    """Parameters per token the authors of an MoE model report (documentation and tests only)."""
     source: str = ""
 
     @model_validator(mode="after")
@@ -70,6 +93,10 @@ class ModelSpec(BaseModel):
             )
         if self.num_experts and not 0 < self.moe_top_k <= self.num_experts:
             raise ValueError(f"moe_top_k must be in 1..num_experts ({self.num_experts})")
+        if self.num_experts and not self.num_moe_layers:
+            raise ValueError("first_dense_layers and moe_layer_freq leave no MoE layer")
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
+            raise ValueError("latent attention (kv_lora_rank) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
         return self
 
     @property
@@ -84,6 +111,26 @@ class ModelSpec(BaseModel):
     @property
     def expert_ffn_hidden_size(self) -> int:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    @property
+    def shared_ffn_width(self) -> int:
+        """Hidden width of all shared experts together (0 without any)."""
+        if not self.num_shared_experts:
+            return 0
+        return self.shared_expert_ffn_hidden_size or self.num_shared_experts * self.expert_ffn_hidden_size
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3) instead of MHA/GQA."""
+        return self.kv_lora_rank is not None
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether transformer layer `index` (0-based) has routed experts."""
+        return self.is_moe and index >= self.first_dense_layers and (index + 1) % self.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers)) if self.is_moe else 0
 
     def block_fields(self, tp: int = 1, seq: int | None = None) -> dict[str, Any]:
         """Keyword arguments of `planner.torch_blocks.BlockConfig` for this model, with heads
@@ -232,7 +279,8 @@ def validation_message(exc: ValidationError, what: str) -> str:
     return f"{what}: field '{where}': {err['msg']}{extra}"
 
 
-_HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"}
+_HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe",
+                   "deepseek_v2", "deepseek_v3"}
 _HF_GPT_TYPES = {"gpt2", "gpt_bigcode", "bloom"}
 
 
@@ -265,7 +313,8 @@ def _require(config: dict[str, Any], *keys: str) -> Any:
 
 def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     heads = _require(config, "num_attention_heads")
-    experts = config.get("num_local_experts") or config.get("num_experts") or 0
+    experts = (config.get("num_local_experts") or config.get("num_experts")
+               or config.get("n_routed_experts") or 0)
     fields: dict[str, Any] = {
         "family": "llama",
         "num_layers": _require(config, "num_hidden_layers"),
@@ -286,8 +335,27 @@ def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
         fields["moe_top_k"] = _require(config, "num_experts_per_tok")
         if config.get("moe_intermediate_size"):
             fields["moe_ffn_hidden_size"] = config["moe_intermediate_size"]
-        if config.get("shared_expert_intermediate_size"):
+        if config.get("shared_expert_intermediate_size"):  # qwen2_moe: one gated shared expert
             fields["num_shared_experts"] = 1
+            fields["shared_expert_ffn_hidden_size"] = config["shared_expert_intermediate_size"]
+        if config.get("n_shared_experts"):  # deepseek: n experts of moe_intermediate_size
+            fields["num_shared_experts"] = config["n_shared_experts"]
+        if config.get("first_k_dense_replace"):
+            fields["first_dense_layers"] = config["first_k_dense_replace"]
+        freq = config.get("decoder_sparse_step") or config.get("moe_layer_freq") or 1
+        if freq > 1:
+            fields["moe_layer_freq"] = freq
+        if config.get("mlp_only_layers"):
+            raise ConfigError("model config: mlp_only_layers (dense layers at chosen places) is not "
+                              "supported; only leading dense layers and a regular MoE frequency")
+    if config.get("kv_lora_rank"):
+        fields.update(
+            kv_lora_rank=config["kv_lora_rank"], q_lora_rank=config.get("q_lora_rank"),
+            qk_rope_head_dim=_require(config, "qk_rope_head_dim"),
+            qk_nope_head_dim=_require(config, "qk_nope_head_dim"), v_head_dim=_require(config, "v_head_dim"),
+        )
+    if config.get("num_nextn_predict_layers"):
+        fields["mtp_depth"] = config["num_nextn_predict_layers"]
     return fields
 
 

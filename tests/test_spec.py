@@ -24,12 +24,16 @@ def test_required_presets_exist():
     assert len(tiny) >= 2
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "qwen2.5-72b", "mixtral-8x7b"])
+@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen3-30b-a3b",
+                                  "qwen3-235b-a22b", "deepseek-v3"])
 def test_hf_config_matches_preset(name):
     from_file = resolve_model(str(EXAMPLES / name / "config.json"))
     preset = resolve_model(name)
-    fields = ["family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-              "ffn_hidden_size", "vocab_size", "tie_embeddings", "qkv_bias", "num_experts", "moe_top_k"]
+    fields = ["family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels",
+              "ffn_hidden_size", "vocab_size", "tie_embeddings", "qkv_bias", "num_experts", "moe_top_k",
+              "expert_ffn_hidden_size", "num_shared_experts", "shared_ffn_width", "first_dense_layers",
+              "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+              "v_head_dim", "mtp_depth"]
     assert {f: getattr(from_file, f) for f in fields} == {f: getattr(preset, f) for f in fields}
     assert from_file.name == name
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from planner.catalog import gpu_presets, model_presets
 from planner.cli.app import app, print_json, stdout
-from planner.cost.memory import total_param_count
+from planner.cost.memory import active_param_count, total_param_count
 
 
 @app.command("models")
@@ -24,6 +24,7 @@ def models_command(
                 "name": name,
                 "family": spec.family,
                 "params_b": round(total_param_count(spec) / 1e9, 3),
+                "active_params_b": round(active_param_count(spec) / 1e9, 3),
                 "layers": spec.num_layers,
                 "hidden": spec.hidden_size,
                 "heads": spec.num_attention_heads,
@@ -31,6 +32,7 @@ def models_command(
                 "ffn": spec.ffn_hidden_size,
                 "vocab": spec.vocab_size,
                 "experts": spec.num_experts,
+                "top_k": spec.moe_top_k,
                 "source": spec.source,
             }
         )
@@ -38,12 +40,12 @@ def models_command(
         print_json(json.dumps({"models": rows}, indent=2))
         return
     table = Table(title="Built-in models (--model NAME, or a path to a config.json)")
-    for column in ("name", "family", "params", "layers", "hidden", "heads", "kv", "ffn", "vocab", "MoE"):
+    for column in ("name", "family", "params", "active", "layers", "hidden", "heads", "kv", "ffn", "vocab", "MoE"):
         table.add_column(column, justify="left" if column in ("name", "family") else "right")
     for r in rows:
-        moe = f"{r['experts']} experts" if r["experts"] else "-"
+        moe = f"top-{r['top_k']} of {r['experts']}" if r["experts"] else "-"
         table.add_row(
-            r["name"], r["family"], f"{r['params_b']:.2f}B", str(r["layers"]), str(r["hidden"]),
+            r["name"], r["family"], f"{r['params_b']:.2f}B", f"{r['active_params_b']:.2f}B", str(r["layers"]), str(r["hidden"]),
             str(r["heads"]), str(r["kv_heads"]), str(r["ffn"]), str(r["vocab"]), moe,
         )
     stdout.print(table)

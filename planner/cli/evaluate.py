@@ -51,6 +51,10 @@ def evaluate_command(
     sequence_parallel: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism "
                                                   "(default: on when tp > 1)."),
     zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage (1 = distributed optimizer)."),
+    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree (MoE)."),
+    etp: int | None = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp)."),
+    precision: str = opt.PRECISION,
+    moe_imbalance: float | None = opt.MOE_IMBALANCE,
     stage_layers: str | None = typer.Option(None, "--stage-layers", help="Layers per virtual stage in "
                                             "model order, comma-separated (default: as even as possible)."),
     runtime: str | None = typer.Option(None, "--runtime", help="Cost the layout as this runtime runs it "
@@ -91,11 +95,12 @@ def evaluate_command(
         tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
         schedule=schedule, recompute=parse_recompute(recompute, pp),
         sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel and tp > 1,
-        zero_stage=zero, stage_layers=cuts,
+        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
-    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+    cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance),
+        profile_only)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
         raise PlannerError(
@@ -107,7 +112,7 @@ def evaluate_command(
         stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
                      markup=False, highlight=False)
     prediction = predict(cost_model, layout, global_batch, seq)
-    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted()).model_copy(
+    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted(), precision=precision).model_copy(
         update={"cost_sources": sources})
     document = with_runtimes(plan_file([entry], spec, cluster, opt.cost_source(cost_model, calibrated)))
     entry = document.plans[0]

@@ -8,8 +8,7 @@ import typer
 
 from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.compute import AnalyticCompute
-from planner.cost.model import AnalyticSource, CostModel, CostOptions
+from planner.cost.model import AnalyticSource, CostModel, CostOptions, analytic_compute
 from planner.cost.shapes import LAYER_KINDS, Shard
 from planner.errors import ConfigError, LayoutError, PlannerError
 from planner.layout import Layout
@@ -41,6 +40,32 @@ CUDA_GRAPHS = typer.Option(False, "--cuda-graphs", help="The runtime replays CUD
                            "launch time per kernel.")
 INTERFERENCE = typer.Option(True, "--interference/--no-interference", help="Charge the slowdown that "
                             "communication overlapped with compute causes in it.")
+
+
+# Mixture of experts and FP8 (issue 14).
+EP_LIST = typer.Option(None, "--ep", help="Expert-parallel degrees to try (MoE; default: 1 and the powers "
+                       "of two dividing the experts that fold over TP x CP x DP).")
+ETP_LIST = typer.Option(None, "--etp", help="Expert tensor-parallel degrees to try (MoE; default: 1 and TP).")
+PRECISION = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 or fp8 "
+                         "(attention, norms, communication and the optimizer stay bf16/fp32).")
+MOE_IMBALANCE = typer.Option(None, "--moe-imbalance", help="Busiest expert-parallel rank's tokens over the "
+                             "mean under dropless routing (default 1.25: Switch Transformer's capacity factor).")
+
+
+def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float | None) -> CostOptions:
+    """`options` with the --precision and --moe-imbalance choices."""
+    from dataclasses import replace
+
+    from planner.cost.model import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise LayoutError(f"unknown precision '{precision}': choose {', '.join(PRECISIONS)}")
+    if moe_imbalance is not None and moe_imbalance < 1:
+        raise LayoutError(f"--moe-imbalance is the busiest rank's tokens over the mean, at least 1; got {moe_imbalance}")
+    changes = {"precision": precision}
+    if moe_imbalance is not None:
+        changes["moe_imbalance"] = moe_imbalance
+    return replace(options, **changes)
 
 
 def check_attention(attention: str | None) -> str | None:
@@ -116,17 +141,18 @@ def build_cost_model(
     try:
         calibration = fit_file(profile, measured.profile, cluster.gpu)
     except PlannerError:  # nothing to fit on (only recompute rows): the preset's efficiencies
-        fallback = AnalyticSource(spec, AnalyticCompute(cluster.gpu, options.dtype))
+        fallback = AnalyticSource(spec, analytic_compute(cluster.gpu, options))
         return CostModel(spec, cluster, options, MeasuredFirst(measured, fallback, "analytic"))
     gpu = fitted_gpu(cluster.gpu, calibration.efficiency, measured.profile.dtype, options.dtype)
-    fallback = AnalyticSource(spec, AnalyticCompute(gpu, options.dtype))  # as the fit: flash, fused traffic
+    fallback = AnalyticSource(spec, analytic_compute(gpu, options))  # as the fit: flash, fused traffic
     source = MeasuredFirst(measured, fallback, "calibrated", calibration)
     return CostModel(spec, cluster.model_copy(update={"gpu": gpu}), options, source)
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
     """The micro-batch shape one GPU of the layout sees."""
-    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
+    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
+                 ep=layout.ep, etp=layout.etp)
 
 
 def cost_sources(cost_model: CostModel, layout: Layout, seq: int) -> dict[str, str]:

@@ -37,16 +37,18 @@ from planner.search.space import SearchSpace
 from planner.units import GiB
 
 
-def build_space(tp, pp, cp, vpp, mbs, schedules, recompute, per_rank, sequence_parallel, zero, runtime) -> SearchSpace:
+def build_space(tp, pp, cp, vpp, mbs, schedules, recompute, per_rank, sequence_parallel, zero, runtime,
+                ep=None, etp=None) -> SearchSpace:
     """The search space from the command-line restrictions (and the runtime's rules)."""
-    for flag, values in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp), ("--mbs", mbs)):
+    for flag, values in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp), ("--mbs", mbs),
+                         ("--ep", ep), ("--etp", etp)):
         if values is not None and 0 in values:
             raise LayoutError(f"{flag} values must be at least 1")
     space = SearchSpace(
         tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, schedules=schedules,
         recompute=recompute or RECOMPUTE_MODES, per_rank_recompute=per_rank,
         sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
-        zero=zero or (1,),
+        zero=zero or (1,), ep=ep, etp=etp,
     )
     return restrict(space, runtime) if runtime else space
 
@@ -98,6 +100,10 @@ def plan_command(
     sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
     zero: str | None = opt.ZERO_LIST,
     runtime: str | None = opt.RUNTIME,
+    ep: str | None = opt.EP_LIST,
+    etp: str | None = opt.ETP_LIST,
+    precision: str = opt.PRECISION,
+    moe_imbalance: float | None = opt.MOE_IMBALANCE,
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     cut_solver: str = typer.Option("exact", "--cut-solver", help=f"Stage cut solver: {', '.join(CUT_SOLVERS)}."),
     explain: bool = typer.Option(False, "--explain", help="Say why nearby alternatives lost."),
@@ -122,9 +128,11 @@ def plan_command(
     cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
-                        opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime)
-    cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+                        opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
+                        opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"))
+    cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
+        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance),
+        profile_only)
     accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
                                opt.profile_check(cost_model, seq, profile_only))
     if runtime and (reason := model_refusal(spec, runtime)) is not None:
@@ -140,7 +148,8 @@ def plan_command(
                 "or drop --profile-only to calibrate them"
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
-    entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted()).model_copy(
+    entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted(),
+                                 precision=precision).model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
     document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated)))
     entries = document.plans

@@ -92,8 +92,9 @@ def plans_table(entries: list[PlanEntry], title: str) -> Table:
     """One row per plan: mesh, schedule, batching, recompute, cuts, the predictions and the
     runtimes that run it."""
     table = Table(title=title, title_justify="left", caption=runs_on_legend(), caption_justify="left")
-    columns = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero",
-               "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+    moe = any(entry.etp is not None for entry in entries)
+    columns = ("#", "tp", "pp", "dp", "cp", *(("ep", "etp") if moe else ()), "schedule", "V", "mbs", "M",
+               "recompute", "sp", "zero", "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
     for column in columns:
         table.add_column(column, justify="left" if column in ("schedule", "recompute", "cuts", "runs on")
                          else "right", overflow="fold" if column == "cuts" else "ellipsis")
@@ -104,7 +105,8 @@ def plans_table(entries: list[PlanEntry], title: str) -> Table:
             f"{p.bubble_fraction:.1%}", f"{max(p.memory_gb_per_stage):.1f}",
         )
         table.add_row(
-            str(rank), str(entry.tp), str(entry.pp), str(entry.dp), str(entry.cp), entry.schedule,
+            str(rank), str(entry.tp), str(entry.pp), str(entry.dp), str(entry.cp),
+            *((str(entry.ep), str(entry.etp or entry.tp)) if moe else ()), entry.schedule,
             str(entry.vpp), str(entry.mbs), str(entry.num_microbatches), recompute_text(entry),
             "y" if entry.sequence_parallel else "n", str(entry.zero_stage), cuts_text(entry), *figures,
             runs_on_text(entry.runtimes),

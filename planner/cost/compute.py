@@ -62,10 +62,14 @@ class LayerTimes:
 class AnalyticCompute:
     """Layer times on one GPU from FLOPs, bytes and the GPU's efficiency curves."""
 
-    def __init__(self, gpu: GpuSpec, dtype: str = "bf16", efficiency: GpuEfficiency | None = None):
+    def __init__(self, gpu: GpuSpec, dtype: str = "bf16", efficiency: GpuEfficiency | None = None,
+                 gemm_dtype: str | None = None):
         self.gpu = gpu
         self.eff = efficiency or gpu.efficiency
         self.peak = gpu.peak_flops(dtype)
+        self.gemm_peak = gpu.peak_flops(gemm_dtype) if gemm_dtype else self.peak
+        """Peak of the linear layers' GEMMs: the fp8 rate under FP8 training (Transformer
+        Engine runs the linears in fp8; attention, norms, softmax and the optimizer stay bf16/fp32)."""
         self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm
         self.overhead_s = self.eff.kernel_overhead_us * 1e-6
 
@@ -75,7 +79,7 @@ class AnalyticCompute:
     def gemm_time(self, m: int, n: int, k: int) -> float:
         """Seconds for one (m x k) @ (k x n) GEMM."""
         sat = self._saturation(m) * self._saturation(n) * self._saturation(k)
-        compute = 2.0 * m * n * k / (self.peak * self.eff.gemm * sat)
+        compute = 2.0 * m * n * k / (self.gemm_peak * self.eff.gemm * sat)
         memory = 2.0 * (m * k + k * n + m * n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 

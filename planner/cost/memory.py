@@ -44,6 +44,8 @@ class ActivationOptions:
     flash_attention: bool = True
     dropout: bool = False
     selective_policy: SelectivePolicy = "core_attention"
+    moe_imbalance: float = 1.0
+    """Busiest expert-parallel rank's routed tokens over the mean (planner/cost/moe.py)."""
     eager_swiglu: bool = False
     """SwiGLU run op by op, `w2(silu(w1 x) * w3 x)` (torchtitan's FeedForward without
     torch.compile): the multiply keeps silu's output as well, one more FFN-wide tensor. A
@@ -81,13 +83,22 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
     tokens, rep = shard.local_tokens, shard.elementwise_tokens
     heads = spec.num_attention_heads / tp
     kv_heads = max(spec.num_kv_heads / tp, 1)
-    ffn = spec.expert_ffn_hidden_size * spec.moe_top_k if spec.is_moe else spec.ffn_hidden_size
+    ffn = spec.ffn_hidden_size
+    if spec.is_moe:  # routed copies on the busiest rank, and the shared experts
+        ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * options.moe_imbalance + spec.shared_ffn_width
     bf16 = BYTES_BF16
     saved = [
         SavedTensor("attn_norm_input", bf16 * rep * h, "keep"),
         SavedTensor("qkv_input", bf16 * rep * h, "keep"),
-        SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"),
     ]
+    if spec.is_mla:  # the compressed q and kv (replicated over TP), then q, k, v per head
+        qk, v = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
+        latents = (spec.q_lora_rank or 0) + spec.kv_lora_rank + spec.qk_rope_head_dim
+        saved += [SavedTensor("mla_latents", 2 * bf16 * tokens * latents, "keep"),
+                  SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "keep")]
+        d = v  # the attention output's per-head width
+    else:
+        saved.append(SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"))
     if options.flash_attention:
         saved += [
             SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"),
@@ -108,6 +119,10 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
         SavedTensor("mlp_norm_input", bf16 * rep * h, "keep"),
         SavedTensor("mlp_input", bf16 * rep * h, "keep"),
     ]
+    if spec.is_moe:  # router logits (fp32), the dispatched copies that enter the experts
+        saved += [SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
+                  SavedTensor("dispatched_tokens", bf16 * tokens * spec.moe_top_k * options.moe_imbalance * h / tp,
+                              "keep")]
     if spec.activation == "swiglu":
         saved += [
             SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
@@ -166,30 +181,79 @@ def every_other_matmul_saved(spec: ModelSpec, shard: Shard) -> float:
     return block_input + sum(BYTES_BF16 * g.m * g.n * g.count for g in matmuls[0::2]) + attention
 
 
-def transformer_param_count(spec: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one transformer block held by one of `tp` tensor-parallel GPUs. KV
-    heads are replicated when there are fewer of them than TP ranks (as Megatron does)."""
+def attention_param_count(spec: ModelSpec, tp: int = 1) -> float:
+    """Parameters of one block's attention (projections and biases) on one of `tp` GPUs. KV
+    heads are replicated when there are fewer of them than TP ranks (as Megatron does). Latent
+    attention (MLA) splits its up-projections and output by heads and replicates its
+    down-projections and their norms (Megatron-Core's MLASelfAttention)."""
     h, d = spec.hidden_size, spec.kv_channels
+    if spec.is_mla:
+        heads = spec.num_attention_heads / tp
+        qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
+        q = h * heads * qk if spec.q_lora_rank is None else (
+            h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * heads * qk)
+        kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank
+        kv += spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
+        return q + kv + heads * spec.v_head_dim * h
     q_width = spec.num_attention_heads * d / tp
     kv_width = max(spec.num_kv_heads / tp, 1) * d
-    norm = (2 if spec.norm == "layernorm" else 1) * h
     attn = h * (q_width + 2 * kv_width) + q_width * h
     if spec.qkv_bias:
         attn += q_width + 2 * kv_width
     if spec.linear_bias:
         attn += h
+    return attn
+
+
+def routed_expert_param_count(spec: ModelSpec, ep: int = 1, etp: int = 1, experts: int | None = None) -> float:
+    """Parameters of the routed experts of one MoE layer on one GPU: `experts` of them (all
+    when unset) spread over `ep` expert-parallel ranks, each split `etp` ways."""
     up = 2 if spec.activation == "swiglu" else 1
-    if spec.is_moe:
-        ffn = spec.expert_ffn_hidden_size / tp
-        mlp = spec.num_experts * (up + 1) * h * ffn + h * spec.num_experts
-        if spec.num_shared_experts:
-            mlp += (up + 1) * h * spec.ffn_hidden_size * spec.num_shared_experts / tp
-    else:
+    count = spec.num_experts if experts is None else experts
+    return count * (up + 1) * spec.hidden_size * spec.expert_ffn_hidden_size / (ep * etp)
+
+
+def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1, etp: int | None = None,
+                    active: bool = False) -> float:
+    """Parameters of one block's MLP on one GPU: dense (split over `tp`), or an MoE layer's
+    router (replicated), shared experts (split over `tp`) and routed experts (over `ep` x
+    `etp`, `etp` = `tp` when unset); with `active`, only the top-k experts a token runs."""
+    h, up = spec.hidden_size, 2 if spec.activation == "swiglu" else 1
+    if not moe:
         ffn = spec.ffn_hidden_size / tp
-        mlp = (up + 1) * h * ffn
-        if spec.linear_bias:
-            mlp += up * ffn + h
-    return attn + mlp + 2 * norm
+        return (up + 1) * h * ffn + ((up * ffn + h) if spec.linear_bias else 0.0)
+    experts = spec.moe_top_k if active else None
+    routed = routed_expert_param_count(spec, 1 if active else ep, 1 if active else (etp or tp), experts)
+    if active:
+        routed /= tp
+    return routed + h * spec.num_experts + (up + 1) * h * spec.shared_ffn_width / tp
+
+
+def transformer_param_count(spec: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None,
+                            moe: bool | None = None) -> float:
+    """Parameters of one transformer block held by one GPU of a `tp`-way tensor-parallel
+    group; an MoE block (`moe`, the model's predominant block when unset) holds its routed
+    experts split over `ep` x `etp` (`etp` = `tp` when unset, Megatron's default)."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    moe = spec.is_moe if moe is None else moe
+    return attention_param_count(spec, tp) + mlp_param_count(spec, tp, moe, ep, etp) + 2 * norm
+
+
+def active_param_count(spec: ModelSpec) -> float:
+    """Parameters one token runs through: every weight but the routed experts it is not sent
+    to (the input embedding counted, as model cards do)."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    blocks = sum(attention_param_count(spec) + 2 * norm
+                 + mlp_param_count(spec, moe=spec.is_moe_layer(i), active=True) for i in range(spec.num_layers))
+    return blocks + embedding_param_count(spec) + head_param_count(spec, shares_rank_with_embedding=True)
+
+
+def mtp_param_count(spec: ModelSpec) -> float:
+    """Parameters of the multi-token-prediction modules beyond those shared with the model
+    (embedding and head): per module two norms, the 2h x h projection and one MoE block."""
+    norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
+    per_module = 2 * norm + 2 * spec.hidden_size**2 + transformer_param_count(spec, moe=spec.is_moe)
+    return spec.mtp_depth * per_module
 
 
 def embedding_param_count(spec: ModelSpec, tp: int = 1) -> float:
@@ -212,9 +276,10 @@ def head_param_count(spec: ModelSpec, tp: int = 1, shares_rank_with_embedding: b
 
 
 def total_param_count(spec: ModelSpec) -> float:
-    """All parameters of the model, counted once."""
+    """All parameters of the model, counted once (multi-token prediction aside: `mtp_param_count`)."""
+    blocks = sum(transformer_param_count(spec, moe=spec.is_moe_layer(i)) for i in range(spec.num_layers))
     return (
-        spec.num_layers * transformer_param_count(spec)
+        blocks
         + embedding_param_count(spec)
         + head_param_count(spec, shares_rank_with_embedding=True)
     )
@@ -227,6 +292,12 @@ class StateBytes:
     weights: float
     grads: float
     optimizer: float
+
+
+def expert_dp_shards(tp: int, cp: int, dp: int, ep: int, etp: int) -> int:
+    """Expert data-parallel ranks (EDP) of Megatron's MoE parallel folding: the TP x CP x DP
+    ranks over ETP x EP."""
+    return max(1, tp * cp * dp // (ep * etp))
 
 
 def state_bytes_per_param(zero_stage: int, dp_shards: int) -> StateBytes:

@@ -17,6 +17,7 @@ from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
 from planner.cost.kernel_counts import host_times, op_counts
+from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, layer_work, separate_matmuls
 from planner.spec import Cluster, GpuSpec, ModelSpec
@@ -25,6 +26,8 @@ from planner.units import DTYPE_BYTES
 
 CpComm = Literal["ring", "all_gather"]
 CP_COMM: tuple[str, ...] = get_args(CpComm)
+Precision = Literal["bf16", "fp8"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,16 +71,32 @@ class CostOptions:
     interference: bool = True
     """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
 
+    # Mixture of experts and FP8 (issue 14).
+    precision: Precision = "bf16"
+    """GEMM precision of the linear layers: "fp8" runs them at the GPU's fp8 peak (Transformer
+    Engine's FP8 recipe); attention, norms, softmax, communication, the saved activations and
+    the optimizer stay in bf16/fp32, and MFU stays over the bf16 peak."""
+    moe_imbalance: float = 1.25
+    """Busiest expert-parallel rank's tokens over the mean under dropless routing
+    (planner/cost/moe.py `DEFAULT_IMBALANCE`, with its source)."""
+
     @property
     def flash_attention(self) -> bool:
         """A fused attention kernel (anything but "unfused")."""
         return self.attention != "unfused"
 
     def __post_init__(self) -> None:
+        if self.moe_imbalance < 1:
+            raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
-                              ("attention", ATTENTION_IMPLS)):
+                              ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+
+def analytic_compute(gpu: GpuSpec, options: CostOptions) -> AnalyticCompute:
+    """The analytic roofline for `options`: its dtype, and fp8 GEMMs under FP8 precision."""
+    return AnalyticCompute(gpu, options.dtype, gemm_dtype="fp8" if options.precision == "fp8" else None)
 
 
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
@@ -110,7 +129,8 @@ class AnalyticSource:
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         opts = self.options
-        work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout)
+        work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout,
+                          imbalance=imbalance_of(self.spec, shard, opts.moe_imbalance))
         if opts.elementwise_traffic != 1.0:
             work = replace(
                 work,
@@ -155,6 +175,10 @@ class LayerCosts:
     peak_extra_bytes: float
     """Transient memory above the saved activations while the layer runs its backward."""
     param_count: float
+    moe_comm_s: float = 0.0
+    """Exposed all-to-all (dispatch and combine, forward and backward): part of comm_*_s."""
+    expert_param_count: float = 0.0
+    """Part of param_count that are routed experts (their optimizer shards over EDP)."""
 
     @property
     def backward_s(self) -> float:
@@ -175,7 +199,7 @@ class CostModel:
         self.cluster = cluster
         self.options = options
         self.network = Network.of(cluster)
-        self.analytic = AnalyticCompute(cluster.gpu, options.dtype)
+        self.analytic = analytic_compute(cluster.gpu, options)
         if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
             self.analytic.attention_rates(options.attention)
         self.source = source or AnalyticSource(spec, self.analytic, options)
@@ -183,45 +207,86 @@ class CostModel:
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
         )
+        self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.options.dtype]
 
-    def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none") -> LayerCosts:
+    def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none", paired: bool = False) -> LayerCosts:
+        """`paired`: the schedule runs another micro-batch's compute beside this one's
+        all-to-all (DualPipeV), which hides it but for the slowdown it causes."""
         times = self.source.layer_times(kind, shard)
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
-        comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd)
+        moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
+        comm_fwd, comm_bwd = comm_fwd + moe_fwd, comm_bwd + moe_bwd
+        comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd - moe_fwd)
         hidden = 1.0 - self.options.tp_comm_overlap
         # the overlapped TP communication slows the GEMMs it runs beside
         sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
         overlapped = self.options.tp_comm_overlap * sm_share
         recompute_s = self._recompute_time(kind, shard, recompute, times)
+        act_options = self._act_options(shard)
         saved = self._measured_activation_bytes(kind, shard, recompute)
         if saved is None:
-            saved = memory.activation_bytes(self.spec, kind, shard, recompute, self.act_options)
+            saved = memory.activation_bytes(self.spec, kind, shard, recompute, act_options)
         extra = 0.0
         if kind == "transformer" and recompute == "full":
-            extra = memory.activation_bytes(self.spec, kind, shard, "none", self.act_options)
+            extra = memory.activation_bytes(self.spec, kind, shard, "none", act_options)
         elif kind == "head":  # bf16 logits live beside their fp32 softmax in the forward
             extra = self.dtype_bytes * shard.local_tokens * self.spec.vocab_size / shard.tp
-        params = {
-            "transformer": memory.transformer_param_count,
-            "embedding": memory.embedding_param_count,
-            "head": memory.head_param_count,
-        }[kind](self.spec, shard.tp)
+        experts = 0.0
+        if kind == "transformer":
+            params = memory.transformer_param_count(self.spec, shard.tp, shard.ep, shard.etp)
+            if self.spec.is_moe:
+                experts = memory.routed_expert_param_count(self.spec, shard.ep, shard.etp or shard.tp)
+        else:
+            params = {"embedding": memory.embedding_param_count,
+                      "head": memory.head_param_count}[kind](self.spec, shard.tp)
+        # TP overlap hides TP/CP collectives, not the all-to-all (its own term above)
         return LayerCosts(
-            forward_s=times.forward_s + overlapped * comm_fwd,
-            backward_input_s=times.backward_input_s + recompute_s + overlapped * comm_bwd,
+            forward_s=times.forward_s + overlapped * (comm_fwd - moe_fwd),
+            backward_input_s=times.backward_input_s + recompute_s + overlapped * (comm_bwd - moe_bwd),
             backward_weight_s=times.backward_weight_s,
-            comm_forward_s=comm_fwd * hidden,
-            comm_backward_s=comm_bwd * hidden,
+            comm_forward_s=(comm_fwd - moe_fwd) * hidden + moe_fwd,
+            comm_backward_s=(comm_bwd - moe_bwd) * hidden + moe_bwd,
             recompute_s=recompute_s,
             activation_bytes=saved,
             peak_extra_bytes=extra,
             param_count=params,
+            moe_comm_s=moe_fwd + moe_bwd,
+            expert_param_count=experts,
         )
+
+    def _act_options(self, shard: Shard) -> memory.ActivationOptions:
+        if not self.spec.is_moe or shard.ep == 1:
+            return self.act_options
+        return replace(self.act_options, moe_imbalance=imbalance_of(self.spec, shard, self.options.moe_imbalance))
+
+    def _moe_comm(self, kind: str, shard: Shard, recompute: str, times: LayerTimes,
+                  paired: bool) -> tuple[float, float]:
+        """Forward and backward seconds of an MoE block's token all-to-all over its EP group
+        (dispatch and combine each way; full recompute re-runs the forward's two) and, with
+        ETP > 1, the all-gather and reduce-scatter of the routed tokens over the ETP group.
+        Ranks fold as Megatron's "etp-ep-edp" order: ETP fastest, EP next. `paired`: hidden
+        behind another micro-batch's compute (its backward for a forward, and back)."""
+        spec = self.spec
+        if kind != "transformer" or not spec.is_moe:
+            return 0.0, 0.0
+        etp = shard.etp or shard.tp
+        sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance_of(spec, shard, self.options.moe_imbalance)
+        one_way = self.network.all_to_all(sent, shard.ep, etp)
+        if etp > 1:
+            one_way += self.network.all_gather(sent * etp, etp, 1)
+        fwd, bwd = 2 * one_way, 2 * one_way
+        if recompute == "full":
+            bwd += fwd
+        if paired:
+            sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+            fwd, bwd = (overlapped_extra_time(fwd, times.backward_s, sm_share),
+                        overlapped_extra_time(bwd, times.forward_s, sm_share))
+        return fwd, bwd
 
     def _measured_activation_bytes(self, kind: str, shard: Shard, recompute: str) -> float | None:
         """Saved bytes from a measured profile of the same dtype, where it has them (the

@@ -41,6 +41,10 @@ class Shard:
     tp: int = 1
     cp: int = 1
     sequence_parallel: bool = False
+    ep: int = 1
+    """Expert-parallel degree (MoE layers)."""
+    etp: int | None = None
+    """Expert tensor-parallel degree; None: equal to tp (Megatron's default)."""
 
     @property
     def local_tokens(self) -> int:
@@ -80,38 +84,54 @@ class LayerWork:
         return sum(g.flops for g in self.gemms)
 
 
-def transformer_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
-    """The forward GEMMs of one transformer block on one TP shard."""
+def attention_head_dims(spec: ModelSpec) -> tuple[int, int]:
+    """Per-head width of q and k, and of v: (d, d), or MLA's (nope + rope, v_head_dim)."""
+    if spec.is_mla:
+        return spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
+    return spec.kv_channels, spec.kv_channels
+
+
+def attention_gemms(spec: ModelSpec, shard: Shard) -> list[Gemm]:
+    """The forward projections of one block's attention on one TP shard. Latent attention
+    (MLA) runs its down-projections replicated on every TP rank (Megatron-Core's
+    MLASelfAttention) and splits the up-projections and the output by heads."""
     tokens, h, tp = shard.local_tokens, spec.hidden_size, shard.tp
+    if spec.is_mla:
+        heads = spec.num_attention_heads // tp
+        qk, v = attention_head_dims(spec)
+        rope, kv_rank = spec.qk_rope_head_dim, spec.kv_lora_rank
+        if spec.q_lora_rank is None:
+            q = [Gemm("q", tokens, heads * qk, h)]
+        else:
+            q = [Gemm("q_down", tokens, spec.q_lora_rank, h), Gemm("q_up", tokens, heads * qk, spec.q_lora_rank)]
+        return [*q, Gemm("kv_down", tokens, kv_rank + rope, h),
+                Gemm("kv_up", tokens, heads * (spec.qk_nope_head_dim + v), kv_rank),
+                Gemm("attn_out", tokens, h, heads * v)]
     d = spec.kv_channels
     q_width = spec.num_attention_heads * d
     kv_width = spec.num_kv_heads * d
-    gemms = [
+    return [
         Gemm("qkv", tokens, (q_width + 2 * kv_width) // tp, h),
         Gemm("attn_out", tokens, h, q_width // tp),
     ]
+
+
+def transformer_gemms(spec: ModelSpec, shard: Shard, moe: bool | None = None,
+                      imbalance: float = 1.0) -> tuple[Gemm, ...]:
+    """The forward GEMMs of one transformer block on one TP shard: an MoE block (`moe`, the
+    model's predominant block when unset) on its busiest expert-parallel rank."""
+    from planner.cost.moe import moe_gemms
+
+    tokens, h, tp = shard.local_tokens, spec.hidden_size, shard.tp
+    gemms = attention_gemms(spec, shard)
+    if spec.is_moe if moe is None else moe:
+        return (*gemms, *moe_gemms(spec, shard, imbalance))
     up_factor = 2 if spec.activation == "swiglu" else 1
-    if spec.is_moe:
-        ffn = spec.expert_ffn_hidden_size
-        routed = tokens * spec.moe_top_k
-        per_expert = max(1, routed // spec.num_experts)
-        gemms += [
-            Gemm("router", tokens, spec.num_experts, h),
-            Gemm("expert_up", per_expert, up_factor * ffn // tp, h, spec.num_experts),
-            Gemm("expert_down", per_expert, h, ffn // tp, spec.num_experts),
-        ]
-        if spec.num_shared_experts:
-            shared = spec.ffn_hidden_size * spec.num_shared_experts
-            gemms += [
-                Gemm("shared_up", tokens, up_factor * shared // tp, h),
-                Gemm("shared_down", tokens, h, shared // tp),
-            ]
-    else:
-        ffn = spec.ffn_hidden_size
-        gemms += [
-            Gemm("mlp_up", tokens, up_factor * ffn // tp, h),
-            Gemm("mlp_down", tokens, h, ffn // tp),
-        ]
+    ffn = spec.ffn_hidden_size
+    gemms += [
+        Gemm("mlp_up", tokens, up_factor * ffn // tp, h),
+        Gemm("mlp_down", tokens, h, ffn // tp),
+    ]
     return tuple(gemms)
 
 
@@ -138,7 +158,8 @@ def attention_core_flops(spec: ModelSpec, shard: Shard, flash: bool) -> float:
     """Forward FLOPs of QK^T and AV on one shard. A fused causal (flash) kernel skips the
     masked half: 2*b*s^2*a*d/(tp*cp); the unfused path computes the full square, twice that."""
     heads = spec.num_attention_heads // shard.tp
-    full = 4.0 * shard.mbs * shard.seq * shard.seq * heads * spec.kv_channels / shard.cp
+    qk, v = attention_head_dims(spec)
+    full = 2.0 * shard.mbs * shard.seq * shard.seq * heads * (qk + v) / shard.cp
     return full / 2 if flash else full
 
 
@@ -167,11 +188,12 @@ def attention_passes(spec: ModelSpec, shard: Shard, dropout: bool) -> tuple[tupl
 
 
 def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "flash2",
-               dropout: bool = False) -> LayerWork:
+               dropout: bool = False, imbalance: float = 1.0) -> LayerWork:
     """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`, its
-    attention core run by `attention` (fused kernels, or "unfused") with or without dropout."""
+    attention core run by `attention` (fused kernels, or "unfused") with or without dropout;
+    an MoE block's on its busiest expert-parallel rank (`imbalance` x the mean tokens)."""
     if kind == "transformer":
-        return _transformer_work(spec, shard, attention, dropout)
+        return _transformer_work(spec, shard, attention, dropout, imbalance)
     if kind == "embedding":
         return _embedding_work(spec, shard)
     if kind == "head":
@@ -179,23 +201,29 @@ def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "fl
     raise ValueError(f"unknown layer kind {kind!r}; expected one of {LAYER_KINDS}")
 
 
-def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bool) -> LayerWork:
+def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bool,
+                      imbalance: float = 1.0) -> LayerWork:
     h, tp = spec.hidden_size, shard.tp
     tokens, rep_tokens = shard.local_tokens, shard.elementwise_tokens
-    ffn = spec.expert_ffn_hidden_size * max(1, spec.moe_top_k) if spec.is_moe else spec.ffn_hidden_size
+    ffn = spec.ffn_hidden_size
+    if spec.is_moe:
+        ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * imbalance + spec.shared_ffn_width
     act_width = ffn // tp
     # bf16 bytes moved by the memory-bound kernels, forward: two norms (read x, write y),
     # two residual adds (read 2, write 1), RoPE on q and k (read, write), the activation
     # function (SwiGLU reads 2 and writes 1 of width ffn; GeLU reads 1, writes 1).
     norm_and_residual = (2 * 2 + 2 * 3) * rep_tokens * h * 2
-    q_k_width = (spec.num_attention_heads + spec.num_kv_heads) * spec.kv_channels / tp
+    if spec.is_mla:  # RoPE on the rotary part of each q head and on the one shared k part
+        q_k_width = (spec.num_attention_heads / tp + 1) * spec.qk_rope_head_dim
+    else:
+        q_k_width = (spec.num_attention_heads + spec.num_kv_heads) * spec.kv_channels / tp
     rope = 2 * tokens * q_k_width * 2 if spec.position_embedding == "rope" else 0.0
     act = (3 if spec.activation == "swiglu" else 2) * tokens * act_width * 2
     fwd_bytes = norm_and_residual + rope + act
     flash = attention != "unfused"
     unfused = attention_passes(spec, shard, dropout) if not flash else ((), 0.0, 0.0, 0)
     return LayerWork(
-        gemms=transformer_gemms(spec, shard),
+        gemms=transformer_gemms(spec, shard, imbalance=imbalance),
         attention_flops=attention_core_flops(spec, shard, flash),
         attention_seq=shard.seq // shard.cp,
         elementwise_bytes_fwd=fwd_bytes,
@@ -248,7 +276,10 @@ def model_flops_per_token(spec: ModelSpec, seq: int) -> float:
     in a matmul (all but the input embedding tables; MoE: the active experts only) and the
     attention term counts QK^T and AV over the full (not causally halved) square."""
     shard = Shard(mbs=1, seq=seq)
-    block = sum(g.flops for g in transformer_gemms(spec, shard)) / seq
+    kinds = [spec.is_moe_layer(i) for i in range(spec.num_layers)]
+    blocks = sum(kinds.count(moe) * sum(g.flops for g in transformer_gemms(spec, shard, moe)) / seq
+                 for moe in set(kinds))
     head = 2.0 * spec.hidden_size * spec.vocab_size
-    attention = 12.0 * spec.num_layers * spec.num_attention_heads * spec.kv_channels * seq
-    return 3.0 * (spec.num_layers * block + head) + attention
+    qk, v = attention_head_dims(spec)
+    attention = 6.0 * spec.num_layers * spec.num_attention_heads * (qk + v) * seq
+    return 3.0 * (blocks + head) + attention

@@ -117,12 +117,43 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
         if spec.qkv_bias:
             args.append("--add-qkv-bias")
     if spec.is_moe:
-        args += ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
-                 "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size)]
-        if spec.num_shared_experts:
-            shared = spec.num_shared_experts * spec.expert_ffn_hidden_size
-            args += ["--moe-shared-expert-intermediate-size", str(shared)]
+        args += _moe_model_args(spec)
+    if spec.is_mla:
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(spec.kv_lora_rank),
+                 "--qk-head-dim", str(spec.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(spec.qk_rope_head_dim),
+                 "--v-head-dim", str(spec.v_head_dim)]
+        if spec.q_lora_rank is not None:
+            args += ["--q-lora-rank", str(spec.q_lora_rank)]
+    if spec.mtp_depth:
+        args += ["--mtp-num-layers", str(spec.mtp_depth)]
     return args
+
+
+def _moe_model_args(spec: ModelSpec) -> list[str]:
+    """Experts, top-k, expert width, shared experts, the dense/MoE layer pattern, the grouped
+    GEMM and the all-to-all token dispatcher the planner costs, dropless or capacity-capped."""
+    args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
+            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size),
+            "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+    if spec.shared_ffn_width:
+        args += ["--moe-shared-expert-intermediate-size", str(spec.shared_ffn_width)]
+    if spec.first_dense_layers or spec.moe_layer_freq > 1:
+        pattern = [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]
+        args += ["--moe-layer-freq", _pattern_text(pattern)]
+    if spec.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", str(spec.moe_capacity_factor), "--moe-pad-expert-input-to-capacity"]
+    return args
+
+
+def _pattern_text(pattern: list[int]) -> str:
+    """A 0/1 layer list as Megatron's --moe-layer-freq expression, e.g. ([0]*3+[1]*58)."""
+    runs: list[list[int]] = []
+    for value in pattern:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
 
 
 def _check_schedule(entry: PlanEntry) -> None:
@@ -161,6 +192,11 @@ def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
         args += ["--context-parallel-size", str(entry.cp)]
     if entry.sequence_parallel and entry.tp > 1:
         args.append("--sequence-parallel")
+    if spec.is_moe:
+        args += ["--expert-model-parallel-size", str(entry.ep),
+                 "--expert-tensor-parallel-size", str(entry.etp or entry.tp)]
+    elif entry.ep > 1:
+        raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
     args += _data_parallel_args(entry)
     return args
 
@@ -223,6 +259,10 @@ def _recompute_args(entry: PlanEntry) -> list[str]:
 
 
 def _precision_args(entry: PlanEntry) -> list[str]:
+    if entry.precision == "fp8":  # Transformer Engine's hybrid recipe: e4m3 forward, e5m2 gradients
+        if entry.dtype != "bf16":
+            raise ExportError(f"{RUNTIME}: fp8 GEMMs with dtype '{entry.dtype}'; Megatron-LM's FP8 runs beside bf16")
+        return ["--bf16", "--fp8-format", "hybrid"]
     if entry.dtype in ("bf16", "fp16"):
         return [f"--{entry.dtype}"]
     if entry.dtype == "fp32":

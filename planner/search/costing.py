@@ -24,7 +24,7 @@ from planner.cost.model import CostModel, LayerCosts
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import virtual_stage
-from planner.predict import layout_memory, optimizer_time
+from planner.predict import PAIRED_SCHEDULES, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
@@ -45,14 +45,15 @@ class Parts:
 def shard_of(candidate: Candidate, seq: int) -> Shard:
     """The micro-batch shape one GPU of the candidate sees."""
     return Shard(mbs=candidate.mbs, seq=seq, tp=candidate.tp, cp=candidate.cp,
-                 sequence_parallel=candidate.sequence_parallel)
+                 sequence_parallel=candidate.sequence_parallel, ep=candidate.ep, etp=candidate.etp)
 
 
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
     """The candidate's layer costs (cached by the cost model)."""
     shard = shard_of(candidate, seq)
+    paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
     return Parts(
-        blocks=tuple(model.layer_costs("transformer", shard, mode) for mode in candidate.modes),
+        blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in candidate.modes),
         embedding=model.layer_costs("embedding", shard),
         head=model.layer_costs("head", shard),
     )
@@ -72,6 +73,18 @@ def state_bytes(candidate: Candidate) -> float:
     """Weight, gradient and optimizer bytes per parameter under the candidate's ZeRO stage."""
     s = memory.state_bytes_per_param(candidate.zero_stage, candidate.dp * candidate.cp)
     return s.weights + s.grads + s.optimizer
+
+
+def block_state_bytes(candidate: Candidate, block: LayerCosts) -> float:
+    """Training-state bytes of one block: its routed experts' state shards over the expert
+    data-parallel ranks (EDP = TP x CP x DP / (ETP x EP)), the rest over DP x CP."""
+    dense = state_bytes(candidate) * block.param_count
+    if not block.expert_param_count:
+        return dense
+    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
+                                  candidate.etp or candidate.tp)
+    s = memory.state_bytes_per_param(candidate.zero_stage, edp)
+    return dense + block.expert_param_count * (s.weights + s.grads + s.optimizer - state_bytes(candidate))
 
 
 def total_params(model: CostModel, parts: Parts) -> float:
@@ -100,11 +113,12 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     for rank in range(pp):
         per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
         fixed = state * _fixed_params(model, parts, rank, last) - per_layer_act * slack
-        per_layer = state * parts.blocks[0].param_count + per_layer_act / vpp
+        per_layer = block_state_bytes(candidate, parts.blocks[0]) + per_layer_act / vpp
         inverse_sum += 1.0 / per_layer
         weighted_sum += fixed / per_layer
     tensors = (model.spec.num_layers + weighted_sum) / inverse_sum
-    tensors = max(tensors, total_params(model, parts) * state / pp)
+    layer_state = block_state_bytes(candidate, parts.blocks[0]) - state * parts.blocks[0].param_count
+    tensors = max(tensors, (total_params(model, parts) * state + model.spec.num_layers * layer_state) / pp)
     return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
@@ -115,7 +129,7 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed = [state * _fixed_params(model, parts, rank, last) for rank in range(candidate.pp)]
-    per_mode = {mode: (state * block.param_count, block.activation_bytes)
+    per_mode = {mode: (block_state_bytes(candidate, block), block.activation_bytes)
                 for mode, block in zip(candidate.modes, parts.blocks)}
     grow = 1 + memory.FRAGMENTATION
     least_fixed = outside_tensor_bytes(model, candidate)
@@ -188,7 +202,7 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
             for block in parts.blocks
         ))
         layer_bytes.append(tuple(
-            grow * (block.param_count * state + held * block.activation_bytes) for block in parts.blocks
+            grow * (block_state_bytes(candidate, block) + held * block.activation_bytes) for block in parts.blocks
         ))
     return RankCosts(
         modes=candidate.modes,
@@ -207,7 +221,7 @@ def layout_of(candidate: Candidate, stage_layers, recompute: tuple[str, ...]) ->
         tp=candidate.tp, pp=candidate.pp, dp=candidate.dp, cp=candidate.cp, vpp=candidate.vpp,
         mbs=candidate.mbs, num_microbatches=candidate.num_microbatches, schedule=candidate.schedule,
         recompute=recompute, sequence_parallel=candidate.sequence_parallel,
-        zero_stage=candidate.zero_stage, stage_layers=stage_layers,
+        zero_stage=candidate.zero_stage, stage_layers=stage_layers, ep=candidate.ep, etp=candidate.etp,
     )
 
 

@@ -34,6 +34,7 @@ PART_NAMES = {
     "tp_cp_comm": "TP/CP communication",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm_exposed": "DP communication",
+    "moe_all_to_all": "MoE all-to-all",
     "optimizer": "optimizer step",
 }
 LARGER_GPUS = ("h200", "b200", "mi300x")
@@ -59,7 +60,8 @@ def layout_text(layout: Layout) -> str:
     modes = sorted(set(layout.recompute))
     return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.schedule} V{layout.vpp} "
             f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
-            f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}")
+            f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}"
+            f"{f' ep{layout.ep} etp{layout.expert_tp}' if layout.etp is not None else ''}")
 
 
 def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, space: SearchSpace,
@@ -93,6 +95,13 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
     for zero in space.zero:
         if zero != layout.zero_stage:
             changes.append((f"zero {zero}", replace(pinned, zero=(zero,))))
+    if layout.etp is not None:  # an MoE layout: its expert folding, one degree at a time
+        for ep in (layout.ep // 2, layout.ep * 2):
+            if ep >= 1 and (space.ep is None or ep in space.ep):
+                changes.append((f"ep {ep}", replace(pinned, ep=(ep,))))
+        for etp in sorted({1, layout.tp} - {layout.expert_tp}):
+            if space.etp is None or etp in space.etp:
+                changes.append((f"etp {etp}", replace(pinned, etp=(etp,))))
     limit = model.cluster.memory_limit_bytes
     result = []
     for change, changed in changes:
@@ -247,7 +256,8 @@ def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:
     """A space holding exactly the layout's choices (recompute left to the space)."""
     return replace(space, tp=(layout.tp,), pp=(layout.pp,), cp=(layout.cp,), vpp=(layout.vpp,), mbs=(layout.mbs,),
                    schedules=(layout.schedule,), sequence_parallel=(layout.sequence_parallel,),
-                   zero=(layout.zero_stage,))
+                   zero=(layout.zero_stage,), ep=(layout.ep,),
+                   etp=(layout.etp,) if layout.etp is not None else space.etp)
 
 
 def _slower_because(best: Prediction, other: Prediction) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from planner.errors import LayoutError, ScheduleError
 from planner.hints import planner_command
-from planner.layout import check_tensor_parallel
+from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.schedule import SCHEDULES, check_shape
 from planner.spec import Cluster, ModelSpec
@@ -47,6 +47,10 @@ class SearchSpace:
     """Let the cut solver give each pipeline rank its own recompute mode."""
     sequence_parallel: tuple[bool, ...] | None = None
     zero: tuple[int, ...] = (1,)
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees (MoE); default: 1 and the powers of two dividing the experts."""
+    etp: tuple[int, ...] | None = None
+    """Expert tensor-parallel degrees (MoE); default: 1 and the candidate's TP."""
 
     def __post_init__(self) -> None:
         for mode in self.recompute:
@@ -80,6 +84,8 @@ class Candidate:
     zero_stage: int
     modes: tuple[str, ...]
     """Recompute modes the cut solver may choose from, per rank."""
+    ep: int = 1
+    etp: int | None = None
     empty_ends: bool = False
     """Cut with the first and last virtual stages holding only the embedding and the head
     (as Llama 3 405B trained), the other layers even; otherwise solver and even cuts."""
@@ -110,6 +116,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
             if global_batch % (dp * mbs):
                 continue
             m = global_batch // (dp * mbs)
+            experts = expert_shapes(spec, tp, cp, dp, space)
             for schedule, vpp in schedule_shapes(spec, pp, m, space):
                 ends = [e for e in (False, True) if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
                         and (pp > 1 or not e)]
@@ -117,9 +124,33 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
                     for zero in space.zero:
                         for modes in mode_sets:
                             for empty_ends in ends:
-                                yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
-                                                num_microbatches=m, schedule=schedule, sequence_parallel=sp,
-                                                zero_stage=zero, modes=modes, empty_ends=empty_ends)
+                                for ep, etp in experts:
+                                    yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
+                                                    num_microbatches=m, schedule=schedule, sequence_parallel=sp,
+                                                    zero_stage=zero, modes=modes, empty_ends=empty_ends,
+                                                    ep=ep, etp=etp)
+
+
+def expert_shapes(spec: ModelSpec, tp: int, cp: int, dp: int, space: SearchSpace) -> list[tuple[int, int | None]]:
+    """(ep, etp) pairs that fold over this mesh's TP x CP x DP ranks; (1, None) for a dense model."""
+    if not spec.is_moe:
+        return [(1, None)]
+    ranks = tp * cp * dp
+    eps = space.ep or [e for e in _powers_of_two(spec.num_experts) if e <= ranks]
+    etps = space.etp or sorted({1, tp})
+    shapes = []
+    for etp in etps:
+        for ep in eps:
+            try:
+                check_expert_parallel(spec, tp, cp, dp, ep, etp)
+            except LayoutError:
+                continue
+            shapes.append((ep, etp))
+    return shapes
+
+
+def _powers_of_two(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
 
 
 def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:

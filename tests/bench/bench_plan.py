@@ -25,6 +25,7 @@ REQUESTS = [
     # model, GPUs, global batch, seq, target seconds (issue 4)
     ("llama3-405b", 16384, 2048, 8192, 10.0),
     ("llama3-70b", 1024, 1024, 8192, 2.0),
+    ("deepseek-v3", 2048, 4096, 4096, 10.0),  # MoE: EP x ETP in the space (issue 14)
 ]
 
 
@@ -53,7 +54,7 @@ def run(repeats: int) -> list[dict]:
             "candidates": s.candidates, "pruned_memory": s.pruned_memory, "pruned_bound": s.pruned_bound,
             "layouts_over_memory": s.out_of_memory, "simulated": s.simulated,
             "best": f"tp{top.layout.tp} pp{top.layout.pp} dp{top.layout.dp} {top.layout.schedule} "
-                    f"V{top.layout.vpp} mbs{top.layout.mbs}",
+                    f"V{top.layout.vpp} mbs{top.layout.mbs}{f' ep{top.layout.ep}' if top.layout.ep > 1 else ''}",
             "best_mfu": round(top.prediction.mfu, 4),
         })
     return rows

@@ -11,26 +11,40 @@ from planner.cost.shapes import Shard, attention_core_flops, layer_work, model_f
 def matmul_params(spec) -> float:
     """Weights that take part in a matmul, counted from the parameter formulas (not from
     the GEMM list): everything but embedding tables, norms and biases; MoE counts the
-    top-k routed experts (the ones a token actually passes through)."""
-    h, d = spec.hidden_size, spec.kv_channels
-    attn = h * spec.num_attention_heads * d * 2 + 2 * h * spec.num_kv_heads * d
-    up = 3 if spec.activation == "swiglu" else 2
-    if spec.is_moe:
-        mlp = spec.moe_top_k * up * h * spec.expert_ffn_hidden_size + h * spec.num_experts
+    top-k routed experts (the ones a token actually passes through), the shared ones and
+    the router, dense layers their own MLP; MLA its down- and up-projections."""
+    h, d, a = spec.hidden_size, spec.kv_channels, spec.num_attention_heads
+    if spec.kv_lora_rank:
+        qk, v = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
+        attn = h * spec.q_lora_rank + spec.q_lora_rank * a * qk + h * (spec.kv_lora_rank + spec.qk_rope_head_dim)
+        attn += spec.kv_lora_rank * a * (spec.qk_nope_head_dim + v) + a * v * h
     else:
-        mlp = up * h * spec.ffn_hidden_size
-    return spec.num_layers * (attn + mlp) + spec.vocab_size * h
+        attn = h * a * d * 2 + 2 * h * spec.num_kv_heads * d
+    up = 3 if spec.activation == "swiglu" else 2
+    dense = up * h * spec.ffn_hidden_size
+    moe = 0
+    if spec.is_moe:
+        moe = spec.moe_top_k * up * h * spec.expert_ffn_hidden_size + h * spec.num_experts
+        moe += up * h * spec.shared_ffn_width
+    moe_layers = spec.num_moe_layers
+    return spec.num_layers * attn + moe_layers * moe + (spec.num_layers - moe_layers) * dense + spec.vocab_size * h
 
 
 def test_training_flops_match_six_n_plus_attention(preset):
     seq = 2048
     shard = Shard(mbs=1, seq=seq)
-    gemm = sum(g.flops for g in layer_work(preset, "transformer", shard).gemms) * preset.num_layers
-    gemm += sum(g.flops for g in layer_work(preset, "head", shard).gemms)
     attention = attention_core_flops(preset, shard, flash=False) * preset.num_layers
     six_n = 6 * matmul_params(preset) * seq
-    twelve_lhs = 12 * preset.num_layers * preset.num_attention_heads * preset.kv_channels * seq * seq
-    assert 3 * gemm == pytest.approx(six_n, rel=1e-3)
+    a = preset.num_attention_heads
+    if preset.kv_lora_rank:  # QK^T over nope + rope, AV over v
+        twelve_lhs = 6 * preset.num_layers * a * (preset.qk_nope_head_dim + preset.qk_rope_head_dim
+                                                  + preset.v_head_dim) * seq * seq
+    else:
+        twelve_lhs = 12 * preset.num_layers * a * preset.kv_channels * seq * seq
+    if preset.num_moe_layers in (0, preset.num_layers):  # every block alike
+        gemm = sum(g.flops for g in layer_work(preset, "transformer", shard).gemms) * preset.num_layers
+        gemm += sum(g.flops for g in layer_work(preset, "head", shard).gemms)
+        assert 3 * gemm == pytest.approx(six_n, rel=1e-3)
     assert 3 * attention == pytest.approx(twelve_lhs, rel=1e-12)
     assert model_flops_per_token(preset, seq) * seq == pytest.approx(six_n + twelve_lhs, rel=1e-3)
 
@@ -65,6 +79,8 @@ def test_parameter_formulas_agree_with_gemm_shapes(preset):
     weights = sum(g.n * g.k * (preset.num_experts if g.name.startswith("expert") else 1) for g in gemms)
     h, d = preset.hidden_size, preset.kv_channels
     norms = 2 * h * (2 if preset.norm == "layernorm" else 1)
+    if preset.kv_lora_rank:  # MLA normalises its compressed q and kv
+        norms += (preset.q_lora_rank or 0) + preset.kv_lora_rank
     biases = 0
     if preset.qkv_bias:
         biases += (preset.num_attention_heads + 2 * preset.num_kv_heads) * d

@@ -55,7 +55,7 @@ def exported_argv(plan_file, tmp_path):
     return out.rstrip("\0").split("\0"), launch
 
 
-def megatron_validate(megatron, plan_file, tmp_path, monkeypatch):
+def megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=True):
     """Megatron's parse_args + validate_args + TransformerConfig on the exported arguments."""
     arguments, parallel_state, _, _ = megatron
     argv, launch = exported_argv(plan_file, tmp_path)
@@ -70,8 +70,13 @@ def megatron_validate(megatron, plan_file, tmp_path, monkeypatch):
         monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
     # No GPU here: report a Hopper GPU (arch 9) as the plans target H100s.
     monkeypatch.setattr(arguments, "get_device_arch_version", lambda: 9)
+    import torch  # --moe-grouped-gemm asks the device's compute capability: Hopper's (9, 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
     args = arguments.validate_args(arguments.parse_args())
+    if not build_config:  # TransformerConfig wants Transformer Engine for FP8, not installable here
+        return args, None
     # The fused RoPE kernel comes from Transformer Engine, which does not install on a CPU box.
     args.apply_rope_fusion = False
     config = arguments.core_transformer_config_from_args(args)
@@ -177,3 +182,44 @@ def test_megatron_refuses_alibi_models():
 
     with pytest.raises(ExportError, match="ALiBi"):
         export_megatron(make_plan("bloom-176b", stage_layers=[[0, 35], [35, 70]]))
+
+
+MOE_PLANS = {
+    "deepseek_v3_ep_mla_mtp": dict(
+        model="deepseek-v3", tp=2, pp=1, dp=32, ep=16, etp=1, num_microbatches=2, seq=4096, sequence_parallel=True,
+        stage_layers=[[0, 61]]),
+    "mixtral_ep_etp": dict(
+        model="mixtral-8x7b", tp=4, pp=2, dp=4, ep=4, etp=2, num_microbatches=8, seq=4096, sequence_parallel=True,
+        stage_layers=[[0, 16], [16, 32]]),
+    "qwen3_ep_across_dp": dict(
+        model="qwen3-30b-a3b", tp=1, pp=2, dp=16, ep=8, etp=1, num_microbatches=4, seq=4096,
+        stage_layers=[[0, 24], [24, 48]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOE_PLANS))
+def test_megatron_accepts_moe_plans(name, megatron, tmp_path, monkeypatch):
+    fields = dict(MOE_PLANS[name])
+    plan_file = make_plan(fields.pop("model"), **fields)
+    entry, spec = plan_file.plans[0], plan_file.model
+    args, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch)
+    assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (entry.ep, entry.etp)
+    assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == (
+        spec.num_experts, spec.moe_top_k, spec.expert_ffn_hidden_size)
+    assert args.moe_grouped_gemm and args.moe_token_dispatcher_type == "alltoall"
+    # Megatron's own layer pattern: MoE exactly where the spec says
+    pattern = config.moe_layer_freq if isinstance(config.moe_layer_freq, list) else [1] * spec.num_layers
+    assert pattern == [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]
+    if spec.is_mla:
+        assert config.multi_latent_attention and (config.q_lora_rank, config.kv_lora_rank) == (1536, 512)
+        assert (config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim) == (128, 64, 128)
+        assert config.mtp_num_layers == 1
+        assert config.moe_shared_expert_intermediate_size == 2048
+
+
+def test_megatron_accepts_fp8_moe_arguments(megatron, tmp_path, monkeypatch):
+    plan_file = make_plan("mixtral-8x7b", tp=2, pp=1, dp=4, ep=4, etp=1, num_microbatches=2, seq=4096,
+                          sequence_parallel=True, stage_layers=[[0, 32]], precision="fp8")
+    args, _ = megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=False)
+    assert args.fp8 == "hybrid" and args.bf16 and args.expert_model_parallel_size == 4
+

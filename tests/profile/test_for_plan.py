@@ -35,9 +35,9 @@ def _asked(spec, cluster, global_batch, seq, space):
     model = CostModel(spec, cluster)
     asked, real = set(), model.layer_costs
 
-    def record(kind, shard, recompute="none"):
+    def record(kind, shard, recompute="none", paired=False):  # paired: DualPipeV's hidden all-to-all
         asked.add((kind, shard, recompute))
-        return real(kind, shard, recompute)
+        return real(kind, shard, recompute, paired)
 
     model.layer_costs = record
     search(model, global_batch, seq, space, top=3)

@@ -1,0 +1,83 @@
+"""The mixture-of-experts terms of a block: its router and expert GEMMs at one expert shard,
+and the all-to-all that dispatches tokens to their experts and combines them back.
+
+Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding") lays the
+attention's TP x CP x DP ranks and the experts' ETP x EP x EDP ranks over the same GPUs. The
+token dispatcher ("alltoall") sends each token's top-k copies from the GPU that holds it
+(with sequence parallelism its 1/TP of the micro-batch's tokens) to the EP rank holding the
+chosen expert, all-gathers them over the ETP group that splits that expert's FFN, and
+reverses both after the expert MLP (the combine). On one GPU:
+
+    tokens entering the MoE layer   t = mbs * seq / (cp * tp)
+    routed copies it sends          t * k           (k = top-k)
+    local experts                   E / EP, each split ETP ways
+    tokens per local expert         m = t * k * EP * ETP / E  (x the load imbalance)
+
+so the expert FLOPs per GPU, E/EP x 2 m (3 h f / ETP), are t k 6 h f whatever EP and ETP:
+EP and ETP change the grouped GEMM's shape (small m runs slower: the GEMM efficiency curve of
+planner/cost/compute.py at that m), the all-to-all volume and where it runs, and the expert
+weights per GPU; not the work.
+
+The busiest EP rank sets the pace (every rank waits for it in the combine): its tokens are
+`imbalance` x the mean. With a capacity factor (token dropping) the busiest rank is capped at
+that factor; dropless routing takes `CostOptions.moe_imbalance`.
+"""
+
+from __future__ import annotations
+
+from planner.cost.shapes import Gemm, Shard
+from planner.spec import ModelSpec
+
+DEFAULT_IMBALANCE = 1.25
+"""Busiest EP rank's tokens over the mean, dropless routing. Switch Transformer (Fedus et al.
+2022, JMLR, section 2.2 and Table 1) trains at capacity factor 1.25, the per-expert head-room
+over an even share it found to drop few tokens (< 1%) under its load-balancing loss; we take it
+as the busiest rank's excess. A provisioning figure, not a max/mean measurement: override it
+with --moe-imbalance where a run's router statistics are known."""
+
+
+def tokens_per_gpu(shard: Shard) -> float:
+    """Tokens entering the MoE layer on one GPU (the micro-batch split over CP and, with
+    Megatron's sequence-parallel MoE, TP)."""
+    return shard.local_tokens / shard.tp
+
+
+def expert_tp(shard: Shard) -> int:
+    """The expert tensor-parallel degree (Megatron defaults it to TP)."""
+    return shard.etp or shard.tp
+
+
+def imbalance_of(spec: ModelSpec, shard: Shard, dropless_imbalance: float) -> float:
+    """Busiest EP rank's tokens over the mean: 1 when one rank holds every expert, the
+    capacity factor with token dropping, else the dropless figure."""
+    if shard.ep == 1:
+        return 1.0
+    return spec.moe_capacity_factor if spec.moe_capacity_factor is not None else dropless_imbalance
+
+
+def moe_gemms(spec: ModelSpec, shard: Shard, imbalance: float = 1.0) -> tuple[Gemm, ...]:
+    """Forward GEMMs of one MoE layer's MLP on the busiest GPU: the router, the grouped
+    expert GEMMs (one per local expert, `count`), and the shared experts (split over TP)."""
+    h, ep, etp = spec.hidden_size, shard.ep, expert_tp(shard)
+    up = 2 if spec.activation == "swiglu" else 1
+    ffn = spec.expert_ffn_hidden_size
+    # routed rows: the old (EP 1, ETP = TP) shape counts the TP group's tokens once
+    routed = shard.local_tokens * spec.moe_top_k * ep * etp / (shard.tp * spec.num_experts)
+    per_expert = max(1, round(routed * imbalance))
+    local = spec.num_experts // ep
+    gemms = [
+        Gemm("router", shard.local_tokens, spec.num_experts, h),
+        Gemm("expert_up", per_expert, up * ffn // etp, h, local),
+        Gemm("expert_down", per_expert, h, ffn // etp, local),
+    ]
+    if spec.shared_ffn_width:
+        shared = spec.shared_ffn_width
+        gemms += [Gemm("shared_up", shard.local_tokens, up * shared // shard.tp, h),
+                  Gemm("shared_down", shard.local_tokens, h, shared // shard.tp)]
+    return tuple(gemms)
+
+
+def dispatch_bytes(spec: ModelSpec, shard: Shard, dtype_bytes: int) -> float:
+    """Bytes one GPU sends in one dispatch (and receives back in the combine): its tokens'
+    top-k copies of the hidden state."""
+    return tokens_per_gpu(shard) * spec.moe_top_k * spec.hidden_size * dtype_bytes
