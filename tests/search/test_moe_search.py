@@ -13,7 +13,7 @@ from planner.cost.model import CostModel
 from planner.errors import ScheduleError
 from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
-from planner.schedule import SCHEDULES, check_shape
+from planner.schedule import check_shape
 from planner.search.space import SEARCHED_SCHEDULES
 from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
