@@ -65,8 +65,9 @@ def cost_model_of(document: PlanFile) -> tuple[CostModel, PlanInputs, list[str]]
 
 
 def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tokens: float | None = None,
-                gpu_hour_price: float | None = None) -> str:
-    """The report page of a plan file (its best plan re-simulated)."""
+                gpu_hour_price: float | None = None, space: SearchSpace | None = None, accept=None) -> str:
+    """The report page of a plan file (its best plan re-simulated); the alternatives are
+    searched in `space` (default: everything the recorded runtime runs)."""
     from planner.report import require_plotly
     from planner.report.data import plan_figures, training_budget
     from planner.report.html import Table
@@ -85,9 +86,10 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
     if explain:
         from planner.search.explain import alternatives, layout_text
 
-        space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
-        accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq) \
-            if inputs.runtime else None
+        if space is None:
+            space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
+            accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq) \
+                if inputs.runtime else None
         items = alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq, space, accept)
         rows = Table(("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"), tuple(
             (i.change, "-", "-", "-", "-", i.reason) if i.found is None else
