@@ -171,13 +171,17 @@ def figure_json(fig) -> str:
 
 def figure_svg(fig, width: int = 900, height: int | None = None) -> str:
     """The figure as a static SVG document (kaleido renders it with a headless Chrome)."""
+    from planner.report import INSTALL_HINT, MissingReportExtra
+
     try:
         import kaleido  # noqa: F401
     except ImportError:
-        from planner.report import INSTALL_HINT, MissingReportExtra
-
         raise MissingReportExtra(f"static images need kaleido: {INSTALL_HINT}") from None
-    return fig.to_image(format="svg", width=width, height=height or fig.layout.height or 500).decode()
+    try:
+        return fig.to_image(format="svg", width=width, height=height or fig.layout.height or 500).decode()
+    except RuntimeError as exc:  # choreographer's ChromeNotFoundError / BrowserFailedError
+        raise MissingReportExtra(f"static images need Chrome or Chromium for kaleido (e.g. `apt-get install "
+                                 f"chromium`, or `kaleido_get_chrome`): {str(exc).splitlines()[0]}") from None
 
 
 __all__ = ["Bar", "KIND_STYLE", "activation_figure", "breakdown_figure", "figure_json", "figure_svg",
