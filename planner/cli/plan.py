@@ -157,8 +157,8 @@ def plan_command(
     if out is not None:
         write_plan_file(out, document)
     if report is not None:
-        report_cmd.write_text(report, report_cmd.report_html(
-            document, str(out or "plan.json"), tokens=tokens, gpu_hour_price=gpu_hour_price, space=space, accept=accept))
+        report_cmd.write_text(report, report_cmd.report_html(document, str(out or "plan.json"), tokens=tokens,
+                                                             gpu_hour_price=gpu_hour_price, space=space, accept=accept))
     if as_json:
         print_json(plan_json(document))
         return

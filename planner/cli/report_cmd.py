@@ -10,13 +10,16 @@ import typer
 
 from planner.cli import options as opt
 from planner.cli.app import app, stdout
+from planner.cli.report import cuts_text, recompute_text, runs_on_text
 from planner.cost.model import CostModel
 from planner.errors import ConfigError, PlannerError
 from planner.layout import layout_from_entry
-from planner.plan import PlanFile, PlanInputs, parse_plan_file
+from planner.plan import PlanEntry, PlanFile, PlanInputs, parse_plan_file
+from planner.report.html import Table
 from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
 from planner.search.search import Found
 from planner.search.space import SearchSpace
+from planner.units import GiB
 
 REPORT = typer.Option(None, "--report", help="Also write the plan's report, one self-contained HTML page "
                       "(needs the `report` extra).")
@@ -27,6 +30,40 @@ GPU_HOUR_PRICE = typer.Option(None, "--gpu-hour-price", help="With --tokens: pri
 PREDICTION_TOLERANCE = 0.01
 """Relative step-time difference above which the report says the re-simulation disagrees
 with the file (the cost model changed since the file was written, or a profile is missing)."""
+
+
+PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero", "cuts",
+                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+
+
+def plans_rows(entries: list[PlanEntry]) -> Table:
+    """The plan table (as `planner plan` prints it), the best plan highlighted."""
+    rows = []
+    for rank, e in enumerate(entries, start=1):
+        p = e.predicted
+        figures = ("-",) * 5 if p is None else (
+            f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}",
+            f"{max(p.memory_gb_per_stage):.1f}")
+        rows.append((str(rank), str(e.tp), str(e.pp), str(e.dp), str(e.cp), e.schedule, str(e.vpp), str(e.mbs),
+                     str(e.num_microbatches), recompute_text(e), "y" if e.sequence_parallel else "n",
+                     str(e.zero_stage), cuts_text(e), *figures, runs_on_text(e.runtimes)))
+    return Table(PLAN_COLUMNS, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
+
+
+def explain_rows(items) -> Table:
+    """`plan --explain`'s table: one row per single-dimension change of the best plan."""
+    from planner.search.explain import layout_text
+
+    rows = []
+    for item in items:
+        if item.found is None:
+            rows.append((item.change, "-", "-", "-", "-", item.reason))
+            continue
+        p = item.found.prediction
+        rows.append((item.change, layout_text(item.found.layout), f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
+                     f"{p.peak_memory_bytes / GiB:.1f}", item.reason))
+    return Table(("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"), tuple(rows),
+                 frozenset({"change", "its best layout", "why it lost"}))
 
 
 def recorded_inputs(gpu: str, gpus: int, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, runtime,
@@ -70,7 +107,6 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
     searched in `space` (default: everything the recorded runtime runs)."""
     from planner.report import require_plotly
     from planner.report.data import plan_figures, training_budget
-    from planner.report.html import Table
     from planner.report.pages import plan_page
 
     require_plotly()
@@ -84,24 +120,20 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
                      f"{recorded:.3f} s (planner version or inputs changed)")
     rows = None
     if explain:
-        from planner.search.explain import alternatives, layout_text
+        from planner.search.explain import alternatives
 
         if space is None:
             space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
             accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq) \
                 if inputs.runtime else None
-        items = alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq, space, accept)
-        rows = Table(("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"), tuple(
-            (i.change, "-", "-", "-", "-", i.reason) if i.found is None else
-            (i.change, layout_text(i.found.layout), f"{i.found.prediction.step_time_s:.3f}",
-             f"{i.found.prediction.mfu:.1%}", f"{i.found.prediction.peak_memory_bytes / 2**30:.1f}", i.reason)
-            for i in items), frozenset({"change", "its best layout", "why it lost"}))
+        rows = explain_rows(alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq,
+                                         space, accept))
     budget = None if tokens is None else training_budget(
         tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price)
     lines = [" ".join(inputs.command)] if inputs.command else []
     lines += [f"{k}: {v}" for k, v in inputs.model_dump(exclude={"command"}).items() if v not in (None, False)]
-    return plan_page(document, figures, plan_path=plan_path, explain=rows, budget=budget, price=gpu_hour_price,
-                     inputs=lines, notes=notes)
+    return plan_page(document, figures, plans=plans_rows(document.plans), plan_path=plan_path, explain=rows,
+                     budget=budget, price=gpu_hour_price, inputs=lines, notes=notes)
 
 
 def write_text(path: Path, text: str) -> None:

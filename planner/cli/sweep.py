@@ -99,8 +99,9 @@ def sweep_command(
     else:
         stdout.print(_table(f"{spec.name} ({source} costs)", vary, rows, profile is not None))
     title = f"{spec.name} on {gpu}: best plan as {vary} varies ({source} costs)"
-    for path, draw in ((svg, lambda: sweep_svg(title, vary, list(points), chart_points(rows))),
-                       (report, lambda: sweep_html(title, vary, list(points), chart_points(rows), _html_table(vary, rows)))):
+    values, plotted = list(points), chart_points(rows)
+    for path, draw in ((svg, lambda: sweep_svg(title, vary, values, plotted)),
+                       (report, lambda: sweep_html(title, vary, values, plotted, _html_table(vary, rows)))):
         if path is not None:
             write_text(path, draw())
             if not as_json:

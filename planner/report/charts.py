@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from planner.report import require_plotly
-from planner.report.data import Bar, PlanFigures
+from planner.report.data import PlanFigures
 from planner.units import GiB
 
 KIND_STYLE = {
@@ -184,5 +184,5 @@ def figure_svg(fig, width: int = 900, height: int | None = None) -> str:
                                  f"chromium`, or `kaleido_get_chrome`): {str(exc).splitlines()[0]}") from None
 
 
-__all__ = ["Bar", "KIND_STYLE", "activation_figure", "breakdown_figure", "figure_json", "figure_svg",
+__all__ = ["KIND_STYLE", "activation_figure", "breakdown_figure", "figure_json", "figure_svg",
            "memory_figure", "sweep_figure", "timeline_figure"]

@@ -119,7 +119,10 @@ def _tail(model: CostModel, layout: Layout, costs: ChunkCosts, finish_s, predict
     return bars
 
 
-def _activation_curve(timeline, stage_chunk, costs: ChunkCosts, rank: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+Curve = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def _activation_curve(timeline, stage_chunk, costs: ChunkCosts, rank: int) -> Curve:
     """Saved activation bytes on `rank` over the step, as the simulator counts them: a
     micro-batch's bytes are held from its F start until its B ends, or its W ends when the
     backward is split (the pipeline timing keeps them all until W). A rank's actions run in

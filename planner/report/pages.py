@@ -8,26 +8,6 @@ from planner.report import charts
 from planner.report.data import PlanFigures, TrainingBudget
 from planner.report.html import Table, chart_div, page, paragraph, preformatted, table_html
 
-PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero", "cuts",
-                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
-
-
-def plans_rows(entries: list[PlanEntry]) -> Table:
-    """The plan table (as `planner plan` prints it), the best plan highlighted."""
-    from planner.cli.report import cuts_text, recompute_text, runs_on_text
-
-    rows = []
-    for rank, e in enumerate(entries, start=1):
-        p = e.predicted
-        figures = ("-",) * 5 if p is None else (
-            f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}",
-            f"{max(p.memory_gb_per_stage):.1f}")
-        rows.append((str(rank), str(e.tp), str(e.pp), str(e.dp), str(e.cp), e.schedule, str(e.vpp), str(e.mbs),
-                     str(e.num_microbatches), recompute_text(e), "y" if e.sequence_parallel else "n",
-                     str(e.zero_stage), cuts_text(e), *figures, runs_on_text(e.runtimes)))
-    return Table(PLAN_COLUMNS, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
-
-
 def budget_rows(budget: TrainingBudget, price: float | None) -> Table:
     """Days, GPU-hours and cost of training the token count."""
     rows = [("tokens", f"{budget.tokens:,.0f}"), ("steps", f"{budget.steps:,.0f}"),
@@ -42,16 +22,17 @@ def export_commands(plan_path: str, entry: PlanEntry) -> list[str]:
     return [f"planner export {plan_path} --to {name} -o export-{name}" for name in entry.runtimes or []]
 
 
-def plan_page(document: PlanFile, figures: PlanFigures, *, plan_path: str, explain: Table | None,
+def plan_page(document: PlanFile, figures: PlanFigures, *, plans: Table, plan_path: str, explain: Table | None,
               budget: TrainingBudget | None, price: float | None, inputs: list[str], notes: list[str]) -> str:
-    """The plan report: the plans, why alternatives lost, the best plan's timeline, memory
-    and step-time breakdown, the training budget, the export commands and the inputs."""
+    """The plan report: the plans (`plans`, the file's plans as a table), why alternatives
+    lost, the best plan's timeline, memory and step-time breakdown, the training budget, the
+    export commands and the inputs."""
     best = document.plans[0]
     model = document.model.name if document.model else "model"
     cluster = document.cluster
     where = f"{cluster.num_gpus} x {cluster.gpu}" if cluster else ""
     title = f"{model} on {where}: global batch {best.global_batch} x seq {best.seq}"
-    sections = [("Plans", table_html(plans_rows(document.plans))
+    sections = [("Plans", table_html(plans)
                  + paragraph(f"costs: {document.cost_source}", note=True))]
     if explain is not None:
         sections.append(("Why not something else", table_html(explain)))

@@ -6,7 +6,6 @@ import json
 import re
 import sys
 
-import pytest
 
 from planner.plan import parse_plan_file
 
