@@ -36,8 +36,10 @@ PipelineTiming = SimResult
 """The simulator's result: finish_s, busy_s, bubble_fraction, peak_activation_bytes per rank."""
 
 
-def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_microbatches: int) -> PipelineTiming:
-    """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs."""
+def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_microbatches: int, *,
+                    timeline: bool = False) -> PipelineTiming:
+    """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs
+    (with `timeline`, every action's start and end too)."""
     stage_costs = StageCosts(
         forward_s=_frozen(costs.forward_s),
         backward_input_s=_frozen(costs.backward_input_s),
@@ -45,7 +47,7 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
         activation_bytes=_frozen(costs.activation_bytes),
         p2p_s=costs.p2p_s,
     )
-    return simulate(compile_schedule(schedule, pp, num_microbatches, vpp), stage_costs)
+    return simulate(compile_schedule(schedule, pp, num_microbatches, vpp), stage_costs, timeline=timeline)
 
 
 def _frozen(table: Table) -> tuple[tuple[float, ...], ...]:

@@ -186,6 +186,33 @@ class ClusterSummary(BaseModel):
     gpus_per_node: int
 
 
+class PlanInputs(BaseModel):
+    """The request a plan file answers, as far as re-costing it needs (`planner report`
+    re-simulates the plans from these): cluster overrides and cost options. None: the preset's
+    value or the option's default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: str
+    """The GPU preset name as given (--gpu)."""
+    num_gpus: int
+    gpus_per_node: int | None = None
+    intra_node_bw_gbps: float | None = None
+    inter_node_bw_gbps: float | None = None
+    max_memory_gb: float | None = None
+    runtime: str | None = None
+    attention: str | None = None
+    cuda_graphs: bool = False
+    interference: bool = True
+    profile: str | None = None
+    """Path of the measured profile (--profile), as given."""
+    profile_only: bool = False
+    calibration: str | None = None
+    """Path of the calibration file (--calibration), as given."""
+    command: list[str] = Field(default_factory=list)
+    """The command line that wrote the file."""
+
+
 class PlanFile(BaseModel):
     """What `planner plan -o` writes and `planner export` reads: the contract plus what an
     exporter needs to rebuild the model and cluster."""
@@ -199,6 +226,8 @@ class PlanFile(BaseModel):
     cost_source: str = ""
     """"analytic" or the profile file the costs came from (each plan's `cost_sources` says,
     per layer kind, whether the profile measured it or the calibrated model filled it in)."""
+    inputs: PlanInputs | None = None
+    """What re-costing the plans needs beyond model and cluster; None in files written before."""
 
 
 def parse_plan_file(text: str, origin: str = "plan file") -> PlanFile:

@@ -11,6 +11,7 @@ from planner.cli import evaluate as _evaluate  # noqa: F401,E402
 from planner.cli import plan as _plan  # noqa: F401,E402
 from planner.cli import sweep as _sweep  # noqa: F401,E402
 from planner.cli import export as _export  # noqa: F401,E402
+from planner.cli import report_cmd as _report_cmd  # noqa: F401,E402
 from planner.cli import profile as _profile  # noqa: F401,E402
 
 

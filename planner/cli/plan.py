@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from planner.cli import options as opt
+from planner.cli import report_cmd
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import (
     breakdown_table,
@@ -23,6 +24,7 @@ from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.layout import entry_from_layout
 from planner.hints import planner_command
 from planner.plan import RECOMPUTE_MODES, PlanEntry
+from planner.report import require_plotly
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
 from planner.search.runtimes import (
     model_refusal,
@@ -119,8 +121,13 @@ def plan_command(
     calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
+    report: Path | None = report_cmd.REPORT,
+    tokens: float | None = report_cmd.TOKENS,
+    gpu_hour_price: float | None = report_cmd.GPU_HOUR_PRICE,
 ) -> None:
     """Search every layout and print the fastest that fit in memory."""
+    if report is not None:
+        require_plotly()
     if cut_solver not in CUT_SOLVERS:
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
     spec = opt.load_model(model)
@@ -151,10 +158,16 @@ def plan_command(
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted(),
                                  precision=precision).model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
-    document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated)))
+    document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated))).model_copy(
+        update={"inputs": report_cmd.recorded_inputs(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw,
+                                                     max_memory_gb, runtime, attention, cuda_graphs, interference,
+                                                     profile, profile_only, calibration)})
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)
+    if report is not None:
+        report_cmd.write_text(report, report_cmd.report_html(document, str(out or "plan.json"), tokens=tokens,
+                                                             gpu_hour_price=gpu_hour_price, space=space, accept=accept))
     if as_json:
         print_json(plan_json(document))
         return
@@ -180,8 +193,9 @@ def plan_command(
     if explain:
         stdout.print(explain_table(alternatives(cost_model, result.plans[0], global_batch, seq, space, accept),
                                    layout_text(result.plans[0].layout)))
-    if out is not None:
-        stdout.print(f"wrote {out}", markup=False, highlight=False)
+    for written in (out, report):
+        if written is not None:
+            stdout.print(f"wrote {written}", markup=False, highlight=False)
 
 
 def print_cost_sources(entries: list[PlanEntry], cost_model: CostModel) -> None:

@@ -12,9 +12,12 @@ from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
 from planner.cli.report import plan_file, runs_on_legend, runs_on_text
-from planner.cli.sweep_plot import line_chart
+from planner.cli.report_cmd import write_text
+from planner.cli.sweep_plot import chart_points, sweep_html, sweep_svg
 from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
+from planner.report import require_plotly
+from planner.report.html import Table as HtmlTable
 from planner.search.explain import layout_text
 from planner.search.runtimes import runtime_check, runtime_cost_options, with_runtimes
 from planner.search.search import SearchResult, search
@@ -45,10 +48,15 @@ def sweep_command(
     interference: bool = opt.INTERFERENCE,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
-    svg: Path | None = typer.Option(None, "--svg", help="Also draw tokens/s and MFU against the varied input."),
+    svg: Path | None = typer.Option(None, "--svg", help="Also draw the best plan per value as an SVG "
+                                    "(needs the `report` extra and a Chrome/Chromium for kaleido)."),
+    report: Path | None = typer.Option(None, "--report", help="Also write the chart and table as one "
+                                       "self-contained HTML page (needs the `report` extra)."),
     as_json: bool = opt.JSON,
 ) -> None:
     """Search the best plan for each value of one input, e.g. to choose a cluster size."""
+    if svg is not None or report is not None:
+        require_plotly()
     if vary not in VARIABLES:
         raise LayoutError(f"--vary must be one of {', '.join(VARIABLES)}, got '{vary}'")
     points = opt.int_list(values, "--values")
@@ -90,13 +98,14 @@ def sweep_command(
                                                          for value, _, _, entry, note in rows]}, indent=2))
     else:
         stdout.print(_table(f"{spec.name} ({source} costs)", vary, rows, profile is not None))
-    if svg is not None:
-        tokens = [best.prediction.tokens_per_s / job["gpus"] if best else None for _, job, best, _, _ in rows]
-        mfu = [best.prediction.mfu * 100 if best else None for _, _, best, _, _ in rows]
-        svg.write_text(line_chart(f"{spec.name}: best plan as {vary} varies", vary, list(points),
-                                  [("tokens/s per GPU", "#1f77b4", tokens), ("MFU %", "#d62728", mfu)]))
-        if not as_json:
-            stdout.print(f"wrote {svg}", markup=False, highlight=False)
+    title = f"{spec.name} on {gpu}: best plan as {vary} varies ({source} costs)"
+    values, plotted = list(points), chart_points(rows)
+    for path, draw in ((svg, lambda: sweep_svg(title, vary, values, plotted)),
+                       (report, lambda: sweep_html(title, vary, values, plotted, _html_table(vary, rows)))):
+        if path is not None:
+            write_text(path, draw())
+            if not as_json:
+                stdout.print(f"wrote {path}", markup=False, highlight=False)
 
 
 def _why_none(result: SearchResult, runtime: str | None) -> str:
@@ -114,6 +123,21 @@ def _point(value, entry, note) -> dict:
     if entry is None:
         return {"value": value, "plan": None, "note": note}
     return {"value": value, "plan": entry.model_dump(mode="json")}
+
+
+def _html_table(vary: str, rows) -> HtmlTable:
+    """The sweep table for the report page."""
+    cells = []
+    for value, job, best, entry, note in rows:
+        if best is None:
+            cells.append((str(value), note, "-", "-", "-", "-", "-", "-"))
+            continue
+        p = best.prediction
+        cells.append((str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
+                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
+                      runs_on_text(entry.runtimes)))
+    return HtmlTable((vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on"),
+                     tuple(cells), frozenset({"best layout", "runs on"}))
 
 
 def _table(model: str, vary: str, rows, profiled: bool) -> Table:

@@ -1,53 +1,39 @@
-"""A small standalone SVG line chart for `planner sweep` (no plotting library needed)."""
+"""The chart of `planner sweep --svg` and `--report`: the best plan per value of the varied
+input, drawn with plotly (planner/report/charts.py). Two series that do not say the same
+thing: total tokens/s, and below it MFU when the GPU count varies (the scaling efficiency)
+or the step time otherwise (with a fixed GPU count MFU is proportional to tokens/s)."""
 
 from __future__ import annotations
 
-from html import escape
+from planner.layout import Layout
+from planner.report.html import Table
 
-WIDTH, HEIGHT = 640, 400
-MARGIN = {"left": 80, "right": 80, "top": 40, "bottom": 60}
-
-
-def line_chart(title: str, x_label: str, xs: list[float], series: list[tuple[str, str, list[float | None]]]) -> str:
-    """An SVG document plotting each (label, colour, ys) against xs; the first series on the
-    left axis, a second one on the right axis; None ys leave a gap (no feasible plan)."""
-    left, right, top, bottom = MARGIN["left"], WIDTH - MARGIN["right"], MARGIN["top"], HEIGHT - MARGIN["bottom"]
-    x_pos = {x: left + (right - left) * (i / max(1, len(xs) - 1)) for i, x in enumerate(xs)}
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
-        f'font-size="12">',
-        f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>',
-        f'<text x="{WIDTH / 2}" y="22" text-anchor="middle" font-size="14">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
-        f'<text x="{(left + right) / 2}" y="{HEIGHT - 15}" text-anchor="middle">{escape(x_label)}</text>',
-    ]
-    for x in xs:
-        parts.append(f'<text x="{x_pos[x]:.1f}" y="{bottom + 18}" text-anchor="middle">{_fmt(x)}</text>')
-    for index, (label, colour, ys) in enumerate(series[:2]):
-        known = [y for y in ys if y is not None]
-        if not known:
-            continue
-        lo, hi = 0.0, max(known) * 1.1 or 1.0
-        axis_x = left if index == 0 else right
-        anchor, dx = ("end", -6) if index == 0 else ("start", 6)
-        parts.append(f'<line x1="{axis_x}" y1="{top}" x2="{axis_x}" y2="{bottom}" stroke="{colour}"/>')
-        parts.append(f'<text x="{axis_x}" y="{top - 8}" text-anchor="middle" fill="{colour}">{escape(label)}</text>')
-        for tick in range(5):
-            value = lo + (hi - lo) * tick / 4
-            y = bottom - (bottom - top) * tick / 4
-            parts.append(f'<text x="{axis_x + dx}" y="{y + 4:.1f}" text-anchor="{anchor}" fill="{colour}">'
-                         f'{_fmt(value)}</text>')
-        points = [(x_pos[x], bottom - (bottom - top) * (y - lo) / (hi - lo)) for x, y in zip(xs, ys) if y is not None]
-        path = " ".join(f"{px:.1f},{py:.1f}" for px, py in points)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
-        parts.extend(f'<circle cx="{px:.1f}" cy="{py:.1f}" r="3" fill="{colour}"/>' for px, py in points)
-    parts.append("</svg>")
-    return "\n".join(parts) + "\n"
+SECOND_SERIES = {"gpus": "mfu", "global-batch": "step", "seq": "step"}
 
 
-def _fmt(value: float) -> str:
-    if value >= 1e6:
-        return f"{value / 1e6:.3g}M"
-    if value >= 1e3:
-        return f"{value / 1e3:.3g}k"
-    return f"{value:.3g}"
+def layout_label(layout: Layout) -> str:
+    """The winning layout in a few words, e.g. 'tp8 pp4 dp32 1f1b' or 'tp4 pp8 dp8 cp2 zbv V2'."""
+    return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp}{f' cp{layout.cp}' if layout.cp > 1 else ''} "
+            f"{layout.schedule}{f' V{layout.vpp}' if layout.vpp > 1 else ''}")
+
+
+def chart_points(rows) -> list[dict | None]:
+    """Per sweep row (value, job, best, entry, note), what the chart plots (None: no plan)."""
+    return [None if best is None else {
+        "tokens_per_s": best.prediction.tokens_per_s, "mfu": best.prediction.mfu,
+        "step_time_s": best.prediction.step_time_s, "layout": layout_label(best.layout)}
+        for _, _, best, _, _ in rows]
+
+
+def sweep_svg(title: str, vary: str, values: list[int], points: list[dict | None]) -> str:
+    """The chart as a static SVG document."""
+    from planner.report.charts import figure_svg, sweep_figure
+
+    return figure_svg(sweep_figure(title, vary, values, points, SECOND_SERIES[vary]))
+
+
+def sweep_html(title: str, vary: str, values: list[int], points: list[dict | None], table: Table) -> str:
+    """The sweep's report page: the chart and the table."""
+    from planner.report.pages import sweep_page
+
+    return sweep_page(title, vary, values, points, SECOND_SERIES[vary], table)

@@ -1,0 +1,163 @@
+"""`planner report plan.json -o plan.html`, and the `--report` of `planner plan`: the plan's
+shareable HTML page, re-simulated from the plan file's model, cluster and recorded inputs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from planner.cli import options as opt
+from planner.cli.app import app, stdout
+from planner.cli.report import cuts_text, recompute_text, runs_on_text
+from planner.cost.model import CostModel
+from planner.errors import ConfigError, PlannerError
+from planner.layout import layout_from_entry
+from planner.plan import PlanEntry, PlanFile, PlanInputs, parse_plan_file
+from planner.report.html import Table
+from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
+from planner.search.search import Found
+from planner.search.space import SearchSpace
+from planner.units import GiB
+
+REPORT = typer.Option(None, "--report", help="Also write the plan's report, one self-contained HTML page "
+                      "(needs the `report` extra).")
+TOKENS = typer.Option(None, "--tokens", help="With --report: tokens to train on, for days, GPU-hours and cost.",
+                      min=1)
+GPU_HOUR_PRICE = typer.Option(None, "--gpu-hour-price", help="With --tokens: price of one GPU-hour, for the cost.",
+                              min=0)
+PREDICTION_TOLERANCE = 0.01
+"""Relative step-time difference above which the report says the re-simulation disagrees
+with the file (the cost model changed since the file was written, or a profile is missing)."""
+
+
+PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero", "cuts",
+                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+
+
+def plans_rows(entries: list[PlanEntry]) -> Table:
+    """The plan table (as `planner plan` prints it), the best plan highlighted."""
+    rows = []
+    for rank, e in enumerate(entries, start=1):
+        p = e.predicted
+        figures = ("-",) * 5 if p is None else (
+            f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}",
+            f"{max(p.memory_gb_per_stage):.1f}")
+        rows.append((str(rank), str(e.tp), str(e.pp), str(e.dp), str(e.cp), e.schedule, str(e.vpp), str(e.mbs),
+                     str(e.num_microbatches), recompute_text(e), "y" if e.sequence_parallel else "n",
+                     str(e.zero_stage), cuts_text(e), *figures, runs_on_text(e.runtimes)))
+    return Table(PLAN_COLUMNS, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
+
+
+def explain_rows(items) -> Table:
+    """`plan --explain`'s table: one row per single-dimension change of the best plan."""
+    from planner.search.explain import layout_text
+
+    rows = []
+    for item in items:
+        if item.found is None:
+            rows.append((item.change, "-", "-", "-", "-", item.reason))
+            continue
+        p = item.found.prediction
+        rows.append((item.change, layout_text(item.found.layout), f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
+                     f"{p.peak_memory_bytes / GiB:.1f}", item.reason))
+    return Table(("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"), tuple(rows),
+                 frozenset({"change", "its best layout", "why it lost"}))
+
+
+def recorded_inputs(gpu: str, gpus: int, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, runtime,
+                    attention, cuda_graphs: bool, interference: bool, profile: Path | None, profile_only: bool,
+                    calibration: Path | None) -> PlanInputs:
+    """What `planner plan` records in the plan file for `planner report` to re-cost it."""
+    return PlanInputs(gpu=gpu, num_gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw_gbps=intra_node_bw,
+                      inter_node_bw_gbps=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime,
+                      attention=attention, cuda_graphs=cuda_graphs, interference=interference,
+                      profile=None if profile is None else str(profile), profile_only=profile_only,
+                      calibration=None if calibration is None else str(calibration),
+                      command=["planner", *sys.argv[1:]])
+
+
+def cost_model_of(document: PlanFile) -> tuple[CostModel, PlanInputs, list[str]]:
+    """The cost model the plan file was made with, and notes on what could not be recreated."""
+    if document.model is None or document.cluster is None:
+        raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
+    notes = []
+    inputs = document.inputs
+    if inputs is None:
+        inputs = PlanInputs(gpu=document.cluster.gpu, num_gpus=document.cluster.num_gpus,
+                            gpus_per_node=document.cluster.gpus_per_node)
+        notes.append("this plan file predates recorded inputs: re-simulated with the preset's network and "
+                     "the default cost options")
+    calibration = opt.load_calibration(None if inputs.calibration is None else Path(inputs.calibration))
+    cluster = opt.build_cluster(inputs.gpu, inputs.num_gpus, inputs.gpus_per_node, inputs.intra_node_bw_gbps,
+                                inputs.inter_node_bw_gbps, inputs.max_memory_gb, calibration)
+    profile = None if inputs.profile is None else Path(inputs.profile)
+    if profile is not None and not profile.exists():
+        notes.append(f"the profile {profile} is not here: re-simulated with analytic costs")
+        profile = None
+    options = runtime_cost_options(inputs.runtime, cluster.gpu, inputs.attention, inputs.cuda_graphs,
+                                   inputs.interference)
+    return opt.build_cost_model(document.model, cluster, profile, options), inputs, notes
+
+
+def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tokens: float | None = None,
+                gpu_hour_price: float | None = None, space: SearchSpace | None = None, accept=None) -> str:
+    """The report page of a plan file (its best plan re-simulated); the alternatives are
+    searched in `space` (default: everything the recorded runtime runs)."""
+    from planner.report import require_plotly
+    from planner.report.data import plan_figures, training_budget
+    from planner.report.pages import plan_page
+
+    require_plotly()
+    model, inputs, notes = cost_model_of(document)
+    best = document.plans[0]
+    layout = layout_from_entry(best)
+    figures = plan_figures(model, layout, best.global_batch, best.seq)
+    recorded = best.predicted.step_time_s if best.predicted else None
+    if recorded and abs(figures.prediction.step_time_s - recorded) > PREDICTION_TOLERANCE * recorded:
+        notes.append(f"re-simulated step time {figures.prediction.step_time_s:.3f} s differs from the file's "
+                     f"{recorded:.3f} s (planner version or inputs changed)")
+    rows = None
+    if explain:
+        from planner.search.explain import alternatives
+
+        if space is None:
+            space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
+            accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq) \
+                if inputs.runtime else None
+        rows = explain_rows(alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq,
+                                         space, accept))
+    budget = None if tokens is None else training_budget(
+        tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price)
+    lines = [" ".join(inputs.command)] if inputs.command else []
+    lines += [f"{k}: {v}" for k, v in inputs.model_dump(exclude={"command"}).items() if v not in (None, False)]
+    return plan_page(document, figures, plans=plans_rows(document.plans), plan_path=plan_path, explain=rows,
+                     budget=budget, price=gpu_hour_price, inputs=lines, notes=notes)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a report file, or one error line."""
+    try:
+        Path(path).write_text(text)
+    except OSError as exc:
+        raise PlannerError(f"cannot write {path}: {exc.strerror}") from None
+
+
+@app.command("report")
+def report_command(
+    plan: Path = typer.Argument(..., help="Plan file written by `planner plan -o` (JSON)."),
+    out: Path = typer.Option(Path("plan.html"), "--out", "-o", help="The HTML page to write."),
+    tokens: float | None = TOKENS,
+    gpu_hour_price: float | None = GPU_HOUR_PRICE,
+    explain: bool = typer.Option(True, "--explain/--no-explain", help="Search why nearby alternatives lost."),
+) -> None:
+    """Write one self-contained HTML page for a plan file: the plans, why alternatives lost,
+    the best plan's timeline, memory and step-time breakdown, budget and export commands."""
+    try:
+        text = plan.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
+    document = parse_plan_file(text, str(plan))
+    write_text(out, report_html(document, str(plan), explain=explain, tokens=tokens, gpu_hour_price=gpu_hour_price))
+    stdout.print(f"wrote {out}", markup=False, highlight=False)
