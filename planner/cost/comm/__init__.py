@@ -42,7 +42,7 @@ class Network:
         self.fabric = fabric
         self.gpus_per_node = gpus_per_node
         self.measured = dict(measured or {})
-        self._cache: dict[tuple[str, float, int, int], float] = {}
+        self._cache: dict[tuple[str, float, int, int], float] = {}  # (op, bytes, size, stride)
 
     @classmethod
     def of(cls, cluster: Cluster, measured: Mapping[str, MeasuredCurve] | None = None) -> Network:
@@ -55,11 +55,11 @@ class Network:
     def _time(self, op: str, nbytes: float, size: int, stride: int) -> float:
         if size <= 1 or nbytes <= 0:
             return 0.0
-        place = self.placement(size, stride)
-        key = (op, nbytes, size, place.per_node)
+        key = (op, nbytes, size, stride)
         cached = self._cache.get(key)
         if cached is not None:
             return cached
+        place = self.placement(size, stride)
         curve = self.measured.get(op) if place.num_nodes == 1 else None
         if curve is not None:
             seconds = curve(nbytes, size)
