@@ -135,18 +135,22 @@ def build_cost_model(
             raise PlannerError("--profile-only needs --profile FILE")
         return CostModel(spec, cluster, options)
     from planner.cost.calibrate import fit_file, fitted_gpu
+    from planner.cost.comm import Network
     from planner.profile.lookup import MeasuredFirst, profiled_source
+    from planner.profile.node_comm import network_curves
 
     measured = profiled_source(profile, spec, cluster.gpu)
+    # the node's measured collectives replace the model for groups inside one node
+    network = Network.of(cluster, measured=network_curves(measured.profile))
     try:
         calibration = fit_file(profile, measured.profile, cluster.gpu)
     except PlannerError:  # nothing to fit on (only recompute rows): the preset's efficiencies
         fallback = AnalyticSource(spec, analytic_compute(cluster.gpu, options))
-        return CostModel(spec, cluster, options, MeasuredFirst(measured, fallback, "analytic"))
+        return CostModel(spec, cluster, options, MeasuredFirst(measured, fallback, "analytic"), network)
     gpu = fitted_gpu(cluster.gpu, calibration.efficiency, measured.profile.dtype, options.dtype)
     fallback = AnalyticSource(spec, analytic_compute(gpu, options))  # as the fit: flash, fused traffic
     source = MeasuredFirst(measured, fallback, "calibrated", calibration)
-    return CostModel(spec, cluster.model_copy(update={"gpu": gpu}), options, source)
+    return CostModel(spec, cluster.model_copy(update={"gpu": gpu}), options, source, network)
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:

@@ -194,11 +194,12 @@ class CostModel:
         cluster: Cluster,
         options: CostOptions = CostOptions(),
         source: ComputeSource | None = None,
+        network: Network | None = None,
     ):
         self.spec = spec
         self.cluster = cluster
         self.options = options
-        self.network = Network.of(cluster)
+        self.network = network or Network.of(cluster)
         self.analytic = analytic_compute(cluster.gpu, options)
         if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
             self.analytic.attention_rates(options.attention)

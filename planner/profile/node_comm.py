@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.errors import PlannerError
 from planner.profile.schema import CollectiveRow, Profile
+
+NETWORK_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+"""The collectives the communication model takes measured curves for (send/recv is the
+pipeline's p2p, modelled on its own)."""
 
 BACKEND_PREFERENCE = ("nccl", "gloo")
 """The backend whose rows are used when a profile holds several (GPU over CPU)."""
@@ -102,3 +107,25 @@ def _curve(op: str, rows: list[CollectiveRow]) -> CommCurve:
     group = max(r.world_size for r in chosen)
     points = tuple((r.bytes, r.time_us * 1e-6) for r in chosen if r.world_size == group)
     return CommCurve(op=op, backend=backend, group_size=group, points=points)
+
+
+def network_curves(profile: Profile) -> dict[str, Callable[[float, int], float]]:
+    """Per collective the network model knows (all-reduce, all-gather, reduce-scatter,
+    all-to-all), the seconds of (bytes, group size) inside the node from the profile's rows,
+    for `planner.cost.comm.Network.of(cluster, measured=...)`. A group size the profile
+    measured reads its own curve; any other reads the nearest measured size's bus bandwidth
+    at that message size (nccl-tests' busbw is the group-size-free figure of a collective),
+    times the op's bus factor for the asked size. {} when the profile has no collectives."""
+    by_size = {size: measured_curves(profile, size) for size in measured_group_sizes(profile)}
+    ops = {op for curves in by_size.values() for op in curves} & set(NETWORK_OPS)
+
+    def reader(op: str) -> Callable[[float, int], float]:
+        def seconds(nbytes: float, group_size: int) -> float:
+            measured = {size: curves[op] for size, curves in by_size.items() if op in curves}
+            if group_size in measured:
+                return measured[group_size].seconds(nbytes)
+            nearest = measured[min(measured, key=lambda size: abs(math.log(size / group_size)))]
+            return nbytes * bus_factor(op, group_size) / nearest.bus_bandwidth_bps(nbytes)
+        return seconds
+
+    return {op: reader(op) for op in sorted(ops)}

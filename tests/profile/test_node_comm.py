@@ -95,3 +95,29 @@ def test_version_1_profiles_still_load(tmp_path):
     assert math.isclose(measured_curves(loaded)["reduce_scatter"].seconds(SIZES[0]),
                         _alpha_beta(SIZES[0], 10.0, 100.0) * 1e-6)
     assert isinstance(loaded, Profile)
+
+
+def test_plan_profile_uses_the_nodes_measured_collectives(tmp_path):
+    """`--profile` with collective rows: groups inside one node read the measured curve (the
+    measured group size exactly; another size through the nearest size's bus bandwidth),
+    groups across nodes keep the NCCL model."""
+    from planner.catalog import resolve_gpu, resolve_model
+    from planner.cli.options import build_cost_model
+    from planner.cost.comm import Network
+    from planner.spec import Cluster
+    from tests.profile.profile_factories import ok_row
+
+    rows = (*_rows(group=8, gbps=100.0), *_rows(op="send_recv", group=2, gbps=50.0))
+    profile = make_profile(rows=(ok_row(kind="transformer"), ok_row(kind="embedding"), ok_row(kind="head")),
+                           collectives=rows)
+    path = tmp_path / "prof.json"
+    store.save(path, profile)
+    cluster = Cluster.of(resolve_gpu("h100"), 16)
+    model = build_cost_model(resolve_model("tiny-llama"), cluster, path)
+    big = SIZES[-1]
+    assert model.network.all_reduce(big, 8, 1) == pytest.approx(_alpha_beta(big, 10.0, 100.0) * 1e-6)
+    busbw = big / (_alpha_beta(big, 10.0, 100.0) * 1e-6) * bus_factor("all_reduce", 8)
+    assert model.network.all_reduce(big, 4, 1) == pytest.approx(big * bus_factor("all_reduce", 4) / busbw)
+    across = Network.of(cluster)
+    assert model.network.all_reduce(big, 16, 1) == pytest.approx(across.all_reduce(big, 16, 1))
+    assert model.network.all_gather(big, 8, 1) == pytest.approx(across.all_gather(big, 8, 1))  # not measured
