@@ -18,11 +18,10 @@ whose values sum to the step time.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from planner.cost import memory, step as step_costs
-from planner.cost.comm import megatron_bucket_params
+from planner.cost.comm import grad_bucket_count
 from planner.cost.model import CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
@@ -287,14 +286,12 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
 
 def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
     """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
-    DDP one per bucket of `megatron_bucket_params` (planner/cost/comm/buckets.py) on the first
+    DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
     pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
     overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
-    if not overlap or (rank > 0 and layout.zero_stage < 2):
-        return 1
-    return max(1, math.ceil(params / megatron_bucket_params(_dp_shards(layout))))
+    return max(1, grad_bucket_count(params, _dp_shards(layout), rank, overlap, every_rank=layout.zero_stage == 2))
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
