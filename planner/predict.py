@@ -6,14 +6,17 @@ data-parallel communication and the per-step work after the backward, memory per
 
 finish_r is when pipeline rank r ends its last compute action in the schedule simulation (the
 simulator charges the p2p time, latency plus bytes over bandwidth, on every cross-rank
-dependency, the warm-up's P - 1 hops included); exposed_dp_r is the part of its gradient
-reduction (and, with a distributed optimizer, the parameter all-gather) that its buckets cannot
-hide behind the last micro-batch's backward (first micro-batch's forward), one collective call
-per Megatron-LM DDP bucket (FSDP: per layer), each paying its own latency, or, when longer, the
-slowdown the overlapped part causes in that compute (planner/cost/overlap.py); done_r =
-finish_r + exposed_dp_r. The tied embedding's all-reduce, fp16's loss-scale check, the gradient
-norm and the Adam step are planner/cost/step.py's. Each term is a key of `time_breakdown_s`,
-whose values sum to the step time.
+dependency, the warm-up's P - 1 hops included; when the runtime's sends block, the sending
+action holds its rank for it instead: planner/pipeline.py `with_blocking_p2p`); exposed_dp_r
+is the part of its gradient reduction (and, with a distributed optimizer, the parameter
+all-gather) that its buckets cannot hide behind the last micro-batch's backward (first
+micro-batch's forward), one collective call per Megatron-LM DDP bucket (FSDP: per layer), each
+paying its own latency, or, when longer, the slowdown the overlapped part causes in that
+compute (planner/cost/overlap.py); under Megatron's interleaved 1F1B each model chunk is
+reduced on its own once its last micro-batch's backward has run (`interleaved_dp_exposed`);
+done_r = finish_r + exposed_dp_r. The tied embedding's all-reduce, fp16's loss-scale check,
+the gradient norm and the Adam step are planner/cost/step.py's. Each term is a key of
+`time_breakdown_s`, whose values sum to the step time.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from planner.cost.model import CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
-from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
+from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing, with_blocking_p2p
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.units import GiB
@@ -106,14 +109,15 @@ class Prediction:
 
 def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
-    activation bytes per micro-batch, transient bytes, parameters, and the p2p time."""
+    activation bytes per micro-batch, transient bytes, parameters, and the p2p time (held
+    inside the sending chunks' times when the runtime's pipeline sends block)."""
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp = layout.pp, layout.vpp
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
     blocks = {mode: model.layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
     embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
-    fwd, bwd_in, bwd_w, act = [], [], [], []
+    fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
     extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
         block = blocks[layout.recompute[rank]]
@@ -124,6 +128,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         bwd_in.append([n * block_bwd_in for n in layers])
         bwd_w.append([n * block.backward_weight_s for n in layers])
         act.append([n * block.activation_bytes for n in layers])
+        chunk_params.append([n * block.param_count for n in layers])
         total = sum(layers)
         params[rank] = total * block.param_count
         tp_comm[rank] = total * (block.comm_forward_s + block.comm_backward_s)
@@ -135,16 +140,22 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         bwd_w[rank][chunk] += costs.backward_weight_s
         act[rank][chunk] += costs.activation_bytes
         params[rank] += costs.param_count
+        chunk_params[rank][chunk] += costs.param_count
         tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
     if spec.tie_embeddings and last_rank == 0:
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
+        chunk_params[0][vpp - 1] -= spec.vocab_size * spec.hidden_size / layout.tp
     p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
-    return ChunkCosts(
+    costs = ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
+        chunk_params=chunk_params,
     )
+    if model.options.overlap_p2p_comm:
+        return costs
+    return with_blocking_p2p(costs, layout.schedule, pp, vpp)
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
@@ -178,10 +189,12 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     busy = timing.busy_s[critical]
     m = layout.num_microbatches
     all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
+    held_p2p = m * costs.held_p2p_s[critical] if costs.held_p2p_s else 0.0
     breakdown = {
-        "compute": busy - m * costs.tp_comm_s[critical],
+        "compute": busy - m * costs.tp_comm_s[critical] - held_p2p,
         "tp_cp_comm": m * costs.tp_comm_s[critical] - all_to_all,
         **({"moe_all_to_all": all_to_all} if model.spec.is_moe else {}),
+        **({"pp_p2p_blocking": held_p2p} if costs.held_p2p_s else {}),
         "pipeline_bubble": timing.finish_s[critical] - busy,
         "dp_comm_exposed": dp_exposed[critical],
         "tied_embedding_grad": grads_done - done[critical],
@@ -253,6 +266,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if shards == 1:
         return 0.0
     net, opts = model.network, model.options
+    if _per_chunk_grad_sync(layout, opts.overlap_grad_reduce):
+        return interleaved_dp_exposed(model, layout, costs, rank)
     stride = layout.tp
     params = costs.params[rank]
     grad_bytes = params * opts.grad_reduce_bytes
@@ -281,6 +296,65 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     exposed = overlapped(reduce, backward) if opts.overlap_grad_reduce else reduce
     if gather:
         exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
+    return exposed
+
+
+def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool) -> bool:
+    """Whether the runtime reduces each model chunk's gradients on their own: Megatron's
+    interleaved 1F1B with overlapped reduction (ZeRO 0-2; FSDP is charged per layer)."""
+    return (layout.schedule == "interleaved_1f1b" and layout.vpp > 1 and overlap_grad_reduce
+            and layout.zero_stage < 3)
+
+
+def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
+    """Exposed DP communication of `rank` under Megatron's interleaved 1F1B, chunk by chunk.
+
+    megatron/core/pipeline_parallel/schedules.py (interleaved, `align_grad_reduce` and
+    `align_param_gather`, Megatron-LM's defaults) launches the gradient reduction of model
+    chunk c once the backward of its last micro-batch has run and `rank` more backward steps
+    after it (`grad_sync_microbatch_id = virtual_microbatch_id - pipeline_parallel_rank`),
+    the whole chunk at once (chunks after the first are one bucket: `per_chunk_disable_bucketing`
+    in megatron/training/training.py); backward steps then go through the chunks in groups of
+    `min(P, M)` micro-batches (`microbatch_group_size_per_vp_stage`, default P), chunk V-1
+    first. So chunk c has group x (backward of chunks 0..c-1) - rank x (chunk c-1's backward)
+    of compute left to hide behind, and chunk 0 none: its reduction is exposed. The parameter
+    all-gathers mirror it: chunks 0 and 1 are launched at the step's start, chunk c >= 2
+    `rank` forward steps before chunk c-1's first forward, each needed by its chunk's first
+    forward after group x (forward of chunks 0..c-1). One stream runs them in order
+    (`step.serial_stream_ends`); bubbles, which only lengthen the windows, are not counted.
+    The hidden part slows the compute beside it by the collective's SM share
+    (planner/cost/overlap.py)."""
+    net, opts = model.network, model.options
+    shards, stride = _dp_shards(layout), layout.tp
+    vpp, group = layout.vpp, min(layout.pp, layout.num_microbatches)
+    backward = [i + w for i, w in zip(costs.backward_input_s[rank], costs.backward_weight_s[rank], strict=True)]
+    forward = costs.forward_s[rank]
+    reduce, gather = [], []
+    for chunk, params in enumerate(costs.chunk_params[rank]):
+        calls = max(1, grad_bucket_count(params, shards, rank if chunk == 0 else 1, True,
+                                         every_rank=layout.zero_stage == 2))
+        grad_bytes, param_bytes = params * opts.grad_reduce_bytes / calls, params * model.dtype_bytes / calls
+        if layout.zero_stage == 0:
+            reduce.append(calls * net.all_reduce(grad_bytes, shards, stride) if params else 0.0)
+            gather.append(0.0)
+        else:
+            reduce.append(calls * net.reduce_scatter(grad_bytes, shards, stride) if params else 0.0)
+            gather.append(calls * net.all_gather(param_bytes, shards, stride) if params else 0.0)
+    lag = min(rank, group)
+    windows = [max(0.0, group * sum(backward[:c]) - lag * backward[c - 1]) if c else 0.0 for c in range(vpp)]
+    order = sorted(range(vpp), key=lambda c: -windows[c])
+    ends = step_costs.serial_stream_ends([-windows[c] for c in order], [reduce[c] for c in order])
+    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
+    exposed = overlapped_extra_time(sum(reduce), group * sum(backward), sm_share, max(0.0, ends[-1]))
+    if sum(gather):
+        deadlines = [group * sum(forward[:c]) for c in range(vpp)]
+        launches = [max(0.0, deadlines[c - 1] - lag * forward[c - 2]) if c >= 2 else 0.0 for c in range(vpp)]
+        ends = step_costs.serial_stream_ends(launches, gather)
+        late = max(0.0, *(end - due for end, due in zip(ends, deadlines, strict=True)))
+        if opts.overlap_param_gather:
+            exposed += overlapped_extra_time(sum(gather), group * sum(forward), sm_share, late)
+        else:
+            exposed += sum(gather)
     return exposed
 
 

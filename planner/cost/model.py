@@ -70,6 +70,12 @@ class CostOptions:
     per-kernel cost stays)."""
     interference: bool = True
     """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
+    overlap_p2p_comm: bool = True
+    """Pipeline sends and receives run beside compute (torch isend/irecv, Megatron's
+    `overlap_p2p_comm`): a transfer only delays the action that consumes it. False:
+    Megatron's batched exchange (`batch_p2p_comm`, megatron-core's `ModelParallelConfig`
+    default with `overlap_p2p_comm` off), whose `_communicate` waits on every request, so the
+    sending rank is held for each transfer (planner/pipeline.py `with_blocking_p2p`)."""
 
     # Mixture of experts and FP8 (issue 14).
     precision: Precision = "bf16"

@@ -32,6 +32,7 @@ and is not charged.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute
@@ -138,3 +139,13 @@ def exposed_after_window(total_s: float, window_s: float, params: float, bucket_
     return max(total_s * tail,
                total_s * min(1.0, bucket + tail) - window_s * tail,
                total_s - window_s * (1.0 - bucket))
+
+
+def serial_stream_ends(ready_s: Sequence[float], comm_s: Sequence[float]) -> list[float]:
+    """End times of collectives that one stream runs one after another in the given order,
+    each as soon as it is ready (`ready_s`) and the previous one has ended."""
+    ends, last = [], -math.inf
+    for ready, comm in zip(ready_s, comm_s, strict=True):
+        last = max(last, ready) + comm
+        ends.append(last)
+    return ends

@@ -98,6 +98,9 @@ class PublishedRun(BaseModel):
     grad_reduce_bytes: int = Field(ge=2, le=4)
     elementwise_traffic: float = Field(default=1.0, ge=1.0)
     """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
+    overlap_p2p_comm: bool = True
+    """Pipeline sends overlap compute (CostOptions); false for Megatron's blocking batched
+    exchange (`overlap_p2p_comm: False`, `batch_p2p_comm: True`)."""
     cp_comm: CpComm = "ring"
     """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
     selective_policy: SelectivePolicy = "core_attention"
@@ -266,6 +269,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,
         cp_comm=run.cp_comm,
+        overlap_p2p_comm=run.overlap_p2p_comm,
     )
 
 

@@ -40,14 +40,16 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "mosaic-llmfoundry": 0.16,
 }
 """Mean |step-time error| per source, just above what the model reaches today
-(docs/accuracy_published.md: 17.1, 10.2, 19.3, 9.7, 3.7, 26.5, 11.3, 15.4%). Lower a bound as
+(docs/accuracy_published.md: 17.7, 10.2, 19.3, 9.7, 3.7, 26.5, 11.9, 15.4%; llama3 and nemotron4
+moved from 17.1 and 11.3% with the chunk-wise DP reduction under interleaving and Nemotron-4's
+training config, docs/accuracy_scale.md, still under their bounds). Lower a bound as
 the model improves; never raise one to let a change through. One was raised once, with its
 reason: narayanan2021 (6.1% -> 9.7%) when unfused attention, which these 2021 runs used, came
 to be charged from its kernels (batched GEMMs and softmax/dropout passes, FlashAttention-2
 paper rates) instead of at the flash kernel's rate: a component-level correction that made
 these predictions faster, and so more optimistic (docs/accuracy_published.md)."""
 OVERALL_BOUND = 0.13
-"""Today 12.8% over 47 runs (12.0% before issue 12's component changes, same runs)."""
+"""Today 12.9% over 47 runs (12.0% before issue 12's component changes, same runs)."""
 HELD_OUT_BOUND = 0.16
 """Today 15.3% over the 13 held-out runs."""
 MEMORY_BOUND = 0.275
