@@ -30,6 +30,11 @@ class ChunkCosts:
     """Per rank, exposed TP/CP communication of one micro-batch (forward + backward)."""
     p2p_s: float
     """Pipeline send of one micro-batch's activation (or gradient) to the next rank."""
+    send_hold_forward_s: float = 0.0
+    """Blocking send/recv: seconds a rank's stream is held after a forward that sends
+    (`StageCosts.send_hold_forward_s`); 0 when sends overlap compute."""
+    send_hold_backward_s: float = 0.0
+    """The same after a backward that sends its input gradient."""
 
 
 PipelineTiming = SimResult
@@ -46,6 +51,8 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
         backward_weight_s=_frozen(costs.backward_weight_s),
         activation_bytes=_frozen(costs.activation_bytes),
         p2p_s=costs.p2p_s,
+        send_hold_forward_s=costs.send_hold_forward_s,
+        send_hold_backward_s=costs.send_hold_backward_s,
     )
     return simulate(compile_schedule(schedule, pp, num_microbatches, vpp), stage_costs, timeline=timeline)
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.memory import SelectivePolicy
-from planner.cost.model import CostModel, CostOptions, CpComm
+from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
@@ -102,6 +102,11 @@ class PublishedRun(BaseModel):
     """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
     selective_policy: SelectivePolicy = "core_attention"
     """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
+    p2p_mode: P2pMode = "overlapped"
+    """How pipeline sends and receives run (CostOptions): "blocking" for Megatron-LM's
+    batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
+    bf16_optimizer: bool = False
+    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -266,6 +271,8 @@ def cost_options(run: PublishedRun) -> CostOptions:
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,
         cp_comm=run.cp_comm,
+        p2p_mode=run.p2p_mode,
+        bf16_optimizer=run.bf16_optimizer,
     )
 
 
