@@ -115,3 +115,19 @@ def test_bf16_optimizer_all_reduces_what_the_distributed_optimizer_reduce_scatte
     model_bf16, _ = _setup(zero=1, dp=8, pp=2, bf16_optimizer=True)
     ds = predict(model_bf16, layout, 64, SEQ).time_breakdown_s["dp_comm_exposed"]
     assert ds > base * 1.2
+
+
+def test_embedding_layernorm_keeps_its_input_for_backward():
+    """BLOOM's embedding LayerNorm (Megatron-DeepSpeed --embed-layernorm) is outside every
+    checkpointed block (DeepSpeed's PipelineModule checkpoints only the transformer layers),
+    so each micro-batch keeps its bf16 input and per-token fp32 mean and rstd."""
+    from planner.cost.memory import activation_bytes
+    from planner.cost.shapes import Shard
+
+    bloom = resolve_model("bloom-176b")
+    assert bloom.embedding_norm
+    plain = bloom.model_copy(update={"embedding_norm": False})
+    shard = Shard(mbs=2, seq=SEQ, tp=4, cp=1, sequence_parallel=False)
+    extra = activation_bytes(bloom, "embedding", shard, "full") - activation_bytes(plain, "embedding", shard, "full")
+    tokens = 2 * SEQ
+    assert extra == pytest.approx(2 * tokens * bloom.hidden_size + 8 * tokens)
