@@ -70,6 +70,10 @@ class CostOptions:
     cuda_graphs: bool = False
     """The runtime replays captured CUDA graphs: no host launch time per kernel (the GPU-side
     per-kernel cost stays)."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1: every launch returns only when its kernel has run, so the host's
+    per-op time adds to the GPU time instead of overlapping it (BigScience's
+    tr11-176B-ml.slurm exports it to avoid hangs on Jean Zay)."""
     interference: bool = True
     """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
 
@@ -164,6 +168,8 @@ class AnalyticSource:
         if opts.cuda_graphs:
             return times
         counts = op_counts(self.spec, kind, not opts.flash_attention, opts.dropout)
+        if opts.launch_blocking:
+            return host_serial(times, *host_times(counts, self.compute.eff))
         return host_floor(times, *host_times(counts, self.compute.eff))
 
 
@@ -175,6 +181,19 @@ def host_floor(times: LayerTimes, host_forward_s: float, host_backward_s: float)
     stretch = host_backward_s / backward if backward > 0 and host_backward_s > backward else 1.0
     return LayerTimes(
         forward_s=max(times.forward_s, host_forward_s),
+        backward_input_s=times.backward_input_s * stretch,
+        backward_weight_s=times.backward_weight_s * stretch,
+    )
+
+
+def host_serial(times: LayerTimes, host_forward_s: float, host_backward_s: float) -> LayerTimes:
+    """Layer times when each launch blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1):
+    the host's time and the GPU's add up; the backward's host time is shared between its
+    input and weight parts in proportion to their GPU time."""
+    backward = times.backward_s
+    stretch = (backward + host_backward_s) / backward if backward > 0 else 1.0
+    return LayerTimes(
+        forward_s=times.forward_s + host_forward_s,
         backward_input_s=times.backward_input_s * stretch,
         backward_weight_s=times.backward_weight_s * stretch,
     )

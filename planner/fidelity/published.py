@@ -107,6 +107,8 @@ class PublishedRun(BaseModel):
     batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
     bf16_optimizer: bool = False
     """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -273,6 +275,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         cp_comm=run.cp_comm,
         p2p_mode=run.p2p_mode,
         bf16_optimizer=run.bf16_optimizer,
+        launch_blocking=run.launch_blocking,
     )
 
 

@@ -131,3 +131,27 @@ def test_embedding_layernorm_keeps_its_input_for_backward():
     extra = activation_bytes(bloom, "embedding", shard, "full") - activation_bytes(plain, "embedding", shard, "full")
     tokens = 2 * SEQ
     assert extra == pytest.approx(2 * tokens * bloom.hidden_size + 8 * tokens)
+
+
+def test_launch_blocking_adds_host_time_to_gpu_time():
+    """CUDA_LAUNCH_BLOCKING=1: each launch waits for its kernel, so a layer costs its GPU time
+    plus the host's per-op time (the usual asynchronous launch costs the larger of the two)."""
+    from planner.cost.compute import AnalyticCompute
+    from planner.cost.kernel_counts import host_times, op_counts
+    from planner.cost.model import AnalyticSource
+    from planner.cost.shapes import Shard
+
+    spec, gpu = resolve_model("bloom-176b"), resolve_gpu("a100-80gb")
+    shard = Shard(mbs=2, seq=SEQ, tp=4, cp=1, sequence_parallel=False)
+    options = CostOptions(attention="unfused", dropout=True)
+    gpu_only = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), CostOptions(attention="unfused", dropout=True,
+                                                                              cuda_graphs=True))
+    asynchronous = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), options)
+    blocking = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"),
+                              CostOptions(attention="unfused", dropout=True, launch_blocking=True))
+    host_fwd, host_bwd = host_times(op_counts(spec, "transformer", True, True), AnalyticCompute(gpu, "bf16").eff)
+    base, lazy, eager = (s.layer_times("transformer", shard) for s in (gpu_only, asynchronous, blocking))
+    assert eager.forward_s == pytest.approx(base.forward_s + host_fwd)
+    assert eager.backward_s == pytest.approx(base.backward_s + host_bwd)
+    assert eager.backward_input_s / eager.backward_weight_s == pytest.approx(base.backward_input_s / base.backward_weight_s)
+    assert lazy.forward_s == pytest.approx(max(base.forward_s, host_fwd))
