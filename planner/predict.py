@@ -7,7 +7,7 @@ data-parallel communication and the per-step work after the backward, memory per
 finish_r is when pipeline rank r ends its last compute action in the schedule simulation (the
 simulator charges the p2p time, latency plus bytes over bandwidth, on every cross-rank
 dependency, the warm-up's P - 1 hops included; when the runtime's sends block, the sending
-action holds its rank for it instead: planner/pipeline.py `with_blocking_p2p`); exposed_dp_r
+action holds its rank for it instead: `send_holds`, CostOptions.p2p_mode); exposed_dp_r
 is the part of its gradient reduction (and, with a distributed optimizer, the parameter
 all-gather) that its buckets cannot hide behind the last micro-batch's backward (first
 micro-batch's forward), one collective call per Megatron-LM DDP bucket (FSDP: per layer), each
@@ -29,7 +29,7 @@ from planner.cost.model import CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
-from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing, with_blocking_p2p
+from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.units import GiB
@@ -148,14 +148,36 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         chunk_params[0][vpp - 1] -= spec.vocab_size * spec.hidden_size / layout.tp
     p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
-    costs = ChunkCosts(
+    hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
+    return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
-        activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
+        activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
         chunk_params=chunk_params,
+        p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
+        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
     )
-    if model.options.overlap_p2p_comm:
-        return costs
-    return with_blocking_p2p(costs, layout.schedule, pp, vpp)
+
+
+def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[float, float]:
+    """Seconds a rank's stream is held after a forward, and after a backward, that sends to
+    another pipeline rank, under the runtime's `p2p_mode` (0, 0 when sends overlap compute).
+
+    "blocking" (Megatron-LM): the send and the matching receive of the opposite direction run
+    together (one batch_isend_irecv) with 1/TP of the activation each, then, without sequence
+    parallelism, the received part is all-gathered over TP (gather_split_1d_tensor).
+    "deepspeed": send and receive one after the other, the activation as its 1/TP part and
+    the gradient whole; the partitioned activation is all-gathered over TP once on arrival
+    (forward) and once before its backward (the stage output restored in _exec_recv_grads)."""
+    mode, tp = model.options.p2p_mode, layout.tp
+    if mode == "overlapped":
+        return 0.0, 0.0
+    net, stride = model.network, layout.tp * layout.cp * layout.dp
+    part = net.p2p(p2p_bytes, layout.pp, stride)
+    gather = net.all_gather(p2p_bytes * tp, tp, 1) if tp > 1 and not layout.sequence_parallel else 0.0
+    if mode == "blocking":
+        return part + gather, part + gather
+    whole = net.p2p(p2p_bytes * tp, layout.pp, stride)
+    return part + whole + gather, whole + part + gather
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
@@ -187,15 +209,15 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     peak = model.cluster.gpu.peak_flops(model.options.dtype)
     mfu = model_flops / (step * layout.num_gpus * peak)
     busy = timing.busy_s[critical]
+    blocked = timing.blocked_s[critical] if timing.blocked_s else 0.0
     m = layout.num_microbatches
     all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
-    held_p2p = m * costs.held_p2p_s[critical] if costs.held_p2p_s else 0.0
     breakdown = {
-        "compute": busy - m * costs.tp_comm_s[critical] - held_p2p,
+        "compute": busy - m * costs.tp_comm_s[critical],
         "tp_cp_comm": m * costs.tp_comm_s[critical] - all_to_all,
         **({"moe_all_to_all": all_to_all} if model.spec.is_moe else {}),
-        **({"pp_p2p_blocking": held_p2p} if costs.held_p2p_s else {}),
-        "pipeline_bubble": timing.finish_s[critical] - busy,
+        **({"pp_p2p_blocked": blocked} if timing.blocked_s else {}),
+        "pipeline_bubble": timing.finish_s[critical] - busy - blocked,
         "dp_comm_exposed": dp_exposed[critical],
         "tied_embedding_grad": grads_done - done[critical],
         **tail,
@@ -279,6 +301,9 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if layout.zero_stage == 0:
         reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
         gather = 0.0
+    elif layout.zero_stage == 1 and opts.bf16_optimizer:  # all-reduce, then its sharded step
+        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
+        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     else:
         reduce = calls * net.reduce_scatter(grad_bytes / calls, shards, stride)
         gather = calls * net.all_gather(param_bytes / calls, shards, stride)
@@ -396,6 +421,8 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
         weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
     grads = dense * state.grads + expert_params * expert.grads
+    if model.options.bf16_optimizer and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
+        grads += params * model.dtype_bytes
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations
     outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,

@@ -66,6 +66,9 @@ def saved_tensors(
         ids = [SavedTensor("token_ids", shard.local_tokens * 8, "keep")]
         if spec.position_embedding == "learned":
             ids.append(SavedTensor("position_ids", shard.local_tokens * 8, "keep"))
+        if spec.embedding_norm:  # LayerNorm saves its input, mean and rstd (BLOOM's embed-layernorm)
+            ids += [SavedTensor("embedding_norm_input", BYTES_BF16 * rep * h, "keep"),
+                    SavedTensor("embedding_norm_stats", 2 * BYTES_FP32 * rep, "keep")]
         return [*ids, *mask]
     if kind == "head":
         return [

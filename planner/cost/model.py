@@ -28,6 +28,8 @@ CpComm = Literal["ring", "all_gather"]
 CP_COMM: tuple[str, ...] = get_args(CpComm)
 Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
+P2pMode = Literal["overlapped", "blocking", "deepspeed"]
+P2P_MODES: tuple[str, ...] = get_args(P2pMode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,14 +70,32 @@ class CostOptions:
     cuda_graphs: bool = False
     """The runtime replays captured CUDA graphs: no host launch time per kernel (the GPU-side
     per-kernel cost stays)."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1: every launch returns only when its kernel has run, so the host's
+    per-op time adds to the GPU time instead of overlapping it (BigScience's
+    tr11-176B-ml.slurm exports it to avoid hangs on Jean Zay)."""
     interference: bool = True
     """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
-    overlap_p2p_comm: bool = True
-    """Pipeline sends and receives run beside compute (torch isend/irecv, Megatron's
-    `overlap_p2p_comm`): a transfer only delays the action that consumes it. False:
-    Megatron's batched exchange (`batch_p2p_comm`, megatron-core's `ModelParallelConfig`
-    default with `overlap_p2p_comm` off), whose `_communicate` waits on every request, so the
-    sending rank is held for each transfer (planner/pipeline.py `with_blocking_p2p`)."""
+
+    # Pipeline engines (issue 12, point 5).
+    p2p_mode: P2pMode = "overlapped"
+    """How the pipeline's sends and receives run (planner/predict.py `send_holds`).
+    "overlapped": asynchronous, beside compute (torch isend/irecv; Megatron-LM's
+    --overlap-p2p-communication). "blocking": a rank computes again only when its exchange is
+    done: Megatron-LM's batch_isend_irecv, req.wait() and torch.cuda.synchronize()
+    (megatron/p2p_communication.py 2020-2022, "to protect against race condition when using
+    batch_isend_irecv()"; core's batch_p2p_sync), its send and receive in parallel, each 1/TP
+    of the activation (scatter-gather), then an all-gather over TP. "deepspeed": DeepSpeed's
+    PipelineEngine (runtime/pipe/engine.py and p2p.py, 2020-2022): blocking dist.send then
+    dist.recv, the activation sent as a 1/TP partition (is_pipe_partitioned) and gathered over
+    TP on arrival and before the backward, the gradient sent whole (is_grad_partitioned False)."""
+    bf16_optimizer: bool = False
+    """DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed with --bf16 and ZeRO stage 0 in the
+    DeepSpeed config, the optimizer sharding master weights and moments itself): it keeps each
+    parameter's bf16 .grad (2 B, `update_hp_grads(clear_lp_grads=False)`) beside the unsharded
+    fp32 gradient accumulation buffer, and all-reduces the fp32 grads
+    (`_bf16_reduce_grads` -> buffered_allreduce_fallback) before its sharded step and the bf16
+    parameter all-gather (deepspeed/runtime/bf16_optimizer.py, pipe/engine.py, v0.6.2+)."""
 
     # Mixture of experts and FP8 (issue 14).
     precision: Precision = "bf16"
@@ -95,7 +115,8 @@ class CostOptions:
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
-                              ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS)):
+                              ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
+                              ("p2p_mode", P2P_MODES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
@@ -147,6 +168,8 @@ class AnalyticSource:
         if opts.cuda_graphs:
             return times
         counts = op_counts(self.spec, kind, not opts.flash_attention, opts.dropout)
+        if opts.launch_blocking:
+            return host_serial(times, *host_times(counts, self.compute.eff))
         return host_floor(times, *host_times(counts, self.compute.eff))
 
 
@@ -158,6 +181,19 @@ def host_floor(times: LayerTimes, host_forward_s: float, host_backward_s: float)
     stretch = host_backward_s / backward if backward > 0 and host_backward_s > backward else 1.0
     return LayerTimes(
         forward_s=max(times.forward_s, host_forward_s),
+        backward_input_s=times.backward_input_s * stretch,
+        backward_weight_s=times.backward_weight_s * stretch,
+    )
+
+
+def host_serial(times: LayerTimes, host_forward_s: float, host_backward_s: float) -> LayerTimes:
+    """Layer times when each launch blocks until its kernel ends (CUDA_LAUNCH_BLOCKING=1):
+    the host's time and the GPU's add up; the backward's host time is shared between its
+    input and weight parts in proportion to their GPU time."""
+    backward = times.backward_s
+    stretch = (backward + host_backward_s) / backward if backward > 0 else 1.0
+    return LayerTimes(
+        forward_s=times.forward_s + host_forward_s,
         backward_input_s=times.backward_input_s * stretch,
         backward_weight_s=times.backward_weight_s * stretch,
     )

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.memory import SelectivePolicy
-from planner.cost.model import CostModel, CostOptions, CpComm
+from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
@@ -98,13 +98,17 @@ class PublishedRun(BaseModel):
     grad_reduce_bytes: int = Field(ge=2, le=4)
     elementwise_traffic: float = Field(default=1.0, ge=1.0)
     """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
-    overlap_p2p_comm: bool = True
-    """Pipeline sends overlap compute (CostOptions); false for Megatron's blocking batched
-    exchange (`overlap_p2p_comm: False`, `batch_p2p_comm: True`)."""
     cp_comm: CpComm = "ring"
     """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
     selective_policy: SelectivePolicy = "core_attention"
     """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
+    p2p_mode: P2pMode = "overlapped"
+    """How pipeline sends and receives run (CostOptions): "blocking" for Megatron-LM's
+    batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
+    bf16_optimizer: bool = False
+    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
+    launch_blocking: bool = False
+    """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -269,7 +273,9 @@ def cost_options(run: PublishedRun) -> CostOptions:
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,
         cp_comm=run.cp_comm,
-        overlap_p2p_comm=run.overlap_p2p_comm,
+        p2p_mode=run.p2p_mode,
+        bf16_optimizer=run.bf16_optimizer,
+        launch_blocking=run.launch_blocking,
     )
 
 

@@ -43,6 +43,12 @@ class StageCosts:
     p2p_s: float = 0.0
     """Time to move one micro-batch's activation (forward) or gradient (backward) to the
     adjacent stage on another rank, latency included; overlaps compute, no link contention."""
+    send_hold_forward_s: float = 0.0
+    """Blocking send/recv: seconds a rank's stream stays held after each forward whose output
+    goes to another rank, while it exchanges with that rank (0: sends overlap compute, the
+    default). With holds the transfer is inside them, so `p2p_s` is usually 0."""
+    send_hold_backward_s: float = 0.0
+    """The same after each backward (B or I) whose input gradient goes to another rank."""
     activation_bytes: Table | None = None
     """Bytes a micro-batch's activations occupy on the chunk from its F start until its
     backward-input (I or B) ends (the paper's M_B)."""
@@ -74,8 +80,9 @@ class StageCosts:
         self._check_nested("retained_bytes", "held until the step ends",
                            "weight_grad_bytes" if self.weight_grad_bytes is not None else "activation_bytes",
                            "held until the backward ends")
-        if self.p2p_s < 0:
-            raise ScheduleError(f"StageCosts.p2p_s must be >= 0, got {self.p2p_s}")
+        for name in ("p2p_s", "send_hold_forward_s", "send_hold_backward_s"):
+            if getattr(self, name) < 0:
+                raise ScheduleError(f"StageCosts.{name} must be >= 0, got {getattr(self, name)}")
         if self.slowdown is not None and (
             len(self.slowdown) != num_ranks or any(x <= 0 for x in self.slowdown)
         ):

@@ -17,6 +17,15 @@ P - r) and `peak_inflight_freed_at_input_grad` until its I ends (ZB-H1 then equa
 P - r). In bytes ZB-H1's rank r peaks at (P-r) M_B + r M_W: at most 1F1B's P M_B, reached on
 rank 0, which is the paper's "same memory as 1F1B".
 
+Blocking send/recv. Runtimes that wait for each send and receive before computing again
+(Megatron-LM's batch_isend_irecv followed by torch.cuda.synchronize(), DeepSpeed's
+PipelineEngine with blocking dist.send / dist.recv) hold a rank's stream after every compute
+action whose output goes to another rank: `StageCosts.send_hold_forward_s` /
+`send_hold_backward_s` are added to those actions' durations (the transfer is inside them) and
+reported per rank as `blocked_s`. The rendezvous itself (a sender waiting for a late receiver)
+is not modelled: in the steady state of 1F1B each exchange pairs a rank that ends a forward with
+a neighbour that ends a backward at the same moment, so it adds no wait there.
+
 Fidelity limits: no link contention or NCCL launch overheads, no compute/communication
 interference, no optimizer step or gradient reduction at the end of the step; DualPipeV's
 overlapped F/B pairs run back to back.
@@ -79,6 +88,9 @@ class CompiledSchedule:
     peak_inflight_freed_at_input_grad: tuple[int, ...]
     unit: array
     """Micro-batch index of each position (for `StageCosts.unit_scale`)."""
+    sends: array
+    """Per position, 1 where the action's output goes to another rank (F to the next stage,
+    B or I to the previous one), for blocking send/recv holds."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +122,9 @@ class SimResult:
     """Peak bytes per rank: activation_bytes held from F start to I (or B) end, then
     weight_grad_bytes until W end; None when the costs carry no sizes."""
     timeline: tuple[TimelineEntry, ...] | None
+    blocked_s: tuple[float, ...] = ()
+    """Per rank, seconds its stream is held by blocking send/recv (part of its idle time,
+    not of busy_s); empty when the costs have no holds."""
 
 
 def _inflight_peaks(codes: list[int], offset: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -226,6 +241,7 @@ def compile_order(order: PipelineOrder, pipeline_starts: frozenset[int] = frozen
     for k in slot_of:
         slot_counts[k] += 1
     until_w, until_i = _inflight_peaks(codes, offset)
+    sends = _sends(flat, info, pipeline_starts)
     return CompiledSchedule(
         info=info,
         rank_actions=tuple(tuple(order[r]) for r in range(num_ranks)),
@@ -238,7 +254,25 @@ def compile_order(order: PipelineOrder, pipeline_starts: frozenset[int] = frozen
         peak_inflight=until_w,
         peak_inflight_freed_at_input_grad=until_i,
         unit=array("i", [flat[g][2] for g in topo]),
+        sends=array("b", [sends[g] for g in topo]),
     )
+
+
+def _sends(flat: list[Action], info: OrderInfo, pipeline_starts: frozenset[int]) -> list[int]:
+    """1 for each action whose output another rank consumes: F(s) feeding stage s+1, a B or I
+    of stage s feeding stage s-1, when that stage lives on another rank (a stage in
+    `pipeline_starts` takes no input from the stage before it)."""
+    last, rank_of = info.num_stages - 1, info.stage_rank
+    out = []
+    for stage, kind, _ in flat:
+        if kind == F:
+            peer = stage + 1 if stage < last and stage + 1 not in pipeline_starts else -1
+        elif kind != W:
+            peer = stage - 1 if stage > 0 and stage not in pipeline_starts else -1
+        else:
+            peer = -1
+        out.append(1 if peer >= 0 and rank_of[peer] != rank_of[stage] else 0)
+    return out
 
 
 @lru_cache(maxsize=32)
@@ -357,6 +391,9 @@ def simulate(
     durs = [slot_dur[k] for k in compiled.slot]
     if costs.unit_scale is not None:
         durs = _scaled_durations(compiled, slot_dur, costs.unit_scale)
+    blocked = [0.0] * info.num_ranks
+    if costs.send_hold_forward_s or costs.send_hold_backward_s:
+        durs = _with_send_holds(compiled, durs, costs, blocked)
     p2p = costs.p2p_s
     lags = [p2p * x for x in compiled.remote] if p2p else repeat(0.0)
     end: list[float] = []
@@ -380,6 +417,7 @@ def simulate(
     else:
         for r, d in zip(compiled.rank, durs):
             busy[r] += d
+        busy = [b - h for b, h in zip(busy, blocked)]
     spans = [end[pos[-1]] - (end[pos[0]] - durs[pos[0]]) for pos in compiled.rank_positions]
     span = max(spans)
     step = max(end) if end else 0.0
@@ -404,5 +442,20 @@ def simulate(
         peak_inflight_freed_at_input_grad=compiled.peak_inflight_freed_at_input_grad,
         peak_activation_bytes=_peak_bytes(compiled, costs),
         timeline=entries,
+        blocked_s=tuple(blocked) if any(blocked) else (),
     )
+
+
+def _with_send_holds(compiled: CompiledSchedule, durs: list[float], costs: StageCosts,
+                     blocked: list[float]) -> list[float]:
+    """Durations with each sending action's blocking hold added; `blocked` gets each rank's total."""
+    hold = (costs.send_hold_forward_s, costs.send_hold_backward_s, 0.0, costs.send_hold_backward_s)
+    out = []
+    for r, k, sends, d in zip(compiled.rank, compiled.slot, compiled.sends, durs):
+        if sends:
+            h = hold[k & 3]
+            blocked[r] += h
+            d += h
+        out.append(d)
+    return out
 

@@ -1,4 +1,4 @@
-"""Blocking pipeline sends (`CostOptions.overlap_p2p_comm = False`, Megatron's batched
+"""Blocking pipeline sends (`CostOptions.p2p_mode = "blocking"`, Megatron's batched
 exchange): each action that sends across ranks holds its rank for the transfer.
 
 Checked against an independent count of the sends, the lowering that planner's torch export
@@ -27,7 +27,7 @@ def _case(schedule: str, pp: int, vpp: int, m: int, blocking: bool) -> tuple[Cos
                     recompute=("none",) * pp, sequence_parallel=True, zero_stage=1,
                     stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
     cluster = Cluster.of(resolve_gpu("h100"), 2 * pp * 2)
-    return CostModel(spec, cluster, CostOptions(overlap_p2p_comm=not blocking)), layout
+    return CostModel(spec, cluster, CostOptions(p2p_mode="blocking" if blocking else "overlapped")), layout
 
 
 SHAPES = [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 2, 4, 4), ("zbv", 4, 2, 8),
@@ -36,26 +36,25 @@ SHAPES = [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b",
 
 @pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), SHAPES)
 def test_each_rank_is_held_once_per_send_the_lowering_makes(schedule, pp, vpp, m):
-    """Busy time grows on each rank by the p2p time times its SEND_F / SEND_B actions."""
+    """Each rank is held for the p2p time once per SEND_F / SEND_B action of the lowering."""
     overlapped = chunk_costs(*_case(schedule, pp, vpp, m, blocking=False), SEQ)
     blocking = chunk_costs(*_case(schedule, pp, vpp, m, blocking=True), SEQ)
     assert overlapped.p2p_s > 0.0 and blocking.p2p_s == 0.0
-    async_busy = pipeline_timing(overlapped, schedule, pp, vpp, m).busy_s
-    held_busy = pipeline_timing(blocking, schedule, pp, vpp, m).busy_s
+    held = pipeline_timing(blocking, schedule, pp, vpp, m).blocked_s
     lowered = add_send_recv(generate(schedule, pp, m, vpp))
     for rank in range(pp):
         sends = sum(1 for a in lowered[rank] if a.computation_type in (SEND_F, SEND_B))
-        assert held_busy[rank] - async_busy[rank] == pytest.approx(sends * overlapped.p2p_s, rel=1e-9)
-        assert m * blocking.held_p2p_s[rank] == pytest.approx(sends * overlapped.p2p_s, rel=1e-9)
+        assert held[rank] == pytest.approx(sends * overlapped.p2p_s, rel=1e-9)
 
 
 def test_v_placement_turn_sends_nothing():
     """ZB-V keeps stages P-1 and P on the last rank: its chunks there send one way fewer."""
-    blocking = chunk_costs(*_case("zbv", 4, 2, 8, blocking=True), SEQ)
-    overlapped = chunk_costs(*_case("zbv", 4, 2, 8, blocking=False), SEQ)
-    assert blocking.held_p2p_s[3] == pytest.approx(2 * overlapped.p2p_s)
-    assert blocking.held_p2p_s[1] == pytest.approx(4 * overlapped.p2p_s)
-    assert blocking.held_p2p_s[0] == pytest.approx(2 * overlapped.p2p_s)  # stage 0 and 2P-1 end the chain
+    m = 8
+    held = pipeline_timing(chunk_costs(*_case("zbv", 4, 2, m, blocking=True), SEQ), "zbv", 4, 2, m).blocked_s
+    p2p_s = chunk_costs(*_case("zbv", 4, 2, m, blocking=False), SEQ).p2p_s
+    assert held[3] == pytest.approx(2 * m * p2p_s)
+    assert held[1] == pytest.approx(4 * m * p2p_s)
+    assert held[0] == pytest.approx(2 * m * p2p_s)  # stage 0 and 2P-1 end the chain
 
 
 @pytest.mark.parametrize(("schedule", "pp", "vpp", "m"), SHAPES)
@@ -63,8 +62,8 @@ def test_blocking_step_is_longer_and_its_term_is_in_the_breakdown(schedule, pp, 
     fast = predict(*_case(schedule, pp, vpp, m, blocking=False), 2 * m, SEQ)
     slow = predict(*_case(schedule, pp, vpp, m, blocking=True), 2 * m, SEQ)
     assert slow.step_time_s > fast.step_time_s
-    assert "pp_p2p_blocking" not in fast.time_breakdown_s
-    assert slow.time_breakdown_s["pp_p2p_blocking"] > 0.0
+    assert "pp_p2p_blocked" not in fast.time_breakdown_s
+    assert slow.time_breakdown_s["pp_p2p_blocked"] > 0.0
     assert sum(slow.time_breakdown_s.values()) == pytest.approx(slow.step_time_s, rel=1e-12)
 
 
@@ -76,7 +75,7 @@ def test_no_pipeline_no_change():
 
 def test_megatron_core_defaults_are_the_blocking_exchange():
     """megatron-core's ModelParallelConfig: batch_p2p_comm on, overlap_p2p_comm off: what
-    CostOptions(overlap_p2p_comm=False) prices."""
+    CostOptions(p2p_mode="blocking") prices."""
     config = pytest.importorskip("megatron.core.model_parallel_config")
     defaults = config.ModelParallelConfig()
     assert defaults.batch_p2p_comm is True

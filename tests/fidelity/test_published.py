@@ -31,18 +31,18 @@ DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
 MEAN_ABS_STEP_ERROR_BOUND = {
     "llama3-2024": 0.18,
-    "bigscience-bloom": 0.105,
+    "bigscience-bloom": 0.03,
     "torchtitan": 0.20,
-    "narayanan2021": 0.10,
-    "korthikanti2022": 0.04,
-    "mtnlg2022": 0.27,
+    "narayanan2021": 0.095,
+    "korthikanti2022": 0.035,
+    "mtnlg2022": 0.25,
     "nemotron4-2024": 0.12,
     "mosaic-llmfoundry": 0.16,
 }
 """Mean |step-time error| per source, just above what the model reaches today
-(docs/accuracy_published.md: 17.7, 10.2, 19.3, 9.7, 3.7, 26.5, 11.9, 15.4%; llama3 and nemotron4
-moved from 17.1 and 11.3% with the chunk-wise DP reduction under interleaving and Nemotron-4's
-training config, docs/accuracy_scale.md, still under their bounds). Lower a bound as
+(docs/accuracy_published.md: 17.1, 2.4, 19.3, 9.3, 3.0, 24.4, 11.3, 15.4%; bloom, narayanan2021,
+korthikanti2022 and mtnlg2022 tightened when blocking pipeline send/recv and DeepSpeed's
+PipelineEngine and BF16_Optimizer came to be charged). Lower a bound as
 the model improves; never raise one to let a change through. One was raised once, with its
 reason: narayanan2021 (6.1% -> 9.7%) when unfused attention, which these 2021 runs used, came
 to be charged from its kernels (batched GEMMs and softmax/dropout passes, FlashAttention-2

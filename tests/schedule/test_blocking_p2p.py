@@ -1,0 +1,192 @@
+"""Blocking pipeline send/recv (`StageCosts.send_hold_*_s`) against an independent rendezvous
+simulation of the runtimes' own call sequences.
+
+The references below replay, rank by rank, the calls each runtime makes and treat every
+blocking send/recv as a rendezvous: a call ends `hold` seconds after the later of its own post
+and its peer's matching post (NCCL's send cannot finish before the receiver posts; torch waits
+on it before the next kernel). They know nothing of the simulator's dependency graph.
+
+- Megatron-LM's 1F1B (megatron/schedules.py, p2p_communication.py 2021-2022): warm-up
+  recv_forward / F / send_forward, steady F / send_forward_recv_backward / B /
+  send_backward_recv_forward, cool-down recv_backward / B / send_backward; each call one
+  batch_isend_irecv then torch.cuda.synchronize(), its messages in parallel.
+- DeepSpeed's PipelineEngine TrainSchedule (runtime/pipe/schedule.py): 2 (M + P - 1) steps;
+  stage s runs micro-batch k's forward at step 2k + s and its backward at step
+  2k + 2P - 1 - s; a forward step first receives the activation from s - 1 and sends the
+  previous backward's gradient to s - 1, a backward step first sends the previous forward's
+  activation to s + 1 and receives the gradient from s + 1, each a separate blocking call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.schedule import StageCosts, generate, simulate
+
+
+def _rendezvous(ops: list[list[tuple]], costs: dict[str, list[float]]) -> float:
+    """Makespan of per-rank call lists: ("F",) / ("B",) compute, ("C", sends, recvs, hold) a
+    blocking call whose messages (channel keys) pair FIFO with the peer's calls."""
+    ranks = len(ops)
+    send_at, recv_at = {}, {}
+    for r in range(ranks):
+        sent, got = {}, {}
+        for j, op in enumerate(ops[r]):
+            if op[0] == "C":
+                for ch in op[1]:
+                    send_at[(ch, sent.setdefault(ch, 0))] = (r, j)
+                    sent[ch] += 1
+                for ch in op[2]:
+                    recv_at[(ch, got.setdefault(ch, 0))] = (r, j)
+                    got[ch] += 1
+    assert send_at.keys() == recv_at.keys()
+    peers: dict[tuple, set] = {}
+    for key, s in send_at.items():
+        peers.setdefault(s, set()).add(recv_at[key])
+        peers.setdefault(recv_at[key], set()).add(s)
+    posted: dict[tuple, float] = {}
+    ptr, clock = [0] * ranks, [0.0] * ranks
+    moved = True
+    while moved:
+        moved = False
+        for r in range(ranks):
+            while ptr[r] < len(ops[r]):
+                j, op = ptr[r], ops[r][ptr[r]]
+                if op[0] == "C":
+                    posted[(r, j)] = clock[r]
+                    if any(p not in posted for p in peers[(r, j)]):
+                        break
+                    clock[r] = max([clock[r]] + [posted[p] for p in peers[(r, j)]]) + op[3]
+                else:
+                    clock[r] += costs[op[0]][r]
+                ptr[r] += 1
+                moved = True
+    assert ptr == [len(o) for o in ops], "the call sequences deadlock"
+    return max(clock)
+
+
+def _megatron_1f1b(pp: int, m: int, hold: float) -> list[list[tuple]]:
+    ops = []
+    for r in range(pp):
+        warm, calls = min(pp - r - 1, m), []
+        first, last = r == 0, r == pp - 1
+        for _ in range(warm):
+            if not first:
+                calls.append(("C", [], [("act", r - 1)], hold))
+            calls.append(("F",))
+            if not last:
+                calls.append(("C", [("act", r)], [], hold))
+        if m > warm and not first:
+            calls.append(("C", [], [("act", r - 1)], hold))
+        for i in range(m - warm):
+            calls.append(("F",))
+            if not last:
+                calls.append(("C", [("act", r)], [("grad", r + 1)], hold))
+            calls.append(("B",))
+            if not first:
+                more = i < m - warm - 1
+                calls.append(("C", [("grad", r)], [("act", r - 1)] if more else [], hold))
+        for _ in range(warm):
+            if not last:
+                calls.append(("C", [], [("grad", r + 1)], hold))
+            calls.append(("B",))
+            if not first:
+                calls.append(("C", [("grad", r)], [], hold))
+        ops.append(calls)
+    return ops
+
+
+def _deepspeed_train_schedule(pp: int, m: int, act: float, grad: float) -> list[list[tuple]]:
+    ops = []
+    for s in range(pp):
+        calls, prev = [], None
+        for step in range(2 * (m + pp - 1)):
+            forward = (step - s) % 2 == 0
+            mb = (step - s) // 2 if forward else (step - 2 * pp + 1 + s) // 2
+            valid, prev_valid = 0 <= mb < m, prev is not None and 0 <= prev < m
+            if forward:
+                if valid and s > 0:
+                    calls.append(("C", [], [("act", s - 1)], act))
+                if prev_valid and s > 0:
+                    calls.append(("C", [("grad", s)], [], grad))
+            else:
+                if prev_valid and s < pp - 1:
+                    calls.append(("C", [("act", s)], [], act))
+                if valid and s < pp - 1:
+                    calls.append(("C", [], [("grad", s + 1)], grad))
+            if valid:
+                calls.append(("F",) if forward else ("B",))
+            prev = mb
+        ops.append(calls)
+    return ops
+
+
+def _costs(fs: list[float], bs: list[float], hold_f: float, hold_b: float) -> StageCosts:
+    return StageCosts(forward_s=tuple((f,) for f in fs), backward_input_s=tuple((b / 2,) for b in bs),
+                      backward_weight_s=tuple((b / 2,) for b in bs),
+                      send_hold_forward_s=hold_f, send_hold_backward_s=hold_b)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 4), (4, 8), (6, 6), (8, 32), (12, 40)])
+@pytest.mark.parametrize(("f", "b", "hold"), [(1.0, 2.0, 0.1), (1.0, 3.0, 0.3), (0.04, 0.116, 0.0085)])
+def test_megatron_1f1b_holds_match_the_rendezvous_of_its_calls(pp, m, f, b, hold):
+    """Uniform stages: the simulator's holds give the exact makespan of Megatron-LM's blocking
+    call sequence (in 1F1B every exchange pairs a rank ending a forward with a neighbour ending
+    a backward at the same moment, so no rank waits beyond the transfer)."""
+    reference = _rendezvous(_megatron_1f1b(pp, m, hold), {"F": [f] * pp, "B": [b] * pp})
+    simulated = simulate(generate("1f1b", pp, m), _costs([f] * pp, [b] * pp, hold, hold)).step_time_s
+    assert simulated == pytest.approx(reference, rel=1e-12)
+
+
+@pytest.mark.parametrize(("fs", "bs"), [
+    ([1.0, 1.0, 1.0, 1.3], [2.0, 2.0, 2.0, 2.5]),
+    ([1.2, 1.0, 1.0, 1.0], [2.2, 2.0, 2.0, 2.0]),
+    ([1.0, 1.5, 1.0, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0, 2.0]),
+])
+def test_uneven_stages_lose_at_most_the_unmodelled_rendezvous_wait(fs, bs):
+    """Uneven stages: a sender may also wait for a late receiver, which the holds leave out:
+    the simulator is never longer than the rendezvous and within 1% of it here."""
+    pp, m, hold = len(fs), 2 * len(fs), 0.1
+    reference = _rendezvous(_megatron_1f1b(pp, m, hold), {"F": fs, "B": bs})
+    simulated = simulate(generate("1f1b", pp, m), _costs(fs, bs, hold, hold)).step_time_s
+    assert simulated <= reference + 1e-12
+    assert simulated == pytest.approx(reference, rel=0.01)
+
+
+@pytest.mark.parametrize("pp", [2, 4, 5, 8])
+@pytest.mark.parametrize(("act", "grad"), [(0.05, 0.2), (0.01, 0.08)])
+def test_deepspeed_train_schedule_is_1f1b_with_send_and_receive_holds(pp, act, grad):
+    """DeepSpeed's TrainSchedule runs 1F1B's compute order; in its steady state each forward
+    and backward that sends is followed by two separate blocking calls, the activation and the
+    gradient transfer (`p2p_mode = "deepspeed"` holds act + grad): the simulator's cost per
+    extra micro-batch is the reference's exactly. In the warm-up and cool-down a step sends
+    without receiving, which the holds charge anyway: never shorter, at most P - 1 holds longer."""
+    f, b, hold = 1.0, 2.0, act + grad
+
+    def both(m):
+        reference = _rendezvous(_deepspeed_train_schedule(pp, m, act, grad), {"F": [f] * pp, "B": [b] * pp})
+        return reference, simulate(generate("1f1b", pp, m), _costs([f] * pp, [b] * pp, hold, hold)).step_time_s
+
+    (ref_a, sim_a), (ref_b, sim_b) = both(2 * pp), both(4 * pp)
+    assert (sim_b - sim_a) == pytest.approx(ref_b - ref_a, rel=1e-12)
+    sending_sides = 2 if pp > 2 else 1  # an inner rank sends both ways, an end rank one
+    assert (ref_b - ref_a) / (2 * pp) == pytest.approx(f + b + sending_sides * hold, rel=1e-12)
+    for ref, sim in ((ref_a, sim_a), (ref_b, sim_b)):
+        assert ref - 1e-12 <= sim <= ref + (pp - 1) * hold + 1e-12
+
+
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (6, 9)])
+def test_blocked_time_is_the_holds_of_each_ranks_sending_actions(pp, m):
+    """Rank 0 sends after each forward, the last rank after each backward, the others after
+    both: M, M and 2M holds; busy time stays the compute, and no holds change nothing."""
+    base = StageCosts.uniform(pp, 1, 1.0, 1.0, 1.0)
+    held = simulate(generate("1f1b", pp, m), replace(base, send_hold_forward_s=0.3, send_hold_backward_s=0.2))
+    plain = simulate(generate("1f1b", pp, m), base)
+    assert held.blocked_s[0] == pytest.approx(m * 0.3)
+    assert held.blocked_s[-1] == pytest.approx(m * 0.2)
+    assert all(x == pytest.approx(m * 0.5) for x in held.blocked_s[1:-1])
+    assert held.busy_s == plain.busy_s
+    assert plain.blocked_s == ()
+    assert held.step_time_s > plain.step_time_s
