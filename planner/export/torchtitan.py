@@ -158,11 +158,22 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
 
 
 def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
-    """What torchtitan 0.3's MoE (Qwen3 blocks, standard all-to-all dispatcher) cannot run."""
-    if spec.is_mla or spec.mtp_depth or spec.moe_capacity_factor is not None:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has latent attention, multi-token prediction or an "
-                          "expert capacity factor, which this exporter's torchtitan MoE model (Qwen3 blocks, "
-                          "GQA, dropless) does not have")
+    """What torchtitan 0.3's MoE models (Qwen3 blocks for GQA, DeepSeek-V3 for latent
+    attention; standard all-to-all dispatcher) cannot run."""
+    if spec.moe_capacity_factor is not None:
+        raise ExportError(f"{RUNTIME}: model {spec.name} caps tokens per expert (capacity factor "
+                          f"{spec.moe_capacity_factor}); torchtitan's standard token dispatcher is dropless")
+    if spec.is_mla:
+        if spec.moe_layer_freq != 1 or spec.shared_ffn_width != spec.num_shared_experts * spec.expert_ffn_hidden_size:
+            raise ExportError(f"{RUNTIME}: model {spec.name}: torchtitan's DeepSeek-V3 model makes every layer "
+                              "after the dense ones MoE, with shared experts as wide as num_shared_experts routed ones")
+        if spec.mtp_depth and (entry.pp > 1 or entry.cp > 1):
+            raise ExportError(f"{RUNTIME}: multi-token prediction (model {spec.name}) with pp {entry.pp}, cp "
+                              f"{entry.cp}: torchtitan 0.3's MTP supports neither pipeline nor context "
+                              f"parallelism; {replan_for(RUNTIME)}")
+    elif spec.mtp_depth:
+        raise ExportError(f"{RUNTIME}: multi-token prediction without latent attention (model {spec.name}) is "
+                          "not in torchtitan's models")
     etp = entry.etp or entry.tp
     if (entry.ep > 1 and etp != 1) or (entry.ep == 1 and etp != entry.tp):
         raise ExportError(f"{RUNTIME}: expert tensor parallel {etp} with ep {entry.ep}, tp {entry.tp}: torchtitan "
@@ -180,10 +191,24 @@ def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
 
 def moe_model_fields(spec: ModelSpec) -> dict:
     """The recipe's MODEL entries of a mixture of experts: experts, top-k, widths, and which
-    layers are MoE."""
-    return {"num_experts": spec.num_experts, "top_k": spec.moe_top_k,
-            "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width,
-            "moe_layers": [i for i in range(spec.num_layers) if spec.is_moe_layer(i)]}
+    layers are MoE; with latent attention its ranks and head widths and the MTP depth."""
+    fields = {"num_experts": spec.num_experts, "top_k": spec.moe_top_k,
+              "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width}
+    if not spec.is_mla:
+        return fields | {"moe_layers": [i for i in range(spec.num_layers) if spec.is_moe_layer(i)]}
+    return fields | {
+        "num_shared_experts": spec.num_shared_experts, "first_dense_layers": spec.first_dense_layers,
+        "q_lora_rank": spec.q_lora_rank or 0, "kv_lora_rank": spec.kv_lora_rank,
+        "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth}
+
+
+def _model_source(spec: ModelSpec) -> tuple[str, str]:
+    """(imports, model functions) of the recipe: Llama-3 (dense), Qwen3 blocks (MoE with
+    GQA) or DeepSeek-V3 (MoE with latent attention)."""
+    if spec.is_mla:
+        return _MLA_IMPORTS, _MLA_MODEL
+    return (_MOE_IMPORTS, _MOE_MODEL) if spec.is_moe else (_DENSE_IMPORTS, _DENSE_MODEL)
 
 
 def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
@@ -198,7 +223,7 @@ def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
         model |= moe_model_fields(spec)
     policy = settings["activation_checkpoint"]["policy"]
     ac_line = "None" if policy is None else f"{policy}.Config()"
-    imports, function = (_MOE_IMPORTS, _MOE_MODEL) if spec.is_moe else (_DENSE_IMPORTS, _DENSE_MODEL)
+    imports, function = _model_source(spec)
     return f'''"""torchtitan {TORCHTITAN_VERSION} recipe for a planned layout, written by `planner export --to torchtitan`.
 
     PYTHONPATH=. torchrun --nproc-per-node {min(8, entry.num_gpus)} [--nnodes ...] -m torchtitan.train \\
@@ -245,8 +270,7 @@ def {CONFIG_FUNCTION}() -> Trainer.Config:
     """The planned layout on torchtitan's stock llama3_8b training settings."""
     config = llama3_8b()
     config.model_spec = planner_model_spec()
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+    config.loss = planner_loss()
     for key, value in TRAINING.items():
         setattr(config.training, key, value)
     for key, value in PARALLELISM.items():
@@ -294,6 +318,11 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
                      state_dict_adapter=Llama3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy over the vocabulary, computed in chunks."""
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
 '''
 """The recipe's `planner_model_spec` for a dense Llama-style model."""
 
@@ -366,5 +395,79 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="qwen3", flavor="planner", model=model, parallelize_fn=parallelize_qwen3,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
                      state_dict_adapter=Qwen3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy over the vocabulary, computed in chunks."""
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
 '''
 """The recipe's `planner_model_spec` for a mixture of experts (torchtitan's Qwen3 blocks)."""
+
+_MLA_IMPORTS = """
+import copy
+
+from torchtitan.components.optimizer import register_moe_load_balancing_hook
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.deepseek_v3 import DeepSeekV3Model, MTPLoss, MTPTransformerBlock, parallelize_deepseekv3
+from torchtitan.models.deepseek_v3 import build_mla_moe_layers
+from torchtitan.models.deepseek_v3.state_dict_adapter import DeepSeekV3StateDictAdapter
+"""
+
+_MLA_MODEL = '''
+EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
+
+
+def planner_mtp_layers(last) -> list:
+    """MODEL["mtp_depth"] multi-token-prediction blocks shaped like the last layer, as
+    torchtitan's DeepSeek-V3 flavours build them."""
+    dim = MODEL["dim"]
+    return [
+        MTPTransformerBlock.Config(
+            attention=copy.deepcopy(last.attention), feed_forward=copy.deepcopy(last.feed_forward),
+            moe=copy.deepcopy(last.moe), attention_norm=copy.deepcopy(last.attention_norm),
+            ffn_norm=copy.deepcopy(last.ffn_norm),
+            enorm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+            hnorm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+            eh_proj=Linear.Config(in_features=2 * dim, out_features=dim, bias=False, param_init=LINEAR_INIT),
+            mtp_norm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+        )
+        for _ in range(MODEL["mtp_depth"])
+    ]
+
+
+def planner_model_spec() -> ModelSpec:
+    """torchtitan's DeepSeek-V3 decoder at the planned shape: latent attention, dense first
+    layers, routed + shared experts (sigmoid router, renormalised top-k; DeepSeek-V3's route
+    scale and node-limited groups are training choices the plan leaves at torchtitan's
+    defaults), multi-token prediction."""
+    m = MODEL
+    rope = ComplexRoPE.Config(dim=m["qk_rope_head_dim"], max_seq_len=m["max_seq_len"], theta=10000.0)
+    layers = build_mla_moe_layers(
+        n_layers=m["n_layers"], n_dense_layers=m["first_dense_layers"], dim=m["dim"], n_heads=m["n_heads"],
+        q_lora_rank=m["q_lora_rank"], kv_lora_rank=m["kv_lora_rank"], qk_nope_head_dim=m["qk_nope_head_dim"],
+        qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"], mscale=1.0,
+        dense_hidden_dim=m["ffn_hidden_dim"], moe_hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
+        num_shared_experts=m["num_shared_experts"], router_top_k=m["top_k"], router_score_func="sigmoid",
+        router_route_norm=True, attn_backend="flex", moe_comm_backend="standard",
+        non_blocking_capacity_factor=None, linear_init=LINEAR_INIT, norm_init=NORM_INIT,
+        depth_init=lambda layer: LINEAR_INIT, depth_experts_init=lambda layer: EXPERTS_INIT, rope=rope)
+    model = DeepSeekV3Model.Config(
+        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
+        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"],
+                                        param_init=EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
+        layers=layers, mtp_layers=planner_mtp_layers(layers[-1]),
+    )
+    return ModelSpec(name="deepseek_v3", flavor="planner", model=model, parallelize_fn=parallelize_deepseekv3,
+                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
+                     state_dict_adapter=DeepSeekV3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy, plus DeepSeek-V3's multi-token-prediction loss with MTP layers."""
+    if MODEL["mtp_depth"]:
+        return MTPLoss.Config(global_vocab_size=MODEL["vocab_size"])
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+'''
+"""The recipe's `planner_model_spec` for latent attention (torchtitan's DeepSeek-V3 model)."""

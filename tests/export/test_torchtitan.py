@@ -46,13 +46,27 @@ PLANS = {
                                            recompute="selective")),
     "context_parallel": ("llama3-70b", dict(tp=8, cp=2, pp=1, dp=4, num_microbatches=2, seq=8192,
                                             stage_layers=[[0, 80]])),
+}
+MOE_PLANS = {
     "moe_ep_pipeline": ("tiny-moe", dict(dp=2, ep=2, pp=2, stage_layers=[[0, 2], [2, 6]])),
     "moe_tp_experts_no_ep": ("tiny-moe", dict(tp=2, dp=2, pp=1, num_microbatches=2, stage_layers=[[0, 6]])),
     "mixtral_ep_over_fsdp_and_tp": ("mixtral-8x7b", dict(tp=2, dp=4, ep=8, etp=1, pp=1, num_microbatches=2,
                                                          seq=4096, stage_layers=[[0, 32]])),
     "qwen3_moe_ddp_ep_over_tp": ("qwen3-30b-a3b", dict(tp=4, dp=2, ep=4, etp=1, pp=2, zero_stage=0, seq=4096,
                                                        stage_layers=[[0, 24], [24, 48]])),
+    "deepseek_v3_mla_mtp_ep64": ("deepseek-v3", dict(tp=8, dp=8, ep=64, etp=1, pp=1, num_microbatches=2,
+                                                     seq=4096, stage_layers=[[0, 61]])),
 }
+"""Mixture-of-experts plans; those with GQA also run the placement test above."""
+PLANS |= {name: plan for name, plan in MOE_PLANS.items() if "deepseek" not in name}
+
+
+def tiny_mla(plan_file):
+    """`plan_file` with tiny-moe given DeepSeek-style latent attention and one MTP layer."""
+    model = plan_file.model.model_copy(update=dict(
+        name="tiny-mla", q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32,
+        v_head_dim=32, mtp_depth=1))
+    return plan_file.model_copy(update={"model": model})
 
 
 @pytest.fixture
@@ -152,16 +166,13 @@ def test_torchtitan_refuses():
         export_torchtitan(make_plan("tiny-llama", dtype="fp16"))
 
 
-MOE_PLANS = [name for name, (model, _) in PLANS.items() if "moe" in name or "mixtral" in name]
-
-
-@pytest.mark.parametrize("name", MOE_PLANS)
+@pytest.mark.parametrize("name", sorted(MOE_PLANS))
 def test_torchtitan_builds_the_planned_expert_parallel_meshes(name, load_recipe, fake_world):
     """torchtitan's ParallelDims lays out the plan's world: EP of the planned size over the
     ranks it borrows from dp_shard x cp x tp (efsdp the rest); MoE exactly on the planned layers."""
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    model, fields = PLANS[name]
+    model, fields = MOE_PLANS[name]
     plan_file = make_plan(model, **fields)
     entry, spec = plan_file.plans[0], plan_file.model
     _, config = load_recipe(plan_file)
@@ -176,10 +187,12 @@ def test_torchtitan_builds_the_planned_expert_parallel_meshes(name, load_recipe,
     moe = next(layer.moe for layer in layers if layer.moe is not None)
     assert (moe.num_experts, moe.router.top_k) == (spec.num_experts, spec.moe_top_k)
     assert moe.routed_experts.inner_experts.hidden_dim == spec.expert_ffn_hidden_size
-    if spec.published_params:  # the built model against the model's authors' count
+    assert len(getattr(config.model_spec.model, "mtp_layers", [])) == spec.mtp_depth
+    if spec.published_params:  # the built model (MTP aside) against the model's authors' count
         with torch.device("meta"):
             built = config.model_spec.model.build()
-        assert sum(p.numel() for p in built.parameters()) == pytest.approx(spec.published_params, rel=0.01)
+        params = sum(p.numel() for name, p in built.named_parameters() if not name.startswith("mtp_layers."))
+        assert params == pytest.approx(spec.published_params, rel=0.01)
 
 
 def built_on_cpu(config):
@@ -192,10 +205,14 @@ def built_on_cpu(config):
     return model
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe"])
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe", "tiny-mla"])
 def test_torchtitan_recipe_initialises_every_parameter(model, load_recipe):
-    _, config = load_recipe(make_plan(model, pp=1, stage_layers=[[0, resolve_model(model).num_layers]]))
+    name = model.replace("mla", "moe")  # tiny-mla: tiny-moe with latent attention and MTP
+    plan_file = make_plan(name, pp=1, stage_layers=[[0, resolve_model(name).num_layers]])
+    _, config = load_recipe(tiny_mla(plan_file) if model == "tiny-mla" else plan_file)
+    config.model_spec.model.update_from_config(config=config)
     params = dict(built_on_cpu(config).named_parameters())
+    assert any(name.startswith("mtp_layers.") for name in params) == (model == "tiny-mla")
     assert all(torch.isfinite(p).all() for p in params.values())
     weights = [p for name, p in params.items() if "norm" not in name]
     assert all(0.015 < p.std() < 0.025 for p in weights)  # normal(0.02), not left empty
@@ -226,7 +243,7 @@ def test_torchtitan_moe_routes_like_the_torch_script(load_recipe):
 
 
 @pytest.mark.parametrize("model, fields, words", [
-    ("deepseek-v3", dict(pp=1, stage_layers=[[0, 61]]), "latent attention"),
+    ("deepseek-v3", dict(pp=2, stage_layers=[[0, 31], [31, 61]]), "MTP supports neither pipeline"),
     ("tiny-moe", dict(tp=2, ep=2, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 2 with ep 2"),
     ("tiny-moe", dict(tp=2, etp=1, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 1 with ep 1, tp 2"),
     ("tiny-moe", dict(dp=2, ep=2, pp=1, zero_stage=0, stage_layers=[[0, 6]]), "ZeRO-0 replicas"),
@@ -247,3 +264,12 @@ def test_torchtitan_itself_cannot_lay_out_ep_over_replicas(fake_world):
     fake_world(2)
     with pytest.raises(ValueError, match="product of mesh_sizes"):  # efsdp = 1 * 1 * 1 // 2 = 0
         dims.build_mesh()
+
+
+def test_torchtitan_itself_refuses_mtp_with_pipeline_parallelism(load_recipe):
+    """The MTP refusal is torchtitan's own limit: its model config, given the MLA recipe with
+    pipeline parallelism set, raises."""
+    _, config = load_recipe(tiny_mla(make_plan("tiny-moe", pp=1, stage_layers=[[0, 6]])))
+    config.parallelism.pipeline_parallel_degree = 2
+    with pytest.raises(NotImplementedError, match="MTP does not support pipeline parallelism"):
+        config.model_spec.model.update_from_config(config=config)
