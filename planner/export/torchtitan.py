@@ -19,10 +19,11 @@ Data parallelism maps to torchtitan's FSDP2 / HSDP: ZeRO-0 is `data_parallel_rep
 and optimizer state sharded, parameters kept gathered between forward and backward: ZeRO-2,
 which holds no more memory than ZeRO-1 for the same communication), ZeRO-3 reshards always.
 
-A mixture of experts is built from torchtitan's Qwen3 blocks (GQA attention, here without
-Qwen3's QK-norm, which the planner's model does not have; per layer a dense SwiGLU MLP or
-torchtitan's MoE: softmax top-k router renormalised over the k, grouped experts, shared
-experts, all-to-all token dispatch) and trained with `expert_parallel_degree` = the plan's
+A mixture of experts with GQA is built from torchtitan's Qwen3 blocks (here without Qwen3's
+QK-norm, which the planner's model does not have; per layer a dense SwiGLU MLP or torchtitan's
+MoE: softmax top-k router renormalised over the k, grouped experts, shared experts, all-to-all
+token dispatch); one with latent attention is torchtitan's DeepSeek-V3 model (dense first
+layers, MLA, MTP blocks and loss). Both train with `expert_parallel_degree` = the plan's
 ep. torchtitan 0.3 has no expert-tensor-parallel degree: with EP its experts are whole on
 each rank (etp 1) and EP borrows ranks from dp_shard x cp x tp; without EP they are sharded
 like the dense MLP over tp (etp = tp). Plans outside that are refused.
