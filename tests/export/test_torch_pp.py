@@ -2,7 +2,7 @@
 launched by torchrun, give per step the loss of the unsplit model trained in one process
 on the same data from the same initial weights (fp32, SGD, within 1e-5). The mixture of
 experts (tiny-moe) trains expert parallel (experts split over the two ranks, tokens sent
-by all-to-all over gloo) and through a pipeline.
+by all-to-all over gloo), through a pipeline, and (four processes) both at once.
 
 All two-process scripts run in one torchrun launch (tests/export/run_scripts.py) so torch
 is imported once; the unsplit references run in this process, once per distinct batch.
@@ -54,6 +54,11 @@ RUNS = {
     "moe_expert_parallel": ("tiny-moe", dict(dp=2, ep=2, pp=1, num_microbatches=2, stage_layers=[[0, 6]]),
                             MOE_ARGS),
     "moe_pipeline_1f1b": ("tiny-moe", dict(schedule="1f1b", stage_layers=[[0, 2], [2, 6]]), MOE_ARGS),
+    # four processes (a second launch): expert parallel across the data-parallel replicas of
+    # each DualPipeV stage, all-to-alls inside the pipelined forward and backward
+    "moe_expert_parallel_dualpipev_4_processes": (
+        "tiny-moe", dict(dp=2, ep=2, schedule="dualpipev", vpp=2, stage_layers=[[[0, 1], [5, 6]], [[1, 3], [3, 5]]]),
+        MOE_ARGS),
 }
 LOSS_LINE = re.compile(r"^step (\d+) loss (\S+) time_s (\S+)$")
 
@@ -68,25 +73,31 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     folders = {}
     for name, (model, fields, _) in RUNS.items():
         plan_file = make_plan(model, dtype="fp32", **fields)
-        assert plan_file.plans[0].num_gpus == 2
+        assert plan_file.plans[0].num_gpus == (4 if name.endswith("_4_processes") else 2)
         folders[name] = write_files(export_torch(plan_file), root / name)
     return folders
 
 
 @pytest.fixture(scope="module")
 def distributed_losses(exported) -> dict[str, list[float]]:
-    """Every script, two processes each, in one torchrun launch."""
+    """Every two-process script in one torchrun launch, the four-process ones in another."""
+    four = [name for name in RUNS if name.endswith("_4_processes")]
+    return launch(exported, [name for name in RUNS if name not in four], 2) | launch(exported, four, 4)
+
+
+def launch(exported, names: list[str], processes: int) -> dict[str, list[float]]:
+    """The step losses of the scripts `names`, run one after the other in one torchrun launch."""
     items = ["|".join([str(exported[name] / "train_pipeline.py"),
-                       *[str(exported[name] / a) if a.endswith(".csv") else a for a in extra]])
-             for name, (_, _, extra) in RUNS.items()]
+                       *[str(exported[name] / a) if a.endswith(".csv") else a for a in RUNS[name][2]]])
+             for name in names]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
            str(Path(__file__).with_name("run_scripts.py")), *TRAIN_ARGS, "--", *items]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     sections = re.split(r"^=== (.*)$", done.stdout, flags=re.M)[1:]
     by_script = {item.split("|")[0]: losses_of(text) for item, text in zip(sections[::2], sections[1::2])}
-    return {name: by_script[str(exported[name] / "train_pipeline.py")] for name in RUNS}
+    return {name: by_script[str(exported[name] / "train_pipeline.py")] for name in names}
 
 
 def reference_args(extra: list[str]) -> list[str]:
