@@ -6,7 +6,8 @@ self-contained: it imports torch and nothing from planner. Shapes are explicit a
 so a TP-sharded layer is built by passing heads / tp and ffn / tp.
 
 Block internals follow torchtitan's names (`attention.wq/wk/wv/wo`, `feed_forward.w1/w2/w3`,
-`attention_norm`, `ffn_norm`) so tensor-parallel plans keyed by them apply unchanged. The
+`attention_norm`, `ffn_norm`; `moe.router`, `moe.experts`, `moe.shared_experts` in a
+mixture-of-experts layer) so tensor-parallel plans keyed by them apply unchanged. The
 layers live in a ModuleDict keyed by their global index: a pipeline stage deletes the layers
 it does not own and sets `tok_embeddings` / `head` to None, as torchtitan does.
 """
@@ -14,9 +15,10 @@ it does not own and sets `tok_embeddings` / `head` to None, as torchtitan does.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -43,6 +45,17 @@ class BlockConfig:
     embedding_norm: bool = False
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
+    num_experts: int = 0  # routed experts of a mixture-of-experts layer; 0: every layer dense
+    moe_top_k: int = 0
+    expert_ffn_hidden_size: int = 0
+    shared_ffn_hidden_size: int = 0  # all shared experts together, as one SwiGLU MLP; 0: none
+    first_dense_layers: int = 0
+    moe_layer_freq: int = 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` has routed experts: after the first dense ones, every
+        moe_layer_freq-th layer (counting from 1)."""
+        return self.num_experts > 0 and index >= self.first_dense_layers and (index + 1) % self.moe_layer_freq == 0
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -192,19 +205,129 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
-class TransformerBlock(nn.Module):
-    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.))."""
+class _AllToAll(torch.autograd.Function):
+    """`all_to_all_single` with uneven splits along dim 0; its backward sends the gradients
+    back along the reversed splits (gloo and NCCL both run it)."""
+
+    @staticmethod
+    def forward(ctx, x, send_sizes, recv_sizes, group):
+        ctx.sizes, ctx.group = (send_sizes, recv_sizes), group
+        out = x.new_empty((sum(recv_sizes), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), recv_sizes, send_sizes, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_sizes, recv_sizes = ctx.sizes
+        out = grad.new_empty((sum(send_sizes), *grad.shape[1:]))
+        dist.all_to_all_single(out, grad.contiguous(), send_sizes, recv_sizes, group=ctx.group)
+        return out, None, None, None
+
+
+class GroupedExperts(nn.Module):
+    """The routed experts' SwiGLU MLPs, weights stacked per expert (torchtitan's layout:
+    w1, w3 (experts, ffn, hidden), w2 (experts, hidden, ffn)). After `shard`, this rank
+    holds a contiguous slice of the experts and exchanges tokens with the other ranks of
+    its expert-parallel group by all-to-all (dispatch before the MLPs, combine after)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int):
+        super().__init__()
+        self.num_experts = num_experts
+        self.w1 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, ffn_hidden_size))
+        self.w3 = nn.Parameter(torch.empty(num_experts, ffn_hidden_size, hidden_size))
+        for weight in (self.w1, self.w2, self.w3):
+            bound = 1 / math.sqrt(weight.shape[-1])  # nn.Linear's default, per expert
+            nn.init.uniform_(weight, -bound, bound)
+        self.ep_size, self.ep_group = 1, None
+
+    def shard(self, ep_rank: int, ep_size: int, group) -> None:
+        """Keep experts ep_rank * E / ep_size .. (ep_rank + 1) * E / ep_size - 1 and send
+        every token to the rank holding its expert over `group` (the expert-parallel group)."""
+        local = self.num_experts // ep_size
+        first = ep_rank * local
+        for name in ("w1", "w2", "w3"):
+            setattr(self, name, nn.Parameter(getattr(self, name).data[first:first + local].clone()))
+        self.ep_size, self.ep_group = ep_size, group
+
+    def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """MLP outputs of `routed` (rows sorted by expert, `counts` rows per expert, all experts)."""
+        if self.ep_group is None:
+            return self._mlps(routed, counts)
+        ep, local = self.ep_size, self.num_experts // self.ep_size
+        # dispatch: how many rows of each of my experts every rank sends me, then the rows
+        received_counts = torch.empty_like(counts)
+        dist.all_to_all_single(received_counts, counts, group=self.ep_group)
+        received_counts = received_counts.view(ep, local)  # (source rank, my expert)
+        send_sizes = counts.view(ep, local).sum(1).tolist()
+        recv_sizes = received_counts.sum(1).tolist()
+        received = _AllToAll.apply(routed, send_sizes, recv_sizes, self.ep_group)
+        # rows arrive by source rank, then expert: regroup them by expert
+        expert_of_row = torch.arange(local).repeat(ep).repeat_interleave(received_counts.flatten().cpu())
+        by_expert = expert_of_row.argsort(stable=True).to(routed.device)
+        out = self._mlps(received[by_expert], received_counts.sum(0))
+        # combine: back to source-rank order, then to the ranks the rows came from
+        return _AllToAll.apply(out[by_expert.argsort()], recv_sizes, send_sizes, self.ep_group)
+
+    def _mlps(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for expert, part in enumerate(rows.split(counts.tolist())):
+            gate, up = F.linear(part, self.w1[expert]), F.linear(part, self.w3[expert])
+            outs.append(F.linear(_SwiGLUFunction.apply(gate, up), self.w2[expert]))
+        return torch.cat(outs)
+
+
+class MoE(nn.Module):
+    """Mixture-of-experts MLP: a softmax router picks top-k experts per token (weights
+    renormalised over the k, as Mixtral and Qwen3-MoE do), the routed experts' outputs are
+    summed with those weights, and the shared experts (if any) see every token. Dropless:
+    every routed token is computed."""
 
     def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.top_k = cfg.moe_top_k
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = GroupedExperts(cfg.num_experts, cfg.hidden_size, cfg.expert_ffn_hidden_size)
+        self.shared_experts = (
+            FeedForward(replace(cfg, ffn_hidden_size=cfg.shared_ffn_hidden_size, activation="swiglu",
+                                linear_bias=False))
+            if cfg.shared_ffn_hidden_size else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.router(tokens).float(), dim=-1)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        order = experts.flatten().argsort(stable=True)  # (token, choice) pairs sorted by expert
+        source = order // self.top_k
+        counts = torch.bincount(experts.flatten(), minlength=self.experts.num_experts)
+        out = self.experts(tokens[source], counts)
+        out = out * weights.flatten()[order, None].to(out.dtype)
+        combined = torch.zeros_like(tokens).index_add(0, source, out)
+        if self.shared_experts is not None:
+            combined = combined + self.shared_experts(tokens)
+        return combined.view(x.shape)
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp(norm(.)); the MLP is a
+    mixture of experts (`moe`) when `moe` is set, else dense (`feed_forward`)."""
+
+    def __init__(self, cfg: BlockConfig, moe: bool = False):
         super().__init__()
         self.attention_norm = make_norm(cfg)
         self.attention = Attention(cfg)
         self.ffn_norm = make_norm(cfg)
-        self.feed_forward = FeedForward(cfg)
+        self.is_moe = moe
+        if moe:
+            self.moe = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x))
-        return x + self.feed_forward(self.ffn_norm(x))
+        mlp = self.moe if self.is_moe else self.feed_forward
+        return x + mlp(self.ffn_norm(x))
 
 
 class Embedding(nn.Module):
@@ -254,7 +377,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: Embedding | None = Embedding(cfg)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.num_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, cfg.is_moe_layer(i)) for i in range(cfg.num_layers)})
         self.head: Head | None = Head(cfg)
         if cfg.tie_embeddings:
             self.head.output.weight = self.tok_embeddings.tok.weight

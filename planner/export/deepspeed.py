@@ -101,6 +101,11 @@ def uniform_boundaries(num_items: int, num_parts: int) -> list[int]:
 
 
 def _check(entry: PlanEntry, spec: ModelSpec) -> None:
+    if spec.is_moe:
+        raise ExportError(f"{RUNTIME}: model {spec.name} is a mixture of experts, which this exporter does not "
+                          "write for DeepSpeed's pipeline engine: its PipelineModule layers are dense, and "
+                          "DeepSpeed's MoE layer (deepspeed.moe.layer.MoE) returns an auxiliary loss per layer "
+                          "that the engine's last-stage loss function does not collect")
     if entry.pp > 1 and (entry.schedule != "1f1b" or entry.vpp != 1):
         raise ExportError(
             f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by DeepSpeed, whose "
@@ -117,9 +122,6 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
     if uniform_recompute(entry, RUNTIME) == "selective":
         raise ExportError(f"{RUNTIME}: selective recompute has no DeepSpeed equivalent (its pipeline "
                           f"recomputes whole layers); {replan_for(RUNTIME)}")
-    if spec.is_moe:
-        raise ExportError(f"{RUNTIME}: model {spec.name} is a mixture of experts; the exported layers "
-                          "(planner/torch_blocks.py) are dense")
 
 
 def _module_file(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec) -> str:

@@ -6,6 +6,10 @@ the template already has) and the plan (`MODEL`, `PLAN` dictionaries). With pipe
 parallelism the per-rank action order of the planned schedule is also written as
 `schedule.csv` (torch's compute-only CSV); the script runs it when torch has no class for
 the schedule (zb_h2), or on request (`--schedule-csv`).
+
+A mixture-of-experts model trains with expert parallelism over the data-parallel ranks
+(`ep` divides `dp`; each expert-parallel group holds every expert once and exchanges tokens
+by all-to-all); experts are not tensor-parallel in the script (etp 1).
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ def script_plan(entry: PlanEntry, torch_schedule: str | None, schedule_csv: str 
             mine.append((stage, first, end))
         chunks.append(mine)
     return {
-        "tp": entry.tp, "pp": entry.pp, "dp": entry.dp, "vpp": entry.vpp,
+        "tp": entry.tp, "pp": entry.pp, "dp": entry.dp, "ep": entry.ep, "vpp": entry.vpp,
         "mbs": entry.mbs, "num_microbatches": entry.num_microbatches,
         "global_batch": entry.global_batch, "seq": entry.seq, "dtype": entry.dtype,
         "zero_stage": entry.zero_stage, "schedule": entry.schedule,
@@ -84,7 +88,7 @@ def render_script(spec: ModelSpec, plan: dict, header: list[str]) -> str:
     template = module_source("planner.export.torch_script_template")
     blocks = module_source("planner.torch_blocks")
     blocks = blocks.replace("from __future__ import annotations\n", "")
-    model = spec.block_fields(tp=1, seq=plan["seq"])
+    model = spec.block_fields(tp=1, seq=plan["seq"]) | moe_block_fields(spec)
     filled = _replace_region(template, _BLOCKS, (
         "# ---- model blocks: planner/torch_blocks.py, embedded verbatim ----\n"
         f"{blocks.rstrip()}\n# ---- end of model blocks ----\n"))
@@ -96,6 +100,15 @@ def render_script(spec: ModelSpec, plan: dict, header: list[str]) -> str:
         'layer, end layer) of each chunk."""\n'))
     return ("#!/usr/bin/env python3\n# Written by `planner export --to torch`.\n"
             + comment_block(header) + filled)
+
+
+def moe_block_fields(spec: ModelSpec) -> dict:
+    """BlockConfig's mixture-of-experts arguments for `spec` (none for a dense model)."""
+    if not spec.is_moe:
+        return {}
+    return {"num_experts": spec.num_experts, "moe_top_k": spec.moe_top_k,
+            "expert_ffn_hidden_size": spec.expert_ffn_hidden_size, "shared_ffn_hidden_size": spec.shared_ffn_width,
+            "first_dense_layers": spec.first_dense_layers, "moe_layer_freq": spec.moe_layer_freq}
 
 
 def module_source(name: str) -> str:
@@ -112,8 +125,9 @@ def _replace_region(text: str, markers: tuple[str, str], content: str) -> str:
 
 def _check(entry: PlanEntry, spec: ModelSpec) -> None:
     if spec.is_moe:
-        raise ExportError(f"{RUNTIME}: model {spec.name} is a mixture of experts; the exported script's "
-                          "blocks (planner/torch_blocks.py) are dense")
+        _check_moe(entry, spec)
+    elif entry.ep > 1:
+        raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
     if entry.cp > 1:
         raise ExportError(f"{RUNTIME}: context parallelism (cp={entry.cp}) is not in the exported script; "
                           f"{replan_for(RUNTIME)}")
@@ -129,6 +143,24 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
         if spec.position_embedding == "alibi":
             raise ExportError(f"{RUNTIME}: ALiBi slopes per head are not sharded by the script's "
                               f"tensor parallelism; {replan_for(RUNTIME)}")
+
+
+def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
+    """What the script's mixture of experts (planner/torch_blocks.py MoE) does not do."""
+    if spec.is_mla or spec.mtp_depth or spec.activation != "swiglu" or spec.moe_capacity_factor is not None:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has latent attention, multi-token prediction, "
+                          "non-SwiGLU experts or a capacity factor, which the exported script's blocks "
+                          f"(planner/torch_blocks.py: GQA, dropless SwiGLU experts) do not have")
+    if entry.tp > 1:
+        raise ExportError(f"{RUNTIME}: tensor parallelism (tp={entry.tp}) of a mixture of experts is not in the "
+                          f"exported script (experts parallel over data-parallel ranks only); {replan_for(RUNTIME)}")
+    if entry.dp % entry.ep or spec.num_experts % entry.ep:
+        raise ExportError(f"{RUNTIME}: ep {entry.ep} must divide dp ({entry.dp}) and the experts "
+                          f"({spec.num_experts}): the script's expert parallelism runs over data-parallel "
+                          f"ranks; {replan_for(RUNTIME)}")
+    if entry.ep > 1 and entry.zero_stage == 3:
+        raise ExportError(f"{RUNTIME}: ZeRO-3 with expert parallelism (ep={entry.ep}): the script's FSDP "
+                          f"would shard each rank's own experts as if replicated; {replan_for(RUNTIME)}")
 
 
 def _schedule(entry: PlanEntry) -> tuple[str | None, str | None]:

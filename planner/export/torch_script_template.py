@@ -10,6 +10,11 @@ Data parallelism all-reduces gradients (ZeRO-1/2 give the same update; their opt
 gradient sharding is not applied here) or, for ZeRO-3, shards the stages with `fully_shard`.
 Tied input/output embeddings on different stages get their gradients summed over the
 pipeline ranks after each step, so both copies stay equal.
+A mixture of experts runs expert parallel over the data-parallel ranks: consecutive groups
+of `ep` data-parallel ranks each hold every routed expert once (E / ep per rank) and send
+each token to its expert's rank and back by `all_to_all_single` (gloo and NCCL both have
+it; see `_AllToAll` in the model blocks); the experts' gradients are averaged over the
+ranks holding the same experts, the other parameters' over all data-parallel ranks.
 
     torchrun --nproc-per-node WORLD train_pipeline.py --device cuda --backend nccl
     python train_pipeline.py --reference      # one process, unsplit model, same data
@@ -178,14 +183,46 @@ def sync_tied_embeddings(parts: list[Transformer], group) -> None:
         local(w.grad).copy_(total)
 
 
-def average_data_parallel(parts: list[Transformer], mesh) -> None:
-    """Average gradients over the data-parallel ranks (what DDP does)."""
+def expert_parallel_groups(mesh):
+    """(expert-parallel group, expert-data-parallel group, rank in the first) of this rank:
+    data-parallel rank d is expert rank d % ep of the group of d // ep; the ranks with the
+    same expert rank (holding the same experts) form the expert-data-parallel group. Every
+    rank creates every group, in the same order."""
+    ep = PLAN["ep"]
+    mine = {}
+    for p in range(PLAN["pp"]):
+        for t in range(PLAN["tp"]):
+            ranks = [int(r) for r in mesh.mesh[p, :, t]]
+            for kind, members in [("ep", ranks[g * ep:(g + 1) * ep]) for g in range(len(ranks) // ep)] + \
+                                 [("edp", ranks[e::ep]) for e in range(ep)]:
+                group = dist.new_group(members)
+                if dist.get_rank() in members:
+                    mine[kind] = group
+    return mine["ep"], mine["edp"], mesh["dp"].get_local_rank() % ep
+
+
+def shard_experts(part: Transformer, ep_rank: int, ep_group) -> None:
+    """Keep this rank's slice of every MoE layer's routed experts."""
+    for block in part.layers.values():
+        if block.is_moe:
+            block.moe.experts.shard(ep_rank, PLAN["ep"], ep_group)
+
+
+def is_expert_param(name: str) -> bool:
+    return ".moe.experts." in f".{name}"
+
+
+def average_data_parallel(parts: list[Transformer], mesh, expert_dp_group) -> None:
+    """Average gradients over the data-parallel ranks (what DDP does); routed experts' over
+    the ranks holding the same experts (their gradients already sum every rank's tokens)."""
     group = mesh["dp"].get_group()
     for part in parts:
-        for param in part.parameters():
+        for name, param in part.named_parameters():
             if param.grad is not None:
                 grad = local(param.grad)
-                dist.all_reduce(grad, group=group)
+                expert = PLAN["ep"] > 1 and is_expert_param(name)
+                if not expert or dist.get_world_size(expert_dp_group) > 1:
+                    dist.all_reduce(grad, group=expert_dp_group if expert else group)
                 grad.div_(PLAN["dp"])
 
 
@@ -224,9 +261,14 @@ def run_distributed(args) -> None:
     chunks = PLAN["chunks"][pp_rank]  # [(virtual stage, first layer, end layer), ...]
     num_stages = pp * PLAN["vpp"]
     recompute = PLAN["recompute"][pp_rank]
-    parts = [prepare(cut(full, first, end, stage == 0, stage == num_stages - 1), recompute, mesh, device, dtype)
-             for stage, first, end in chunks]
+    parts = [cut(full, first, end, stage == 0, stage == num_stages - 1) for stage, first, end in chunks]
     del full
+    expert_dp_group = None
+    if PLAN["ep"] > 1:
+        ep_group, expert_dp_group, ep_rank = expert_parallel_groups(mesh)
+        for part in parts:
+            shard_experts(part, ep_rank, ep_group)
+    parts = [prepare(part, recompute, mesh, device, dtype) for part in parts]
     optimizer = make_optimizer([p for part in parts for p in part.parameters()], args)
     has_first = any(stage == 0 for stage, _, _ in chunks)
     has_last = any(stage == num_stages - 1 for stage, _, _ in chunks)
@@ -262,7 +304,7 @@ def run_distributed(args) -> None:
             if MODEL["tie_embeddings"]:
                 sync_tied_embeddings(parts, tied_group)
         if dp > 1 and PLAN["zero_stage"] < 3:
-            average_data_parallel(parts, mesh)
+            average_data_parallel(parts, mesh, expert_dp_group)
         optimizer.step()
         if dp > 1:
             dist.all_reduce(loss, group=mesh["dp"].get_group())

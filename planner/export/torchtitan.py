@@ -18,6 +18,15 @@ Data parallelism maps to torchtitan's FSDP2 / HSDP: ZeRO-0 is `data_parallel_rep
 (DDP-like replication), ZeRO-1/2 shard with `fsdp_reshard_after_forward="never"` (gradients
 and optimizer state sharded, parameters kept gathered between forward and backward: ZeRO-2,
 which holds no more memory than ZeRO-1 for the same communication), ZeRO-3 reshards always.
+
+A mixture of experts with GQA is built from torchtitan's Qwen3 blocks (here without Qwen3's
+QK-norm, which the planner's model does not have; per layer a dense SwiGLU MLP or torchtitan's
+MoE: softmax top-k router renormalised over the k, grouped experts, shared experts, all-to-all
+token dispatch); one with latent attention is torchtitan's DeepSeek-V3 model (dense first
+layers, MLA, MTP blocks and loss). Both train with `expert_parallel_degree` = the plan's
+ep. torchtitan 0.3 has no expert-tensor-parallel degree: with EP its experts are whole on
+each rank (etp 1) and EP borrows ranks from dp_shard x cp x tp; without EP they are sharded
+like the dense MLP over tp (etp = tp). Plans outside that are refused.
 """
 
 from __future__ import annotations
@@ -78,7 +87,8 @@ def recipe_settings(entry: PlanEntry, spec: ModelSpec) -> dict[str, dict]:
         "global_batch_size": entry.global_batch,
         "seq_len": entry.seq,
         "mixed_precision_param": "bfloat16" if entry.dtype == "bf16" else "float32",
-        "disable_cuda_graphs": entry.pp > 1,
+        # torchtitan's CUDA graphs need neither PP nor EP's all-to-all (its CPU-synchronising splits)
+        "disable_cuda_graphs": entry.pp > 1 or entry.ep > 1,
     }
     parallelism = {
         "tensor_parallel_degree": entry.tp,
@@ -86,6 +96,8 @@ def recipe_settings(entry: PlanEntry, spec: ModelSpec) -> dict[str, dict]:
         "context_parallel_degree": entry.cp,
         "pipeline_parallel_degree": entry.pp,
     }
+    if spec.is_moe:
+        parallelism["expert_parallel_degree"] = entry.ep
     if entry.zero_stage == 0:
         parallelism |= {"data_parallel_replicate_degree": entry.dp, "data_parallel_shard_degree": 1}
     else:
@@ -128,9 +140,13 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
             or spec.position_embedding != "rope":
         raise ExportError(f"{RUNTIME}: model {spec.name} is not a Llama-style decoder (RMSNorm, SwiGLU, "
                           "RoPE); torchtitan's llama3 model is the one this exporter targets")
-    if spec.qkv_bias or spec.linear_bias or spec.embedding_norm or spec.is_moe:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has biases, an embedding norm or experts, "
-                          "which torchtitan's llama3 model does not have")
+    if spec.qkv_bias or spec.linear_bias or spec.embedding_norm:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has biases or an embedding norm, "
+                          "which torchtitan's llama3 and qwen3 models do not have")
+    if spec.is_moe:
+        _check_moe(entry, spec)
+    elif entry.ep > 1:
+        raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
     if spec.tie_embeddings and entry.pp > 1:
         raise ExportError(f"{RUNTIME}: tied input/output embeddings with pipeline parallelism "
                           f"(pp={entry.pp}); torchtitan refuses weight tying under PP; {replan_for(RUNTIME)}")
@@ -142,6 +158,60 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
                           f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads}); {replan_for(RUNTIME)}")
 
 
+def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
+    """What torchtitan 0.3's MoE models (Qwen3 blocks for GQA, DeepSeek-V3 for latent
+    attention; standard all-to-all dispatcher) cannot run."""
+    if spec.moe_capacity_factor is not None:
+        raise ExportError(f"{RUNTIME}: model {spec.name} caps tokens per expert (capacity factor "
+                          f"{spec.moe_capacity_factor}); torchtitan's standard token dispatcher is dropless")
+    if spec.is_mla:
+        if spec.moe_layer_freq != 1 or spec.shared_ffn_width != spec.num_shared_experts * spec.expert_ffn_hidden_size:
+            raise ExportError(f"{RUNTIME}: model {spec.name}: torchtitan's DeepSeek-V3 model makes every layer "
+                              "after the dense ones MoE, with shared experts as wide as num_shared_experts routed ones")
+        if spec.mtp_depth and (entry.pp > 1 or entry.cp > 1):
+            raise ExportError(f"{RUNTIME}: multi-token prediction (model {spec.name}) with pp {entry.pp}, cp "
+                              f"{entry.cp}: torchtitan 0.3's MTP supports neither pipeline nor context "
+                              f"parallelism; {replan_for(RUNTIME)}")
+    elif spec.mtp_depth:
+        raise ExportError(f"{RUNTIME}: multi-token prediction without latent attention (model {spec.name}) is "
+                          "not in torchtitan's models")
+    etp = entry.etp or entry.tp
+    if (entry.ep > 1 and etp != 1) or (entry.ep == 1 and etp != entry.tp):
+        raise ExportError(f"{RUNTIME}: expert tensor parallel {etp} with ep {entry.ep}, tp {entry.tp}: torchtitan "
+                          "0.3 keeps experts whole under expert parallelism (etp 1) and shards them over tp "
+                          f"without it (etp = tp); {replan_for(RUNTIME)}")
+    dp_shard = 1 if entry.zero_stage == 0 else entry.dp
+    if spec.num_experts % entry.ep or (dp_shard * entry.cp * entry.tp) % entry.ep:
+        raise ExportError(f"{RUNTIME}: ep {entry.ep} must divide the experts ({spec.num_experts}) and "
+                          f"dp_shard x cp x tp ({dp_shard} x {entry.cp} x {entry.tp}), the ranks torchtitan's "
+                          f"expert parallelism borrows (ZeRO-0 replicas are not among them); {replan_for(RUNTIME)}")
+    if entry.ep > 1 and entry.seq % (entry.cp * entry.tp):
+        raise ExportError(f"{RUNTIME}: seq {entry.seq} must divide by cp x tp ({entry.cp * entry.tp}): torchtitan's "
+                          f"expert parallelism splits each sequence's tokens over them; {replan_for(RUNTIME)}")
+
+
+def moe_model_fields(spec: ModelSpec) -> dict:
+    """The recipe's MODEL entries of a mixture of experts: experts, top-k, widths, and which
+    layers are MoE; with latent attention its ranks and head widths and the MTP depth."""
+    fields = {"num_experts": spec.num_experts, "top_k": spec.moe_top_k,
+              "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width}
+    if not spec.is_mla:
+        return fields | {"moe_layers": [i for i in range(spec.num_layers) if spec.is_moe_layer(i)]}
+    return fields | {
+        "num_shared_experts": spec.num_shared_experts, "first_dense_layers": spec.first_dense_layers,
+        "q_lora_rank": spec.q_lora_rank or 0, "kv_lora_rank": spec.kv_lora_rank,
+        "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth}
+
+
+def _model_source(spec: ModelSpec) -> tuple[str, str]:
+    """(imports, model functions) of the recipe: Llama-3 (dense), Qwen3 blocks (MoE with
+    GQA) or DeepSeek-V3 (MoE with latent attention)."""
+    if spec.is_mla:
+        return _MLA_IMPORTS, _MLA_MODEL
+    return (_MOE_IMPORTS, _MOE_MODEL) if spec.is_moe else (_DENSE_IMPORTS, _DENSE_MODEL)
+
+
 def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
             settings: dict[str, dict]) -> str:
     model = {
@@ -150,8 +220,11 @@ def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
         "ffn_hidden_dim": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
         "max_seq_len": max(spec.max_position_embeddings, entry.seq), "tie_embeddings": spec.tie_embeddings,
     }
+    if spec.is_moe:
+        model |= moe_model_fields(spec)
     policy = settings["activation_checkpoint"]["policy"]
     ac_line = "None" if policy is None else f"{policy}.Config()"
+    imports, function = _model_source(spec)
     return f'''"""torchtitan {TORCHTITAN_VERSION} recipe for a planned layout, written by `planner export --to torchtitan`.
 
     PYTHONPATH=. torchrun --nproc-per-node {min(8, entry.num_gpus)} [--nnodes ...] -m torchtitan.train \\
@@ -164,20 +237,19 @@ line (e.g. --hf_assets_path, --dataloader.dataset) or below.
 
 {comment_block(summary_lines(plan_file, entry, index)).rstrip()}
 
+from functools import partial
+
+from torch import nn
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC  # noqa: F401
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
-from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
-from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
-from torchtitan.models.llama3 import Llama3Model, parallelize_llama
 from torchtitan.models.llama3.config_registry import llama3_8b
-from torchtitan.models.llama3.model import Llama3TransformerBlock
-from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.trainer import Trainer
+{imports.rstrip()}
 
 # The planned model's shape.
-MODEL = {pprint.pformat(model, sort_dicts=False)}
+MODEL = {pprint.pformat(model, sort_dicts=False, compact=True)}
 
 # Batch and sequence (local batch: one data-parallel rank's sequences per optimizer step, split
 # into pipeline micro-batches with PP; without PP, global / (local x dp) steps accumulate).
@@ -186,42 +258,20 @@ TRAINING = {pprint.pformat(settings["training"], sort_dicts=False)}
 # Parallel layout: degrees, data-parallel sharding, pipeline schedule and stage cuts.
 PARALLELISM = {pprint.pformat(settings["parallelism"], sort_dicts=False, width=100)}
 
+# Initialisation (torchtitan's per-parameter `param_init`): normal(0.02) weights, zero biases.
+LINEAR_INIT = {{"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}}
+NORM_INIT = {{"weight": nn.init.ones_}}
+EMBEDDING_INIT = {{"weight": partial(nn.init.normal_, std=0.02)}}
 
-def planner_model_spec() -> ModelSpec:
-    """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE)."""
-    m = MODEL
-    rope = ComplexRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
-    layers = [
-        Llama3TransformerBlock.Config(
-            attention_norm=RMSNorm.Config(normalized_shape=m["dim"]),
-            ffn_norm=RMSNorm.Config(normalized_shape=m["dim"]),
-            attention=make_gqa_config(
-                dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
-                wqkv_param_init={{}}, wo_param_init={{}}, inner_attention=get_attention_config("flex"),
-                rope=rope, fuse_qkv=True),
-            feed_forward=make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
-                                         w1_param_init={{}}, w2w3_param_init={{}}),
-        )
-        for _ in range(m["n_layers"])
-    ]
-    model = Llama3Model.Config(
-        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
-        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"]),
-        norm=RMSNorm.Config(normalized_shape=m["dim"]),
-        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"]),
-        layers=layers,
-    )
-    return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
-                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
-                     state_dict_adapter=Llama3StateDictAdapter)
+
+{function.strip()}
 
 
 def {CONFIG_FUNCTION}() -> Trainer.Config:
     """The planned layout on torchtitan's stock llama3_8b training settings."""
     config = llama3_8b()
     config.model_spec = planner_model_spec()
-    config.loss = ChunkedLossWrapper.Config(
-        loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+    config.loss = planner_loss()
     for key, value in TRAINING.items():
         setattr(config.training, key, value)
     for key, value in PARALLELISM.items():
@@ -230,3 +280,195 @@ def {CONFIG_FUNCTION}() -> Trainer.Config:
     config.activation_checkpoint = {ac_line}
     return config
 '''
+
+
+_DENSE_IMPORTS = """
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+from torchtitan.models.llama3 import Llama3Model, parallelize_llama
+from torchtitan.models.llama3.model import Llama3TransformerBlock
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+"""
+
+_DENSE_MODEL = '''
+def planner_model_spec() -> ModelSpec:
+    """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE)."""
+    m = MODEL
+    rope = ComplexRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
+    layers = [
+        Llama3TransformerBlock.Config(
+            attention_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+            ffn_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+            attention=make_gqa_config(
+                dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
+                wqkv_param_init=LINEAR_INIT, wo_param_init=LINEAR_INIT,
+                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True),
+            feed_forward=make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
+                                         w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT),
+        )
+        for _ in range(m["n_layers"])
+    ]
+    model = Llama3Model.Config(
+        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
+        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"],
+                                        param_init=EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
+        layers=layers,
+    )
+    return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
+                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
+                     state_dict_adapter=Llama3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy over the vocabulary, computed in chunks."""
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+'''
+"""The recipe's `planner_model_spec` for a dense Llama-style model."""
+
+_MOE_IMPORTS = """
+from torchtitan.components.optimizer import register_moe_load_balancing_hook
+from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.config_utils import (
+    get_attention_config,
+    make_ffn_config,
+    make_gqa_config,
+    make_moe_config,
+    make_routed_experts_config,
+    make_router_config,
+)
+from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3
+from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+"""
+
+_MOE_MODEL = '''
+EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
+
+
+def planner_mlp(layer: int) -> dict:
+    """The MLP of `layer`: dense SwiGLU, or routed experts (softmax top-k, renormalised over
+    the k) plus the shared experts, tokens sent by torchtitan's all-to-all dispatcher."""
+    m = MODEL
+    if layer not in m["moe_layers"]:
+        return {"feed_forward": make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
+                                                w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT)}
+    shared = None
+    if m["shared_hidden_dim"]:
+        shared = make_ffn_config(dim=m["dim"], hidden_dim=m["shared_hidden_dim"],
+                                 w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT)
+    return {"moe": make_moe_config(
+        num_experts=m["num_experts"],
+        router=make_router_config(dim=m["dim"], num_experts=m["num_experts"], gate_param_init=LINEAR_INIT,
+                                  top_k=m["top_k"], score_func="softmax", route_norm=True),
+        routed_experts=make_routed_experts_config(
+            dim=m["dim"], hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"], top_k=m["top_k"],
+            param_init=EXPERTS_INIT, comm_backend="standard"),
+        shared_experts=shared)}
+
+
+def planner_model_spec() -> ModelSpec:
+    """torchtitan's Qwen3 blocks at the planned shape: GQA (no QK-norm), flex attention,
+    RoPE, and per layer a dense MLP or a mixture of experts."""
+    m = MODEL
+    rope = CosSinRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
+    layers = [
+        Qwen3TransformerBlock.Config(
+            attention_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+            ffn_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+            attention=make_gqa_config(
+                dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
+                wqkv_param_init=LINEAR_INIT, wo_param_init=LINEAR_INIT,
+                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True),
+            **planner_mlp(layer),
+        )
+        for layer in range(m["n_layers"])
+    ]
+    model = Qwen3Model.Config(
+        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
+        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"],
+                                        param_init=EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
+        layers=layers,
+    )
+    return ModelSpec(name="qwen3", flavor="planner", model=model, parallelize_fn=parallelize_qwen3,
+                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
+                     state_dict_adapter=Qwen3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy over the vocabulary, computed in chunks."""
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+'''
+"""The recipe's `planner_model_spec` for a mixture of experts (torchtitan's Qwen3 blocks)."""
+
+_MLA_IMPORTS = """
+import copy
+
+from torchtitan.components.optimizer import register_moe_load_balancing_hook
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.deepseek_v3 import DeepSeekV3Model, MTPLoss, MTPTransformerBlock, parallelize_deepseekv3
+from torchtitan.models.deepseek_v3 import build_mla_moe_layers
+from torchtitan.models.deepseek_v3.state_dict_adapter import DeepSeekV3StateDictAdapter
+"""
+
+_MLA_MODEL = '''
+EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
+
+
+def planner_mtp_layers(last) -> list:
+    """MODEL["mtp_depth"] multi-token-prediction blocks shaped like the last layer, as
+    torchtitan's DeepSeek-V3 flavours build them."""
+    dim = MODEL["dim"]
+    return [
+        MTPTransformerBlock.Config(
+            attention=copy.deepcopy(last.attention), feed_forward=copy.deepcopy(last.feed_forward),
+            moe=copy.deepcopy(last.moe), attention_norm=copy.deepcopy(last.attention_norm),
+            ffn_norm=copy.deepcopy(last.ffn_norm),
+            enorm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+            hnorm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+            eh_proj=Linear.Config(in_features=2 * dim, out_features=dim, bias=False, param_init=LINEAR_INIT),
+            mtp_norm=RMSNorm.Config(normalized_shape=dim, param_init=NORM_INIT),
+        )
+        for _ in range(MODEL["mtp_depth"])
+    ]
+
+
+def planner_model_spec() -> ModelSpec:
+    """torchtitan's DeepSeek-V3 decoder at the planned shape: latent attention, dense first
+    layers, routed + shared experts (sigmoid router, renormalised top-k; DeepSeek-V3's route
+    scale and node-limited groups are training choices the plan leaves at torchtitan's
+    defaults), multi-token prediction."""
+    m = MODEL
+    rope = ComplexRoPE.Config(dim=m["qk_rope_head_dim"], max_seq_len=m["max_seq_len"], theta=10000.0)
+    layers = build_mla_moe_layers(
+        n_layers=m["n_layers"], n_dense_layers=m["first_dense_layers"], dim=m["dim"], n_heads=m["n_heads"],
+        q_lora_rank=m["q_lora_rank"], kv_lora_rank=m["kv_lora_rank"], qk_nope_head_dim=m["qk_nope_head_dim"],
+        qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"], mscale=1.0,
+        dense_hidden_dim=m["ffn_hidden_dim"], moe_hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
+        num_shared_experts=m["num_shared_experts"], router_top_k=m["top_k"], router_score_func="sigmoid",
+        router_route_norm=True, attn_backend="flex", moe_comm_backend="standard",
+        non_blocking_capacity_factor=None, linear_init=LINEAR_INIT, norm_init=NORM_INIT,
+        depth_init=lambda layer: LINEAR_INIT, depth_experts_init=lambda layer: EXPERTS_INIT, rope=rope)
+    model = DeepSeekV3Model.Config(
+        dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
+        tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"],
+                                        param_init=EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
+        lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
+        layers=layers, mtp_layers=planner_mtp_layers(layers[-1]),
+    )
+    return ModelSpec(name="deepseek_v3", flavor="planner", model=model, parallelize_fn=parallelize_deepseekv3,
+                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
+                     state_dict_adapter=DeepSeekV3StateDictAdapter)
+
+
+def planner_loss():
+    """Cross entropy, plus DeepSeek-V3's multi-token-prediction loss with MTP layers."""
+    if MODEL["mtp_depth"]:
+        return MTPLoss.Config(global_vocab_size=MODEL["vocab_size"])
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+'''
+"""The recipe's `planner_model_spec` for latent attention (torchtitan's DeepSeek-V3 model)."""

@@ -105,3 +105,14 @@ def test_exported_pipeline_trains_in_deepspeed(tmp_path):
 def test_deepspeed_refuses(fields, words):
     with pytest.raises(ExportError, match=words):
         export_deepspeed(make_plan("tiny-llama", **fields))
+
+
+@pytest.mark.parametrize("fields", [
+    dict(schedule="1f1b", stage_layers=[[0, 3], [3, 6]]),  # otherwise runnable: 1F1B, ZeRO-1, no TP
+    dict(tp=2, dp=2, ep=2, etp=1, pp=1, stage_layers=[[0, 6]]),  # the MoE reason comes first, alone
+])
+def test_deepspeed_refuses_a_mixture_of_experts_in_one_line(fields):
+    with pytest.raises(ExportError) as refused:
+        export_deepspeed(make_plan("tiny-moe", **fields))
+    message = str(refused.value)
+    assert "mixture of experts" in message and "tensor" not in message and "\n" not in message

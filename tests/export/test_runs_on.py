@@ -1,6 +1,6 @@
 """`runtimes` of every plan (the `runs on` column): exactly the runtimes whose exporter takes
 the plan. Checked over every plan of a few small requests that between them mix schedules,
-recompute, TP, a GPT-style model (learned positions, biases) and a mixture of experts."""
+recompute, TP, a GPT-style model (learned positions, biases) and mixtures of experts."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ REQUESTS = [
     ("--model", "tiny-llama", "--gpus", "8", "--global-batch", "32", "--seq", "256", "--top", "6",
      "--runtime", "deepspeed"),
     ("--model", "mixtral-8x7b", "--gpus", "32", "--global-batch", "32", "--seq", "4096", "--top", "3",
+     "--schedules", "1f1b,zbv"),
+    ("--model", "tiny-moe", "--gpus", "8", "--global-batch", "32", "--seq", "256", "--top", "6",
      "--schedules", "1f1b,zbv"),
 ]
 
@@ -73,10 +75,14 @@ def test_runtime_requests_name_their_runtime_on_every_plan(planned):
             assert all(runtime in entry.runtimes for entry in document.plans)
 
 
-def test_a_mixture_of_experts_runs_on_megatron_only(planned):
-    [(_, document)] = [(r, d) for r, d in planned if "mixtral-8x7b" in r]
-    for entry in document.plans:
-        assert entry.runtimes == (["megatron"] if entry.schedule == "1f1b" or entry.pp == 1 else [])
+def test_mixtures_of_experts_run_on_megatron_torchtitan_and_torch_never_deepspeed(planned):
+    moe = [d for r, d in planned if "mixtral-8x7b" in r or "tiny-moe" in r]
+    runtimes = [entry.runtimes for document in moe for entry in document.plans]
+    assert all("deepspeed" not in names for names in runtimes)
+    assert {"megatron", "torchtitan", "torch"} <= {name for names in runtimes for name in names}
+    [mixtral] = [d for r, d in planned if "mixtral-8x7b" in r]
+    for entry in mixtral.plans:  # tensor parallel: not the torch script's expert parallelism
+        assert entry.tp == 1 or "torch" not in entry.runtimes
 
 
 def test_plan_files_without_runtimes_still_export(planned, tmp_path, capsys):
