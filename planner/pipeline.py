@@ -30,6 +30,9 @@ class ChunkCosts:
     """Per rank, exposed TP/CP communication of one micro-batch (forward + backward)."""
     p2p_s: float
     """Pipeline send of one micro-batch's activation (or gradient) to the next rank."""
+    expert_params: list[float] | None = None
+    """Per rank, the part of `params` that are routed experts (their grads and optimizer
+    state shard over the expert data-parallel group); None: no experts."""
 
 
 PipelineTiming = SimResult

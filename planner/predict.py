@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.model import CostModel
+from planner.cost.model import DENSE_BLOCK, CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
@@ -106,45 +106,73 @@ class Prediction:
 
 def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
-    activation bytes per micro-batch, transient bytes, parameters, and the p2p time."""
+    activation bytes per micro-batch, transient bytes, parameters, and the p2p time. Each
+    chunk's blocks are costed as what they are (an MoE model's dense-MLP layers apart); the
+    multi-token-prediction modules ride with the head."""
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp = layout.pp, layout.vpp
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
-    blocks = {mode: model.layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
+    kinds = set(model.block_kinds)
+    blocks = {(kind, mode): model.layer_costs(kind, shard, mode, paired)
+              for kind in kinds for mode in set(layout.recompute)}
     embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act = [], [], [], []
-    extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    extra, params, tp_comm, experts = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
-        block = blocks[layout.recompute[rank]]
-        block_fwd = block.forward_s + block.comm_forward_s
-        block_bwd_in = block.backward_input_s + block.comm_backward_s
-        layers = [end - start for start, end in per_rank]
-        fwd.append([n * block_fwd for n in layers])
-        bwd_in.append([n * block_bwd_in for n in layers])
-        bwd_w.append([n * block.backward_weight_s for n in layers])
-        act.append([n * block.activation_bytes for n in layers])
-        total = sum(layers)
-        params[rank] = total * block.param_count
-        tp_comm[rank] = total * (block.comm_forward_s + block.comm_backward_s)
-        extra[rank] = block.peak_extra_bytes if total else 0.0
+        mode = layout.recompute[rank]
+        row_fwd, row_in, row_w, row_act = [], [], [], []
+        for start, end in per_rank:
+            f = b = w = a = 0.0
+            for kind, n in _kind_counts(model, start, end):
+                block = blocks[kind, mode]
+                f += n * (block.forward_s + block.comm_forward_s)
+                b += n * (block.backward_input_s + block.comm_backward_s)
+                w += n * block.backward_weight_s
+                a += n * block.activation_bytes
+                params[rank] += n * block.param_count
+                experts[rank] += n * block.expert_param_count
+                tp_comm[rank] += n * (block.comm_forward_s + block.comm_backward_s)
+                extra[rank] = max(extra[rank], block.peak_extra_bytes)
+            row_fwd.append(f)
+            row_in.append(b)
+            row_w.append(w)
+            row_act.append(a)
+        fwd.append(row_fwd)
+        bwd_in.append(row_in)
+        bwd_w.append(row_w)
+        act.append(row_act)
     last_rank = head_rank(layout.schedule, pp, vpp)
-    for costs, rank, chunk in ((embedding, 0, 0), (head, last_rank, vpp - 1)):
+    ends = [(embedding, 0, 0), (head, last_rank, vpp - 1)]
+    if spec.mtp_depth:
+        ends.append((model.layer_costs("mtp", shard, layout.recompute[last_rank], paired), last_rank, vpp - 1))
+    for costs, rank, chunk in ends:
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
         bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
         bwd_w[rank][chunk] += costs.backward_weight_s
         act[rank][chunk] += costs.activation_bytes
         params[rank] += costs.param_count
+        experts[rank] += costs.expert_param_count
         tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
     if spec.tie_embeddings and last_rank == 0:
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
+    if spec.mtp_depth and last_rank == 0:  # the MTP modules share the first rank's embedding
+        params[0] -= embedding.param_count
     p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
+        expert_params=experts,
     )
+
+
+def _kind_counts(model: CostModel, start: int, end: int) -> tuple[tuple[str, int], ...]:
+    """The block kinds of layers [start, end) and how many of each (none with no layer)."""
+    dense = model.dense_layers_before[end] - model.dense_layers_before[start]
+    counts = (("transformer", end - start - dense), (DENSE_BLOCK, dense))
+    return tuple((kind, n) for kind, n in counts if n)
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
@@ -154,10 +182,19 @@ def layout_shard(layout: Layout, seq: int) -> Shard:
 
 
 def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
-    """Per pipeline rank, its transformer layers times one block's `field` in the rank's mode."""
+    """Per pipeline rank, the sum of its transformer layers' `field` in the rank's mode (and
+    of its multi-token-prediction modules')."""
     shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
-    return [_layers_on(layout, r) * getattr(model.layer_costs("transformer", shard, layout.recompute[r], paired), field)
-            for r in range(layout.pp)]
+    last = head_rank(layout.schedule, layout.pp, layout.vpp)
+    out = []
+    for rank, per_rank in enumerate(layout.stage_layers):
+        mode = layout.recompute[rank]
+        total = sum(n * getattr(model.layer_costs(kind, shard, mode, paired), field)
+                    for start, end in per_rank for kind, n in _kind_counts(model, start, end))
+        if model.spec.mtp_depth and rank == last:
+            total += getattr(model.layer_costs("mtp", shard, mode, paired), field)
+        out.append(total)
+    return out
 
 
 def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
@@ -303,9 +340,7 @@ def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: fl
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
                   peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
-    per_layer = (memory.routed_expert_param_count(model.spec, layout.ep, layout.expert_tp)
-                 if model.spec.is_moe else 0.0)
-    experts = [per_layer * _layers_on(layout, r) for r in range(layout.pp)]
+    experts = costs.expert_params or [0.0] * layout.pp
     return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r])
                  for r in range(layout.pp))
 
