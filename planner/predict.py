@@ -206,7 +206,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
-    tail = after_backward_times(model, layout, costs.params)
+    tail = after_backward_times(model, layout, costs.params, costs.expert_params)
     step = grads_done + sum(tail.values())
     tokens = global_batch * seq
     model_flops = model_flops_per_token(model.spec, seq) * tokens
@@ -252,17 +252,31 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
     return max(done[0], done[last]) + reduce
 
 
-def after_backward_times(model: CostModel, layout: Layout, params: list[float]) -> dict[str, float]:
+def after_backward_times(model: CostModel, layout: Layout, params: list[float],
+                         expert_params: list[float] | None = None) -> dict[str, float]:
     """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
-    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py)."""
+    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py),
+    over the parameters each GPU owns (routed experts' sharded over EDP)."""
     compute, net, shape = model.analytic, model.network, (layout.tp, layout.cp, layout.dp, layout.pp)
-    most = max(params)
+    experts = expert_params or [0.0] * len(params)
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+    most = max(dp_equivalent_params(layout.zero_stage, _dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
     return {
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
+
+
+def dp_equivalent_params(zero_stage: int, dp_shards: int, edp: int, params: float, expert_params: float) -> float:
+    """`params` with the routed experts among them (`expert_params`) weighted so that a ZeRO
+    shard over `dp_shards` (DP x CP) of the result is what the GPU owns: the dense
+    parameters' share of DP x CP and the experts' share of their `edp` expert data-parallel
+    ranks (Megatron's MoE parallel folding)."""
+    if not expert_params or zero_stage == 0:
+        return params
+    return params + expert_params * (dp_shards / edp - 1)
 
 
 def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
@@ -273,7 +287,9 @@ def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> lis
 
 def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
     """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
-    all-gather of the rank's weights over the DP x CP group, minus what their buckets hide.
+    all-gather of the rank's weights over the DP x CP group (its routed experts' over their
+    expert data-parallel group, EDP ranks at stride ETP x EP, in buckets of their own as
+    Megatron's expert gradient buffer), minus what their buckets hide.
 
     Megatron-LM reduces only in the last micro-batch's backward: its buckets (Megatron's
     default size, `megatron_bucket_params`) fill in reverse layer order and each is reduced as
@@ -287,23 +303,34 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     FSDP) bucket every rank. The overlapped
     parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
-    if shards == 1:
+    experts = costs.expert_params[rank] if costs.expert_params else 0.0
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp) if experts else 1
+    if shards == 1 and edp == 1:
         return 0.0
     net, opts = model.network, model.options
-    stride = layout.tp
     params = costs.params[rank]
-    grad_bytes = params * opts.grad_reduce_bytes
-    param_bytes = params * model.dtype_bytes
-    calls = _dp_calls(layout, rank, params, opts.overlap_grad_reduce)
+    groups = [(params - experts, shards, layout.tp)]
+    if experts:
+        groups.append((experts, edp, layout.ep * layout.expert_tp))
+    reduce = gather = 0.0
+    calls = 0
+    for group_params, group_shards, stride in groups:
+        if group_shards == 1 or group_params <= 0:
+            continue
+        n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards)
+        calls += n
+        grad_bytes = group_params * opts.grad_reduce_bytes / n
+        param_bytes = group_params * model.dtype_bytes / n
+        if layout.zero_stage == 0:
+            reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
+        else:
+            reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
+            gather += n * net.all_gather(param_bytes, group_shards, stride)
+    if not calls:
+        return 0.0
     bucket = edge = params / calls
     if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
-    if layout.zero_stage == 0:
-        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
-        gather = 0.0
-    else:
-        reduce = calls * net.reduce_scatter(grad_bytes / calls, shards, stride)
-        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -321,14 +348,15 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     return exposed
 
 
-def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
+def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int | None = None) -> int:
     """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
     DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
     pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
     overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
-    return max(1, grad_bucket_count(params, _dp_shards(layout), rank, overlap, every_rank=layout.zero_stage == 2))
+    shards = _dp_shards(layout) if shards is None else shards
+    return max(1, grad_bucket_count(params, shards, rank, overlap, every_rank=layout.zero_stage == 2))
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:

@@ -24,7 +24,7 @@ from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
-from planner.predict import PAIRED_SCHEDULES, layout_memory, optimizer_time
+from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
@@ -264,8 +264,12 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
     if split:
         share *= min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
     pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
-    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                               total_params(model, parts) / candidate.pp)
+    experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
+    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
+                                  candidate.etp or candidate.tp)
+    owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp,
+                                      total_params(model, parts), experts)
+    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp, owned_like / candidate.pp)
     return pipeline + optimizer
 
 

@@ -247,4 +247,4 @@ def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
     tail after the backward (loss-scale check, gradient norm, Adam step)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
     pipeline = layout_bound(costs, layout.num_microbatches, split, exposed_dp_times(model, layout, costs))
-    return pipeline + sum(after_backward_times(model, layout, costs.params).values())
+    return pipeline + sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())
