@@ -78,8 +78,9 @@ class CostOptions:
     Engine's FP8 recipe); attention, norms, softmax, communication, the saved activations and
     the optimizer stay in bf16/fp32, and MFU stays over the bf16 peak."""
     moe_imbalance: float = 1.25
-    """Busiest expert-parallel rank's tokens over the mean under dropless routing
-    (planner/cost/moe.py `DEFAULT_IMBALANCE`, with its source)."""
+    """Busiest expert-parallel rank's tokens over the mean under dropless routing: a labelled
+    prior, not a measurement (planner/cost/moe.py `DEFAULT_IMBALANCE` says where it comes from
+    and what would replace it)."""
 
     @property
     def flash_attention(self) -> bool:
