@@ -49,12 +49,19 @@ class Parts:
     layer_params: float = field(init=False)
     """Parameters of all transformer layers (one TP shard), and the routed experts' among them."""
     layer_expert_params: float = field(init=False)
+    step_terms: dict = field(init=False, compare=False, repr=False)
+    least_saved: tuple[float, ...] = field(init=False)
+    """Per kind (main, dense), the least activation bytes over the modes."""
+    """`step_floor`'s per-mode work and forward share, filled on first use."""
 
     def __post_init__(self) -> None:
         kinds = self.kinds(0)
         object.__setattr__(self, "layer_params", sum(n * b.param_count for n, b in zip(self.counts, kinds)))
         object.__setattr__(self, "layer_expert_params",
                            sum(n * b.expert_param_count for n, b in zip(self.counts, kinds)))
+        object.__setattr__(self, "step_terms", {})
+        object.__setattr__(self, "least_saved", tuple(
+            min(b.activation_bytes for b in blocks) for blocks in (self.blocks, self.dense) if blocks))
 
     def kinds(self, mode: int) -> tuple[LayerCosts, ...]:
         """The block of each kind in mode `mode`: the main block, then the dense one if any."""
@@ -158,8 +165,8 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     layers of two kinds it holds for the main kind's layers alone (the others only add) and
     for all layers at the lesser kind's bytes; the larger of the two is the floor."""
     kinds = [parts.blocks] + ([parts.dense] if parts.dense else [])
-    per_kind = [(n, block_state_bytes(candidate, blocks[0]), min(b.activation_bytes for b in blocks))
-                for n, blocks in zip(parts.counts, kinds)]
+    per_kind = [(n, block_state_bytes(candidate, blocks[0]), saved)
+                for n, blocks, saved in zip(parts.counts, kinds, parts.least_saved)]
     options = [per_kind[0]] if len(per_kind) == 1 else [
         per_kind[0], (model.spec.num_layers, min(k[1] for k in per_kind), min(k[2] for k in per_kind))]
     state = state_bytes(candidate)
@@ -256,19 +263,23 @@ def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, 
 def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
     """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
     with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
-    modes = range(len(parts.blocks)) if mode is None else (mode,)
-    per_kind = [min(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0)))]
-    work = sum(n * t for n, t in zip(parts.counts, per_kind)) + total_s(parts.embedding)
+    terms = parts.step_terms.get(mode)
+    if terms is None:
+        modes = range(len(parts.blocks)) if mode is None else (mode,)
+        per_kind = [min(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0)))]
+        work = sum(n * t for n, t in zip(parts.counts, per_kind)) + total_s(parts.embedding)
+        least_share = min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
+        experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
+        terms = parts.step_terms[mode] = (work, least_share, total_params(model, parts), experts)
+    work, least_share, params, experts = terms
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
-        share *= min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
+        share *= least_share
     pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
-    experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
     edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                  candidate.etp or candidate.tp)
-    owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp,
-                                      total_params(model, parts), experts)
+                                  candidate.etp or candidate.tp) if experts else 1
+    owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
     optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp, owned_like / candidate.pp)
     return pipeline + optimizer
 
