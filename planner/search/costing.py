@@ -143,7 +143,7 @@ def total_params(model: CostModel, parts: Parts) -> float:
     return params
 
 
-def layers_state_bytes(model: CostModel, candidate: Candidate, parts: Parts) -> float:
+def layers_state_bytes(candidate: Candidate, parts: Parts) -> float:
     """Training-state bytes of every transformer layer of one tensor-parallel shard."""
     state = state_bytes(candidate)
     if not parts.layer_expert_params:
@@ -174,7 +174,7 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     fixed = _fixed_state_per_rank(model, candidate, parts, last, state)
     tensors = max(_relaxed_peak(candidate, inflight, fixed, last, *option) for option in options if option[0])
     outside_layers = total_params(model, parts) - parts.layer_params
-    tensors = max(tensors, (outside_layers * state + layers_state_bytes(model, candidate, parts)) / candidate.pp)
+    tensors = max(tensors, (outside_layers * state + layers_state_bytes(candidate, parts)) / candidate.pp)
     return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
@@ -211,7 +211,7 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
         worst = 0.0
         for rank, per_rank in enumerate(layout.stage_layers):
             kinds = per_mode[layout.recompute[rank]]
-            state = activation = 0.0
+            state = 0.0
             least_chunk = float("inf")
             for start, end in per_rank:
                 dense = dense_before[end] - dense_before[start]

@@ -11,7 +11,6 @@ import math
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, CostModel
 from planner.cost.shapes import Shard
 from planner.layout import Layout
