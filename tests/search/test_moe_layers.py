@@ -113,3 +113,26 @@ def test_search_cuts_shift_to_the_stage_holding_the_dense_layers(model):
     assert cuts.layers[0] > max(cuts.layers[1:3]) and cuts.layers[3] < min(cuts.layers[1:3])
     lay = solved_layout(candidate, cuts, 61)
     assert lay.stage_layers[0] == ((0, cuts.layers[0]),)
+
+
+def test_a_layer_frequency_pattern_is_costed_layer_by_layer():
+    """Qwen's decoder_sparse_step 2: layers 1, 3, 5 are MoE, 0, 2, 4 dense. Rank 0 runs two
+    dense blocks and one MoE block, rank 1 the other way round: hand sums."""
+    spec = resolve_model("tiny-moe").model_copy(update={"first_dense_layers": 0, "moe_layer_freq": 2})
+    model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 8))
+    assert model.block_kinds == (DENSE_BLOCK, "transformer") * 3
+    lay = Layout(tp=1, pp=2, dp=4, cp=1, vpp=1, mbs=1, num_microbatches=4, schedule="1f1b",
+                 recompute=("none", "none"), sequence_parallel=False, zero_stage=1,
+                 stage_layers=(((0, 3),), ((3, 6),)), ep=2, etp=1)
+    costs = chunk_costs(model, lay, 1024)
+    s = Shard(mbs=1, seq=1024, ep=2, etp=1)
+    dense, moe, embedding, head = (model.layer_costs(k, s) for k in (DENSE_BLOCK, "transformer", "embedding", "head"))
+
+    def fwd(c):
+        return c.forward_s + c.comm_forward_s
+
+    assert costs.forward_s[0][0] == pytest.approx(2 * fwd(dense) + fwd(moe) + fwd(embedding), rel=1e-12)
+    assert costs.forward_s[1][0] == pytest.approx(fwd(dense) + 2 * fwd(moe) + fwd(head), rel=1e-12)
+    assert costs.activation_bytes[1][0] == pytest.approx(
+        dense.activation_bytes + 2 * moe.activation_bytes + head.activation_bytes)
+    assert costs.expert_params == [pytest.approx(moe.expert_param_count), pytest.approx(2 * moe.expert_param_count)]
