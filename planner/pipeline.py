@@ -37,6 +37,9 @@ class ChunkCosts:
     (`StageCosts.send_hold_forward_s`); 0 when sends overlap compute."""
     send_hold_backward_s: float = 0.0
     """The same after a backward that sends its input gradient."""
+    expert_params: list[float] | None = None
+    """Per rank, the part of `params` that are routed experts (their grads and optimizer
+    state shard over the expert data-parallel group); None: no experts."""
 
 
 PipelineTiming = SimResult

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.model import CostModel
+from planner.cost.model import DENSE_BLOCK, CostModel
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
@@ -110,49 +110,72 @@ class Prediction:
 def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
     activation bytes per micro-batch, transient bytes, parameters, and the p2p time (held
-    inside the sending chunks' times when the runtime's pipeline sends block)."""
+    inside the sending chunks' times when the runtime's pipeline sends block). Each chunk's
+    blocks are costed as what they are (an MoE model's dense-MLP layers apart); the
+    multi-token-prediction modules ride with the head."""
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp = layout.pp, layout.vpp
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
-    blocks = {mode: model.layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
+    kinds = set(model.block_kinds)
+    blocks = {(kind, mode): model.layer_costs(kind, shard, mode, paired)
+              for kind in kinds for mode in set(layout.recompute)}
     embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
-    extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    extra, params, tp_comm, experts = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
-        block = blocks[layout.recompute[rank]]
-        block_fwd = block.forward_s + block.comm_forward_s
-        block_bwd_in = block.backward_input_s + block.comm_backward_s
-        layers = [end - start for start, end in per_rank]
-        fwd.append([n * block_fwd for n in layers])
-        bwd_in.append([n * block_bwd_in for n in layers])
-        bwd_w.append([n * block.backward_weight_s for n in layers])
-        act.append([n * block.activation_bytes for n in layers])
-        chunk_params.append([n * block.param_count for n in layers])
-        total = sum(layers)
-        params[rank] = total * block.param_count
-        tp_comm[rank] = total * (block.comm_forward_s + block.comm_backward_s)
-        extra[rank] = block.peak_extra_bytes if total else 0.0
+        mode = layout.recompute[rank]
+        row_fwd, row_in, row_w, row_act, row_params = [], [], [], [], []
+        for start, end in per_rank:
+            f = b = w = a = held = 0.0
+            for kind, n in _kind_counts(model, start, end):
+                block = blocks[kind, mode]
+                f += n * (block.forward_s + block.comm_forward_s)
+                b += n * (block.backward_input_s + block.comm_backward_s)
+                w += n * block.backward_weight_s
+                a += n * block.activation_bytes
+                held += n * block.param_count
+                experts[rank] += n * block.expert_param_count
+                tp_comm[rank] += n * (block.comm_forward_s + block.comm_backward_s)
+                extra[rank] = max(extra[rank], block.peak_extra_bytes)
+            row_fwd.append(f)
+            row_in.append(b)
+            row_w.append(w)
+            row_act.append(a)
+            row_params.append(held)
+            params[rank] += held
+        fwd.append(row_fwd)
+        bwd_in.append(row_in)
+        bwd_w.append(row_w)
+        act.append(row_act)
+        chunk_params.append(row_params)
     last_rank = head_rank(layout.schedule, pp, vpp)
-    for costs, rank, chunk in ((embedding, 0, 0), (head, last_rank, vpp - 1)):
+    ends = [(embedding, 0, 0), (head, last_rank, vpp - 1)]
+    if spec.mtp_depth:
+        ends.append((model.layer_costs("mtp", shard, layout.recompute[last_rank], paired), last_rank, vpp - 1))
+    for costs, rank, chunk in ends:
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
         bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
         bwd_w[rank][chunk] += costs.backward_weight_s
         act[rank][chunk] += costs.activation_bytes
         params[rank] += costs.param_count
         chunk_params[rank][chunk] += costs.param_count
+        experts[rank] += costs.expert_param_count
         tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
     if spec.tie_embeddings and last_rank == 0:
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
         chunk_params[0][vpp - 1] -= spec.vocab_size * spec.hidden_size / layout.tp
+    if spec.mtp_depth and last_rank == 0:  # the MTP modules share the first rank's embedding
+        params[0] -= embedding.param_count
+        chunk_params[0][vpp - 1] -= embedding.param_count
     p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
     return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
-        chunk_params=chunk_params,
+        chunk_params=chunk_params, expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
         send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
     )
@@ -180,6 +203,13 @@ def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[floa
     return part + whole + gather, whole + part + gather
 
 
+def _kind_counts(model: CostModel, start: int, end: int) -> tuple[tuple[str, int], ...]:
+    """The block kinds of layers [start, end) and how many of each (none with no layer)."""
+    dense = model.dense_layers_before[end] - model.dense_layers_before[start]
+    counts = (("transformer", end - start - dense), (DENSE_BLOCK, dense))
+    return tuple((kind, n) for kind, n in counts if n)
+
+
 def layout_shard(layout: Layout, seq: int) -> Shard:
     """The micro-batch shape one GPU of the layout sees."""
     return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
@@ -187,10 +217,19 @@ def layout_shard(layout: Layout, seq: int) -> Shard:
 
 
 def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
-    """Per pipeline rank, its transformer layers times one block's `field` in the rank's mode."""
+    """Per pipeline rank, the sum of its transformer layers' `field` in the rank's mode (and
+    of its multi-token-prediction modules')."""
     shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
-    return [_layers_on(layout, r) * getattr(model.layer_costs("transformer", shard, layout.recompute[r], paired), field)
-            for r in range(layout.pp)]
+    last = head_rank(layout.schedule, layout.pp, layout.vpp)
+    out = []
+    for rank, per_rank in enumerate(layout.stage_layers):
+        mode = layout.recompute[rank]
+        total = sum(n * getattr(model.layer_costs(kind, shard, mode, paired), field)
+                    for start, end in per_rank for kind, n in _kind_counts(model, start, end))
+        if model.spec.mtp_depth and rank == last:
+            total += getattr(model.layer_costs("mtp", shard, mode, paired), field)
+        out.append(total)
+    return out
 
 
 def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
@@ -202,7 +241,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
-    tail = after_backward_times(model, layout, costs.params)
+    tail = after_backward_times(model, layout, costs.params, costs.expert_params)
     step = grads_done + sum(tail.values())
     tokens = global_batch * seq
     model_flops = model_flops_per_token(model.spec, seq) * tokens
@@ -250,17 +289,31 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
     return max(done[0], done[last]) + reduce
 
 
-def after_backward_times(model: CostModel, layout: Layout, params: list[float]) -> dict[str, float]:
+def after_backward_times(model: CostModel, layout: Layout, params: list[float],
+                         expert_params: list[float] | None = None) -> dict[str, float]:
     """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
-    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py)."""
+    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py),
+    over the parameters each GPU owns (routed experts' sharded over EDP)."""
     compute, net, shape = model.analytic, model.network, (layout.tp, layout.cp, layout.dp, layout.pp)
-    most = max(params)
+    experts = expert_params or [0.0] * len(params)
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+    most = max(dp_equivalent_params(layout.zero_stage, _dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
     return {
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
+
+
+def dp_equivalent_params(zero_stage: int, dp_shards: int, edp: int, params: float, expert_params: float) -> float:
+    """`params` with the routed experts among them (`expert_params`) weighted so that a ZeRO
+    shard over `dp_shards` (DP x CP) of the result is what the GPU owns: the dense
+    parameters' share of DP x CP and the experts' share of their `edp` expert data-parallel
+    ranks (Megatron's MoE parallel folding)."""
+    if not expert_params or zero_stage == 0:
+        return params
+    return params + expert_params * (dp_shards / edp - 1)
 
 
 def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
@@ -271,7 +324,9 @@ def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> lis
 
 def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
     """Gradient reduce-scatter (all-reduce without a sharded optimizer) and parameter
-    all-gather of the rank's weights over the DP x CP group, minus what their buckets hide.
+    all-gather of the rank's weights over the DP x CP group (its routed experts' over their
+    expert data-parallel group, EDP ranks at stride ETP x EP, in buckets of their own as
+    Megatron's expert gradient buffer), minus what their buckets hide.
 
     Megatron-LM reduces only in the last micro-batch's backward: its buckets (Megatron's
     default size, `megatron_bucket_params`) fill in reverse layer order and each is reduced as
@@ -285,28 +340,37 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     FSDP) bucket every rank. The overlapped
     parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
-    if shards == 1:
+    experts = costs.expert_params[rank] if costs.expert_params else 0.0
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp) if experts else 1
+    if shards == 1 and edp == 1:
         return 0.0
     net, opts = model.network, model.options
-    if _per_chunk_grad_sync(layout, opts.overlap_grad_reduce):
+    if not experts and _per_chunk_grad_sync(layout, opts.overlap_grad_reduce):
         return interleaved_dp_exposed(model, layout, costs, rank)
-    stride = layout.tp
     params = costs.params[rank]
-    grad_bytes = params * opts.grad_reduce_bytes
-    param_bytes = params * model.dtype_bytes
-    calls = _dp_calls(layout, rank, params, opts.overlap_grad_reduce)
+    groups = [(params - experts, shards, layout.tp)]
+    if experts:
+        groups.append((experts, edp, layout.ep * layout.expert_tp))
+    reduce = gather = 0.0
+    calls = 0
+    for group_params, group_shards, stride in groups:
+        if group_shards == 1 or group_params <= 0:
+            continue
+        n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards)
+        calls += n
+        grad_bytes = group_params * opts.grad_reduce_bytes / n
+        param_bytes = group_params * model.dtype_bytes / n
+        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.bf16_optimizer):
+            reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
+        else:
+            reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
+        if layout.zero_stage > 0:  # BF16_Optimizer: all-reduce, then its sharded step's all-gather
+            gather += n * net.all_gather(param_bytes, group_shards, stride)
+    if not calls:
+        return 0.0
     bucket = edge = params / calls
     if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
-    if layout.zero_stage == 0:
-        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
-        gather = 0.0
-    elif layout.zero_stage == 1 and opts.bf16_optimizer:  # all-reduce, then its sharded step
-        reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
-        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
-    else:
-        reduce = calls * net.reduce_scatter(grad_bytes / calls, shards, stride)
-        gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -383,14 +447,15 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     return exposed
 
 
-def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
+def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int | None = None) -> int:
     """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
     DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
     pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
     overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
-    return max(1, grad_bucket_count(params, _dp_shards(layout), rank, overlap, every_rank=layout.zero_stage == 2))
+    shards = _dp_shards(layout) if shards is None else shards
+    return max(1, grad_bucket_count(params, shards, rank, overlap, every_rank=layout.zero_stage == 2))
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
@@ -402,9 +467,7 @@ def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: fl
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
                   peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
-    per_layer = (memory.routed_expert_param_count(model.spec, layout.ep, layout.expert_tp)
-                 if model.spec.is_moe else 0.0)
-    experts = [per_layer * _layers_on(layout, r) for r in range(layout.pp)]
+    experts = costs.expert_params or [0.0] * layout.pp
     return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r])
                  for r in range(layout.pp))
 

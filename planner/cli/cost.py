@@ -10,6 +10,7 @@ from rich.table import Table
 
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stdout
+from planner.cost.model import DENSE_BLOCK
 from planner.cost.shapes import LAYER_KINDS, Shard
 from planner.layout import check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
@@ -45,7 +46,9 @@ def cost_command(
     cost_model = opt.build_cost_model(spec, cluster, profile, options)
     shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1)
     layers = {}
-    for kind in LAYER_KINDS:
+    # an MoE model's dense-MLP blocks and multi-token-prediction modules, where it has them
+    extra_kinds = ((DENSE_BLOCK,) if cost_model.dense_block is not None else ()) + (("mtp",) if spec.mtp_depth else ())
+    for kind in (*LAYER_KINDS, *extra_kinds):
         c = cost_model.layer_costs(kind, shard, recompute)
         layers[kind] = {
             "forward_ms": c.forward_s * 1e3,

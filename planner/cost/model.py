@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from itertools import accumulate
 from typing import Literal, Protocol, get_args
 
 from planner.cost import memory
@@ -19,7 +20,7 @@ from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import Shard, layer_work, separate_matmuls
+from planner.cost.shapes import Gemm, Shard, layer_work, separate_matmuls
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
@@ -103,8 +104,9 @@ class CostOptions:
     Engine's FP8 recipe); attention, norms, softmax, communication, the saved activations and
     the optimizer stay in bf16/fp32, and MFU stays over the bf16 peak."""
     moe_imbalance: float = 1.25
-    """Busiest expert-parallel rank's tokens over the mean under dropless routing
-    (planner/cost/moe.py `DEFAULT_IMBALANCE`, with its source)."""
+    """Busiest expert-parallel rank's tokens over the mean under dropless routing: a labelled
+    prior, not a measurement (planner/cost/moe.py `DEFAULT_IMBALANCE` says where it comes from
+    and what would replace it)."""
 
     @property
     def flash_attention(self) -> bool:
@@ -133,6 +135,28 @@ def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     if options.attention in kernel and kernel[options.attention] is None:
         return replace(options, attention="flash2")
     return options
+
+
+DENSE_BLOCK = "dense_transformer"
+"""Layer kind of an MoE model's blocks with a dense MLP (DeepSeek's first_k_dense_replace
+layers, Qwen's layers off the decoder_sparse_step): costed as the same block with the dense
+MLP (`dense_variant`), analytically whatever source measures the MoE block."""
+
+
+def block_kinds(spec: ModelSpec) -> tuple[str, ...]:
+    """Per transformer layer, the kind its costs are asked for: "transformer" (the model's
+    block; an MoE block in an MoE model) or `DENSE_BLOCK`."""
+    if not spec.is_moe:
+        return ("transformer",) * spec.num_layers
+    return tuple("transformer" if spec.is_moe_layer(i) else DENSE_BLOCK for i in range(spec.num_layers))
+
+
+def dense_variant(spec: ModelSpec) -> ModelSpec:
+    """The model with every MLP dense (width ffn_hidden_size): the cost of its dense layers."""
+    return spec.model_copy(update={
+        "num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": None, "num_shared_experts": 0,
+        "shared_expert_ffn_hidden_size": None, "first_dense_layers": 0, "moe_layer_freq": 1,
+        "moe_capacity_factor": None, "mtp_depth": 0, "name": f"{spec.name} (dense layers)"})
 
 
 class ComputeSource(Protocol):
@@ -251,6 +275,11 @@ class CostModel:
             selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
         )
         self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
+        self.block_kinds = block_kinds(spec)
+        self.dense_layers_before = tuple(accumulate((kind == DENSE_BLOCK for kind in self.block_kinds), initial=0))
+        """[i]: dense-MLP blocks among layers [0, i)."""
+        self.dense_block = (CostModel(dense_variant(spec), cluster, options, network=self.network)
+                            if DENSE_BLOCK in self.block_kinds else None)
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
 
     @property
@@ -260,6 +289,12 @@ class CostModel:
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none", paired: bool = False) -> LayerCosts:
         """`paired`: the schedule runs another micro-batch's compute beside this one's
         all-to-all (DualPipeV), which hides it but for the slowdown it causes."""
+        if kind == DENSE_BLOCK:
+            if self.dense_block is None:
+                raise ValueError(f"{self.spec.name} has no dense-MLP block beside its MoE blocks")
+            return self.dense_block.layer_costs("transformer", replace(shard, ep=1, etp=None), recompute)
+        if kind == "mtp":
+            return self._mtp_costs(shard, recompute, paired)
         times = self.source.layer_times(kind, shard)
         comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
         moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
@@ -300,6 +335,39 @@ class CostModel:
             param_count=params,
             moe_comm_s=moe_fwd + moe_bwd,
             expert_param_count=experts,
+        )
+
+    def _mtp_costs(self, shard: Shard, recompute: str, paired: bool) -> LayerCosts:
+        """The model's multi-token-prediction modules, all `mtp_depth` of them (DeepSeek-V3
+        report, section 2.2; Megatron-Core's MultiTokenPredictionLayer, on the last pipeline
+        stage): each looks up the shared embedding, projects the two normalised inputs (2h -> h,
+        column-parallel over TP), runs one block of the model's predominant kind and the shared
+        output head with its loss. The stage holds its own copy of the embedding table (Megatron
+        builds the embedding on the MTP stage too); the head's weights are the model's own."""
+        spec, depth = self.spec, self.spec.mtp_depth
+        if not depth:
+            raise ValueError(f"{spec.name} has no multi-token-prediction module")
+        block = self.layer_costs("transformer", shard, recompute, paired)
+        embedding, head = self.layer_costs("embedding", shard), self.layer_costs("head", shard)
+        h = spec.hidden_size
+        projection = Gemm("mtp_projection", shard.local_tokens, h // shard.tp, 2 * h)
+        project_s = self.analytic.gemm_time(projection.m, projection.n, projection.k)
+        norms = (2 if spec.norm == "layernorm" else 1) * h
+        projection_params = 2 * h * h / shard.tp + 2 * norms
+        projection_input = memory.BYTES_BF16 * shard.local_tokens * 2 * h
+        parts = (block, embedding, head)
+        return LayerCosts(
+            forward_s=depth * (sum(p.forward_s for p in parts) + project_s),
+            backward_input_s=depth * (sum(p.backward_input_s for p in parts) + project_s),
+            backward_weight_s=depth * (sum(p.backward_weight_s for p in parts) + project_s),
+            comm_forward_s=depth * sum(p.comm_forward_s for p in parts),
+            comm_backward_s=depth * sum(p.comm_backward_s for p in parts),
+            recompute_s=depth * block.recompute_s,
+            activation_bytes=depth * (sum(p.activation_bytes for p in parts) + projection_input),
+            peak_extra_bytes=max(block.peak_extra_bytes, head.peak_extra_bytes),
+            param_count=depth * (block.param_count + projection_params) + embedding.param_count,
+            moe_comm_s=depth * block.moe_comm_s,
+            expert_param_count=depth * block.expert_param_count,
         )
 
     def _act_options(self, shard: Shard) -> memory.ActivationOptions:

@@ -29,11 +29,19 @@ from planner.cost.shapes import Gemm, Shard
 from planner.spec import ModelSpec
 
 DEFAULT_IMBALANCE = 1.25
-"""Busiest EP rank's tokens over the mean, dropless routing. Switch Transformer (Fedus et al.
-2022, JMLR, section 2.2 and Table 1) trains at capacity factor 1.25, the per-expert head-room
-over an even share it found to drop few tokens (< 1%) under its load-balancing loss; we take it
-as the busiest rank's excess. A provisioning figure, not a max/mean measurement: override it
-with --moe-imbalance where a run's router statistics are known."""
+"""Busiest EP rank's tokens over the mean, dropless routing: a PRIOR, not a measurement.
+
+The figure is Switch Transformer's capacity factor (Fedus et al. 2022, JMLR, section 2.2 and
+Table 1: 1.25, the per-expert head-room over an even share that dropped few tokens under its
+load-balancing loss), taken as the busiest rank's excess. What would replace it is a measured
+max/mean of tokens per EP rank in one training step under the balancing a run uses (auxiliary
+loss, or DeepSeek-V3's auxiliary-loss-free bias, arXiv 2412.19437 section 2.1.2). The
+published measurements we know of are per expert, not per rank: Wang et al. 2024 (arXiv
+2408.15664) report MaxVio = max load / mean load - 1 per batch and over the whole run,
+lower under the bias method than under an auxiliary loss; a rank's load averages E / EP
+experts, so its excess is at most the per-expert one. No figure of theirs was checked from a
+source this project could read, so none is quoted here: the default stays this prior, and
+`--moe-imbalance` (CostOptions.moe_imbalance) sets what a run's router statistics show."""
 
 
 def tokens_per_gpu(shard: Shard) -> float:

@@ -47,7 +47,9 @@ from planner.units import GiB
 Convention = Literal["palm", "megatron_hfu"]
 Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
 Precision = Literal["bf16", "fp16"]
-Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal"]
+GemmPrecision = Literal["bf16", "fp8"]
+Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal",
+                  "hai-llm"]
 STEP_ERROR_GOAL = 0.10
 """Issue 12's goal: mean |step-time error| at most 10% over the published set."""
 
@@ -82,6 +84,12 @@ class PublishedRun(BaseModel):
     zero_stage: int = Field(ge=0, le=3)
     stage_layers: list[int] | None = None
     """Transformer layers per virtual stage in model order; even cuts when absent."""
+    ep: int = Field(default=1, ge=1)
+    """Expert-parallel degree (MoE runs)."""
+    etp: int | None = Field(default=None, ge=1)
+    """Expert tensor-parallel degree (MoE runs; Megatron's default, TP, when absent)."""
+    gemm_precision: GemmPrecision = "bf16"
+    """GEMM precision of the linear layers (CostOptions.precision): "fp8" for FP8 training."""
     global_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
     attention: Attention
@@ -264,6 +272,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
     dropout, overlap flags and runtime behaviours."""
     return CostOptions(
         dtype=run.precision,
+        precision=run.gemm_precision,
         attention=run.attention,
         dropout=run.dropout,
         overlap_grad_reduce=run.overlap_grad_reduce,
@@ -297,7 +306,7 @@ def build(run: PublishedRun) -> tuple[CostModel, Layout]:
         tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, vpp=run.vpp, mbs=run.mbs,
         num_microbatches=run.num_microbatches, schedule=run.schedule,
         recompute=(run.recompute,) * run.pp, sequence_parallel=run.sequence_parallel and run.tp > 1,
-        zero_stage=run.zero_stage, stage_layers=cuts,
+        zero_stage=run.zero_stage, stage_layers=cuts, ep=run.ep, etp=run.etp,
     )
     check_layout(layout, spec, cluster, run.global_batch, run.seq)
     return CostModel(spec, cluster, cost_options(run)), layout

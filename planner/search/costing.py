@@ -16,15 +16,15 @@ final `predict` of each plan checks.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.cost import memory
-from planner.cost.model import CostModel, LayerCosts
+from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
-from planner.plan import virtual_stage
-from planner.predict import PAIRED_SCHEDULES, layout_memory, optimizer_time
+from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
+from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
@@ -35,11 +35,37 @@ from planner.search.space import Candidate
 
 @dataclass(frozen=True, slots=True)
 class Parts:
-    """Layer costs of one candidate: the block in each allowed mode, embedding and head."""
+    """Layer costs of one candidate: the block in each allowed mode, embedding and head; an
+    MoE model's dense-MLP block and multi-token-prediction modules in each mode (empty when
+    it has none)."""
 
     blocks: tuple[LayerCosts, ...]
     embedding: LayerCosts
     head: LayerCosts
+    dense: tuple[LayerCosts, ...] = ()
+    mtp: tuple[LayerCosts, ...] = ()
+    counts: tuple[int, int] = (0, 0)
+    """Layers of the main block's kind and of the dense one."""
+    layer_params: float = field(init=False)
+    """Parameters of all transformer layers (one TP shard), and the routed experts' among them."""
+    layer_expert_params: float = field(init=False)
+    step_terms: dict = field(init=False, compare=False, repr=False)
+    least_saved: tuple[float, ...] = field(init=False)
+    """Per kind (main, dense), the least activation bytes over the modes."""
+    """`step_floor`'s per-mode work and forward share, filled on first use."""
+
+    def __post_init__(self) -> None:
+        kinds = self.kinds(0)
+        object.__setattr__(self, "layer_params", sum(n * b.param_count for n, b in zip(self.counts, kinds)))
+        object.__setattr__(self, "layer_expert_params",
+                           sum(n * b.expert_param_count for n, b in zip(self.counts, kinds)))
+        object.__setattr__(self, "step_terms", {})
+        object.__setattr__(self, "least_saved", tuple(
+            min(b.activation_bytes for b in blocks) for blocks in (self.blocks, self.dense) if blocks))
+
+    def kinds(self, mode: int) -> tuple[LayerCosts, ...]:
+        """The block of each kind in mode `mode`: the main block, then the dense one if any."""
+        return (self.blocks[mode], self.dense[mode]) if self.dense else (self.blocks[mode],)
 
 
 def shard_of(candidate: Candidate, seq: int) -> Shard:
@@ -49,14 +75,28 @@ def shard_of(candidate: Candidate, seq: int) -> Shard:
 
 
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
-    """The candidate's layer costs (cached by the cost model)."""
-    shard = shard_of(candidate, seq)
+    """The candidate's layer costs (cached: candidates share a few shapes)."""
     paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
+    return _parts(model, shard_of(candidate, seq), candidate.modes, paired)
+
+
+@lru_cache(maxsize=16384)
+def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool) -> Parts:
+    dense = model.dense_block is not None
     return Parts(
-        blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in candidate.modes),
+        blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in modes),
         embedding=model.layer_costs("embedding", shard),
         head=model.layer_costs("head", shard),
+        dense=tuple(model.layer_costs(DENSE_BLOCK, shard, mode) for mode in modes) if dense else (),
+        mtp=tuple(model.layer_costs("mtp", shard, mode, paired) for mode in modes) if model.spec.mtp_depth else (),
+        counts=layer_counts(model),
     )
+
+
+def layer_counts(model: CostModel) -> tuple[int, int]:
+    """Layers of the main block's kind and of the dense-MLP kind."""
+    dense = model.dense_layers_before[-1]
+    return model.spec.num_layers - dense, dense
 
 
 def total_s(costs: LayerCosts) -> float:
@@ -69,31 +109,49 @@ def _forward_share(costs: LayerCosts) -> float:
     return (costs.forward_s + costs.comm_forward_s) / total if total > 0 else 1.0
 
 
+@lru_cache(maxsize=None)
+def _state_bytes_per_param(zero_stage: int, shards: int) -> float:
+    s = memory.state_bytes_per_param(zero_stage, shards)
+    return s.weights + s.grads + s.optimizer
+
+
 def state_bytes(candidate: Candidate) -> float:
     """Weight, gradient and optimizer bytes per parameter under the candidate's ZeRO stage."""
-    s = memory.state_bytes_per_param(candidate.zero_stage, candidate.dp * candidate.cp)
-    return s.weights + s.grads + s.optimizer
+    return _state_bytes_per_param(candidate.zero_stage, candidate.dp * candidate.cp)
 
 
 def block_state_bytes(candidate: Candidate, block: LayerCosts) -> float:
     """Training-state bytes of one block: its routed experts' state shards over the expert
     data-parallel ranks (EDP = TP x CP x DP / (ETP x EP)), the rest over DP x CP."""
-    dense = state_bytes(candidate) * block.param_count
+    state = state_bytes(candidate)
     if not block.expert_param_count:
-        return dense
+        return state * block.param_count
     edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
                                   candidate.etp or candidate.tp)
-    s = memory.state_bytes_per_param(candidate.zero_stage, edp)
-    return dense + block.expert_param_count * (s.weights + s.grads + s.optimizer - state_bytes(candidate))
+    expert = _state_bytes_per_param(candidate.zero_stage, edp)
+    return state * block.param_count + block.expert_param_count * (expert - state)
 
 
 def total_params(model: CostModel, parts: Parts) -> float:
     """Parameters of one tensor-parallel shard of the whole model."""
     spec = model.spec
-    params = spec.num_layers * parts.blocks[0].param_count + parts.embedding.param_count + parts.head.param_count
+    params = parts.layer_params + parts.embedding.param_count + parts.head.param_count
     if spec.tie_embeddings:
         params -= parts.head.param_count
+    if parts.mtp:  # its own embedding copy only when the head is on another rank than the embedding
+        params += parts.mtp[0].param_count - parts.embedding.param_count
     return params
+
+
+def layers_state_bytes(candidate: Candidate, parts: Parts) -> float:
+    """Training-state bytes of every transformer layer of one tensor-parallel shard."""
+    state = state_bytes(candidate)
+    if not parts.layer_expert_params:
+        return state * parts.layer_params
+    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
+                                  candidate.etp or candidate.tp)
+    expert = _state_bytes_per_param(candidate.zero_stage, edp)
+    return state * parts.layer_params + parts.layer_expert_params * (expert - state)
 
 
 def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...]) -> float:
@@ -103,44 +161,64 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     chunk activations of at least floor(n_r / V) layers each (its smallest chunk), in the
     mode that saves the least. Both are linear in n_r, c_r + k_r n_r, so the continuous
     relaxation of min over cuts of max_r (sum n_r = L) is exact in closed form:
-    T = (L + sum c_r / k_r) / sum 1 / k_r; it is never above the best integer cuts."""
-    pp, vpp = candidate.pp, candidate.vpp
+    T = (L + sum c_r / k_r) / sum 1 / k_r; it is never above the best integer cuts. With
+    layers of two kinds it holds for the main kind's layers alone (the others only add) and
+    for all layers at the lesser kind's bytes; the larger of the two is the floor."""
+    kinds = [parts.blocks] + ([parts.dense] if parts.dense else [])
+    per_kind = [(n, block_state_bytes(candidate, blocks[0]), saved)
+                for n, blocks, saved in zip(parts.counts, kinds, parts.least_saved)]
+    options = [per_kind[0]] if len(per_kind) == 1 else [
+        per_kind[0], (model.spec.num_layers, min(k[1] for k in per_kind), min(k[2] for k in per_kind))]
     state = state_bytes(candidate)
-    last = head_rank(candidate.schedule, pp, vpp)
-    least_saved = min(block.activation_bytes for block in parts.blocks)
+    last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
+    fixed = _fixed_state_per_rank(model, candidate, parts, last, state)
+    tensors = max(_relaxed_peak(candidate, inflight, fixed, last, *option) for option in options if option[0])
+    outside_layers = total_params(model, parts) - parts.layer_params
+    tensors = max(tensors, (outside_layers * state + layers_state_bytes(candidate, parts)) / candidate.pp)
+    return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
+
+
+def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: list[float], last: int,
+                  layers: int, layer_state: float, least_saved: float) -> float:
+    """The continuous relaxation of `memory_floor` for `layers` layers of `layer_state` state
+    and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
+    pp, vpp = candidate.pp, candidate.vpp
     slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
     inverse_sum = weighted_sum = 0.0
     for rank in range(pp):
         per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
-        fixed = state * _fixed_params(model, parts, rank, last) - per_layer_act * slack
-        per_layer = block_state_bytes(candidate, parts.blocks[0]) + per_layer_act / vpp
+        fixed = fixed_state[rank] - per_layer_act * slack
+        per_layer = layer_state + per_layer_act / vpp
         inverse_sum += 1.0 / per_layer
         weighted_sum += fixed / per_layer
-    tensors = (model.spec.num_layers + weighted_sum) / inverse_sum
-    layer_state = block_state_bytes(candidate, parts.blocks[0]) - state * parts.blocks[0].param_count
-    tensors = max(tensors, (total_params(model, parts) * state + model.spec.num_layers * layer_state) / pp)
-    return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
+    return (layers + weighted_sum) / inverse_sum
 
 
 def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
                         inflight: tuple[int, ...]) -> Callable[[Layout], float]:
     """For layouts cut from `candidate`: the bytes the most loaded GPU needs at least, each
     rank's state and its in-flight count times its smallest chunk's activations."""
-    state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
-    fixed = [state * _fixed_params(model, parts, rank, last) for rank in range(candidate.pp)]
-    per_mode = {mode: (block_state_bytes(candidate, block), block.activation_bytes)
-                for mode, block in zip(candidate.modes, parts.blocks)}
+    fixed = _fixed_state_per_rank(model, candidate, parts, last, state_bytes(candidate))
+    per_mode = {mode: tuple((block_state_bytes(candidate, block), block.activation_bytes)
+                            for block in parts.kinds(index))
+                for index, mode in enumerate(candidate.modes)}
     grow = 1 + memory.FRAGMENTATION
     least_fixed = outside_tensor_bytes(model, candidate)
+    dense_before = model.dense_layers_before
 
     def floor(layout: Layout) -> float:
         worst = 0.0
         for rank, per_rank in enumerate(layout.stage_layers):
-            layers = [end - start for start, end in per_rank]
-            layer_state, activation = per_mode[layout.recompute[rank]]
-            need = fixed[rank] + sum(layers) * layer_state + inflight[rank] * min(layers) * activation
-            worst = max(worst, need)
+            kinds = per_mode[layout.recompute[rank]]
+            state = 0.0
+            least_chunk = float("inf")
+            for start, end in per_rank:
+                dense = dense_before[end] - dense_before[start]
+                counts = (end - start - dense, dense)
+                state += sum(n * k[0] for n, k in zip(counts, kinds))
+                least_chunk = min(least_chunk, sum(n * k[1] for n, k in zip(counts, kinds)))
+            worst = max(worst, fixed[rank] + state + inflight[rank] * least_chunk)
         return grow * worst + least_fixed
 
     return floor
@@ -159,59 +237,102 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:
     """Parameters of rank `rank` outside its transformer layers: the embedding on the
-    first rank, the head on `last` (once when tied and on the same rank)."""
+    first rank, the head on `last` (once when tied and on the same rank); the MTP modules'
+    beside the head (less their embedding copy when the first rank holds the head too)."""
     params = (parts.embedding.param_count if rank == 0 else 0) + (parts.head.param_count if rank == last else 0)
     if model.spec.tie_embeddings and rank == 0 and last == 0:
         params -= parts.head.param_count
+    if parts.mtp and rank == last:
+        params += parts.mtp[0].param_count - (parts.embedding.param_count if last == 0 else 0)
     return params
+
+
+def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, last: int,
+                          state: float) -> list[float]:
+    """Per rank, training-state bytes outside its transformer layers at `state` bytes per
+    parameter (the MTP modules' routed experts shard over EDP)."""
+    fixed = [0.0] * candidate.pp
+    for rank in {0, last}:
+        fixed[rank] = state * _fixed_params(model, parts, rank, last)
+        if parts.mtp and rank == last:
+            mtp = parts.mtp[0]  # its routed experts' state over EDP rather than DP x CP
+            fixed[rank] += block_state_bytes(candidate, mtp) - state * mtp.param_count
+    return fixed
 
 
 def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
     """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
     with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
-    spec = model.spec
-    blocks = parts.blocks if mode is None else (parts.blocks[mode],)
-    work = spec.num_layers * min(total_s(b) for b in blocks) + total_s(parts.embedding)
+    terms = parts.step_terms.get(mode)
+    if terms is None:
+        modes = range(len(parts.blocks)) if mode is None else (mode,)
+        per_kind = [min(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0)))]
+        work = sum(n * t for n, t in zip(parts.counts, per_kind)) + total_s(parts.embedding)
+        least_share = min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
+        experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
+        terms = parts.step_terms[mode] = (work, least_share, total_params(model, parts), experts)
+    work, least_share, params, experts = terms
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
-        share *= min(_forward_share(x) for x in (*blocks, parts.embedding))
+        share *= least_share
     pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
-    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                               total_params(model, parts) / candidate.pp)
+    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
+                                  candidate.etp or candidate.tp) if experts else 1
+    owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
+    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp, owned_like / candidate.pp)
     return pipeline + optimizer
 
 
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
                limit_bytes: float) -> RankCosts:
-    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes."""
+    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes. Layers
+    of two kinds (an MoE model's dense-MLP blocks) are listed per kind for contiguous ranks
+    (V = 1); with V > 1 a rank's layers are not contiguous, and every layer gets the mean
+    time and the larger bytes of the kinds (the cuts are then near, not at, the optimum;
+    `predict` costs each layer as what it is)."""
     pp, vpp = candidate.pp, candidate.vpp
     state = state_bytes(candidate)
     grow = 1 + memory.FRAGMENTATION
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
-    fixed_s, fixed_bytes, layer_bytes = [], [], []
+    modes = range(len(candidate.modes))
+    fixed_s, fixed_bytes, kind_bytes = [], [], []
+    fixed_states = _fixed_state_per_rank(model, candidate, parts, last, state)
     for rank in range(pp):
         fixed = [p for p, on in ((parts.embedding, rank == 0), (parts.head, rank == last)) if on]
-        params = _fixed_params(model, parts, rank, last)
+        mtp = bool(parts.mtp) and rank == last
+        fixed_state = fixed_states[rank]
         held = inflight[rank] / vpp
-        fixed_s.append(sum(total_s(p) for p in fixed))
+        fixed_s.append(sum(total_s(p) for p in fixed) + (total_s(parts.mtp[0]) if mtp else 0.0))
         fixed_bytes.append(tuple(
-            grow * (params * state + held * sum(p.activation_bytes for p in fixed)
-                    + max([block.peak_extra_bytes] + [p.peak_extra_bytes for p in fixed]))
+            grow * (fixed_state + held * (sum(p.activation_bytes for p in fixed)
+                                          + (parts.mtp[m].activation_bytes if mtp else 0.0))
+                    + max([b.peak_extra_bytes for b in parts.kinds(m)] + [p.peak_extra_bytes for p in fixed]
+                          + ([parts.mtp[m].peak_extra_bytes] if mtp else [])))
             + outside_tensor_bytes(model, candidate, rank)
-            for block in parts.blocks
+            for m in modes
         ))
-        layer_bytes.append(tuple(
-            grow * (block_state_bytes(candidate, block) + held * block.activation_bytes) for block in parts.blocks
+        kind_bytes.append(tuple(
+            tuple(grow * (block_state_bytes(candidate, parts.kinds(m)[k]) + held * parts.kinds(m)[k].activation_bytes)
+                  for m in modes)
+            for k in range(len(parts.kinds(0)))
         ))
+    kind_s = tuple(tuple(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0))))
+    counts = parts.counts
+    if len(kind_s) == 1 or not counts[0] or not counts[1]:
+        main = 0 if counts[0] else 1
+        return RankCosts(modes=candidate.modes, fixed_s=tuple(fixed_s), fixed_bytes=tuple(fixed_bytes),
+                         layer_s=kind_s[main], layer_bytes=tuple(per_rank[main] for per_rank in kind_bytes),
+                         limit_bytes=limit_bytes, min_layers=vpp)
+    layers = model.spec.num_layers
+    mean_s = tuple(sum(n * t[m] for n, t in zip(counts, kind_s)) / layers for m in modes)
+    most_bytes = tuple(tuple(max(per_kind[m] for per_kind in per_rank) for m in modes) for per_rank in kind_bytes)
+    sequence = vpp == 1 and candidate.schedule not in V_SHAPED_SCHEDULES
     return RankCosts(
-        modes=candidate.modes,
-        fixed_s=tuple(fixed_s),
-        fixed_bytes=tuple(fixed_bytes),
-        layer_s=tuple(total_s(b) for b in parts.blocks),
-        layer_bytes=tuple(layer_bytes),
-        limit_bytes=limit_bytes,
-        min_layers=vpp,
+        modes=candidate.modes, fixed_s=tuple(fixed_s), fixed_bytes=tuple(fixed_bytes),
+        layer_s=mean_s, layer_bytes=most_bytes, limit_bytes=limit_bytes, min_layers=vpp,
+        layer_kinds=tuple(int(kind == DENSE_BLOCK) for kind in model.block_kinds) if sequence else (),
+        kind_s=kind_s if sequence else (), kind_bytes=tuple(kind_bytes) if sequence else (),
     )
 
 

@@ -30,7 +30,7 @@ from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
 PART_NAMES = {
-    "compute": "compute (recompute, smaller GEMMs or more work per GPU)",
+    "compute": "compute (recompute, smaller GEMMs, the busiest expert rank's extra tokens or more work per GPU)",
     "tp_cp_comm": "TP/CP communication",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm_exposed": "DP communication",

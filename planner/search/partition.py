@@ -15,12 +15,15 @@ can change.
 Three exact solvers of the same problem:
   * `balanced_cuts`: identical layers (every dense model here) — bisection on the
     bottleneck with a closed-form feasibility test per rank;
+  * `sequence_cuts`: layers of a few kinds in a fixed order (an MoE model's dense-MLP and
+    MoE blocks) — bisection on the bottleneck with a greedy feasibility test;
   * `dp_cuts`: per-layer costs that differ — dynamic programming over (rank, last layer);
   * `ilp_cuts` (planner/search/ilp.py): the same as a mixed-integer program (pulp).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -41,6 +44,13 @@ class RankCosts:
     limit_bytes: float
     min_layers: int = 1
     """Layers every rank must get (one per chunk with interleaving)."""
+    layer_kinds: tuple[int, ...] = ()
+    """Layers of more than one kind (contiguous ranks only): per layer in model order, its
+    kind's index into `kind_s` and `kind_bytes`; empty when every layer is as `layer_s`."""
+    kind_s: tuple[tuple[float, ...], ...] = ()
+    """[kind][mode]: one layer's per-micro-batch time."""
+    kind_bytes: tuple[tuple[tuple[float, ...], ...], ...] = ()
+    """[rank][kind][mode]: one layer's bytes on that rank."""
 
     @property
     def num_ranks(self) -> int:
@@ -233,6 +243,125 @@ def dp_cuts(
         j = i
     return Cuts(layers=tuple(reversed(layers)), modes=tuple(reversed(chosen)),
                 bottleneck_s=best[ranks - 1][num_layers])
+
+
+def exact_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
+    """The optimal cuts: `sequence_cuts` for layers of several kinds, else `balanced_cuts`."""
+    if costs.layer_kinds:
+        return sequence_cuts(costs)
+    return balanced_cuts(costs, num_layers)
+
+
+def sequence_cuts(costs: RankCosts) -> Cuts | None:
+    """The optimal contiguous cuts for layers of a few kinds in a fixed order
+    (`costs.layer_kinds`), or None when no cut fits the memory.
+
+    Feasibility of a bottleneck T is monotone in T. Filling each rank in turn with as many
+    layers as it can run within T and its memory places every layer only if some cuts reach
+    T, but can miss cuts that exist (stopping a rank earlier can spare the next one a layer
+    it cannot run), so where the greedy fill fails the exact test decides: the set of layers
+    each rank can end at, from the set the previous one can. Bisection narrows T to below
+    half the cheapest layer, then each fill's own bottleneck, strictly lower each time,
+    steps down to the least one."""
+    kinds, ranks, modes = costs.layer_kinds, costs.num_ranks, range(len(costs.modes))
+    num_layers, least = len(kinds), costs.min_layers
+    if ranks * least > num_layers:
+        return None
+    # prefix sums per mode of the layers' time, and per rank and mode of their bytes
+    time_before = [list(itertools.accumulate((costs.kind_s[k][m] for k in kinds), initial=0.0)) for m in modes]
+    bytes_before = [[list(itertools.accumulate((per_rank[k][m] for k in kinds), initial=0.0)) for m in modes]
+                    for per_rank in costs.kind_bytes]
+    room = [[costs.limit_bytes - costs.fixed_bytes[r][m] for m in modes] for r in range(ranks)]
+
+    def fits(rank: int, mode: int, start: int, end: int, target: float) -> bool:
+        t, b = time_before[mode], bytes_before[rank][mode]
+        return (costs.fixed_s[rank] + t[end] - t[start] <= target and b[end] - b[start] <= room[rank][mode])
+
+    def fastest(rank: int, start: int, end: int, target: float) -> int:
+        fitting = [m for m in modes if fits(rank, m, start, end, target)]
+        return min(fitting, key=lambda m: (time_before[m][end] - time_before[m][start], m)) if fitting else -1
+
+    def greedy(target: float) -> list[int] | None:
+        """Cut points filling each rank as far as it goes, or None where that fails."""
+        bounds, start = [0], 0
+        for rank in range(ranks):
+            last, best = num_layers - (ranks - 1 - rank) * least, -1
+            for mode in modes:
+                lo, hi = start + least, last
+                if lo > hi or not fits(rank, mode, start, lo, target):
+                    continue
+                while lo < hi:  # the furthest end that fits: cost grows with the end
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if fits(rank, mode, start, mid, target) else (lo, mid - 1)
+                best = max(best, lo)
+            if best < 0:
+                return None
+            bounds.append(best)
+            start = best
+        return bounds if start == num_layers else None
+
+    def exact(target: float) -> list[int] | None:
+        """Cut points within `target` if any exist: the ends each rank can reach, then back."""
+        reach = [[True] + [False] * num_layers]
+        for rank in range(ranks):
+            cover = [0] * (num_layers + 2)
+            last = num_layers - (ranks - 1 - rank) * least
+            slack, starts = target - costs.fixed_s[rank], [i for i, ok in enumerate(reach[-1]) if ok]
+            for mode in modes:
+                t, b, space = time_before[mode], bytes_before[rank][mode], room[rank][mode]
+                end = 0
+                for start in starts:
+                    end = max(end, start)  # the furthest end within target grows with the start
+                    while end < last and t[end + 1] - t[start] <= slack and b[end + 1] - b[start] <= space:
+                        end += 1
+                    if end >= start + least:
+                        cover[start + least] += 1
+                        cover[end + 1] -= 1
+            reach.append(list(itertools.accumulate(cover[:-1], lambda a, b: a + b)))
+            reach[-1] = [n > 0 for n in reach[-1]]
+        if not reach[-1][num_layers]:
+            return None
+        bounds = [num_layers]
+        for rank in range(ranks - 1, -1, -1):
+            end = bounds[-1]
+            start = next(i for i in range(end - least, -1, -1)
+                         if reach[rank][i] and fastest(rank, i, end, target) >= 0)
+            bounds.append(start)
+        return bounds[::-1]
+
+    def fill(target: float) -> tuple[list[int], float] | None:
+        bounds = greedy(target) or exact(target)
+        if bounds is None:
+            return None
+        worst = 0.0
+        for r, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            t = time_before[fastest(r, a, b, target)]
+            worst = max(worst, costs.fixed_s[r] + t[b] - t[a])
+        return bounds, worst
+
+    found = fill(math.inf)
+    if found is None:
+        return None
+    times = [t for row in costs.kind_s for t in row if t > 0]
+    cheapest, dearest = min(times, default=0.0), max(times, default=0.0)
+    fastest_kind = [min(row) for row in costs.kind_s]
+    lo = max(max(costs.fixed_s), (sum(costs.fixed_s) + sum(fastest_kind[k] for k in kinds)) / ranks) * (1 - 1e-9)
+    hi = found[1]
+    if lo + dearest < hi and (near := fill(lo + dearest)) is not None:
+        found, hi = near, near[1]
+    while hi - lo > max(0.5 * cheapest, 1e-12 * hi):
+        mid = 0.5 * (lo + hi)
+        better = fill(mid)
+        if better is None:
+            lo = mid
+        else:
+            found, hi = better, better[1]
+    while (better := fill(found[1] * (1 - 1e-12))) is not None:
+        found = better
+    bounds, worst = found
+    layers = [b - a for a, b in zip(bounds, bounds[1:])]
+    chosen = [fastest(r, a, b, worst) for r, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    return Cuts(layers=tuple(layers), modes=tuple(costs.modes[m] for m in chosen), bottleneck_s=worst)
 
 
 def _running_sum(values: list[float]) -> list[float]:

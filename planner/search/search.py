@@ -45,11 +45,12 @@ from planner.search.costing import (
     step_floor,
 )
 from planner.search.ilp import ilp_cuts
-from planner.search.partition import balanced_cuts
+from planner.search.partition import exact_cuts
 from planner.search.space import Candidate, SearchSpace, candidates
 
 CUT_SOLVERS = ("exact", "ilp")
-"""`exact`: bisection on identical layers (planner/search/partition.py); `ilp`: pulp/CBC."""
+"""`exact`: bisection on the bottleneck (planner/search/partition.py); `ilp`: pulp/CBC for
+identical layers (layers of two kinds take the exact solver)."""
 MEMORY_RETRIES = 3
 """Times the solver's cuts are re-solved under a tighter limit when `predict` finds them
 over memory (V > 1 spreads in-flight activations unevenly over a rank's chunks)."""
@@ -181,9 +182,11 @@ class _Run:
         inflight = inflight_of(candidate)
         memory_floor_of = layout_memory_floor(model, candidate, parts, inflight)
         target = self.limit
-        solve = ilp_cuts if self.cut_solver == "ilp" else balanced_cuts
         for _ in range(0 if candidate.empty_ends else MEMORY_RETRIES):
-            cuts = solve(rank_costs(model, candidate, parts, inflight, target), layers)
+            costs = rank_costs(model, candidate, parts, inflight, target)
+            # the MILP takes identical layers; layers of two kinds go to their exact solver
+            solve = ilp_cuts if self.cut_solver == "ilp" and not costs.layer_kinds else exact_cuts
+            cuts = solve(costs, layers)
             if cuts is None:
                 break
             peak = self.consider(index, solved_layout(candidate, cuts, layers), memory_floor_of)
@@ -244,4 +247,4 @@ def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
     tail after the backward (loss-scale check, gradient norm, Adam step)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
     pipeline = layout_bound(costs, layout.num_microbatches, split, exposed_dp_times(model, layout, costs))
-    return pipeline + sum(after_backward_times(model, layout, costs.params).values())
+    return pipeline + sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())

@@ -38,6 +38,8 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "mtnlg2022": 0.25,
     "nemotron4-2024": 0.12,
     "mosaic-llmfoundry": 0.16,
+    "deepseek-v3-2024": 0.17,
+    "megatron-moe-modelzoo": 0.28,
 }
 """Mean |step-time error| per source, just above what the model reaches today
 (docs/accuracy_published.md: 17.1, 2.4, 19.3, 9.3, 3.0, 24.4, 11.3, 15.4%; bloom, narayanan2021,
@@ -56,6 +58,14 @@ MEMORY_BOUND = 0.275
 """Mean |peak-memory error| over the 8 runs that publish memory: today 25.8%."""
 WORST_BOUND = 0.345
 """Today's worst run: 32.5% (MPT-13B on 64 H100s)."""
+MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
+"""Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
+(OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
+MOE_BOUND = 0.25
+"""Mean |step error| over the 4 MoE runs: today 24.6% (DeepSeek-V3 +16.5%, Qwen3-235B
++40.6%, +2.0% and, held out, -39.2%)."""
+MOE_WORST_BOUND = 0.41
+"""Today's worst MoE run: 40.6% (Qwen3-235B, TP2 EP32 PP8 V4 on 256 H100s)."""
 
 
 @pytest.fixture(scope="module")
@@ -171,11 +181,20 @@ def test_step_error_stays_under_recorded_bounds_per_source(results):
 
 
 def test_step_error_stays_under_recorded_bounds_overall_and_held_out(results):
-    overall = summarize(results)
+    dense = [r for r in results if r.run.source_id not in MOE_SOURCES]
+    overall = summarize(dense)
     assert overall.mean_abs <= OVERALL_BOUND
     assert overall.max_abs <= WORST_BOUND
-    assert summarize([r for r in results if r.run.held_out]).mean_abs <= HELD_OUT_BOUND
+    assert summarize([r for r in dense if r.run.held_out]).mean_abs <= HELD_OUT_BOUND
     assert overall.memory_runs >= 8 and overall.memory_mean_abs <= MEMORY_BOUND
+
+
+def test_moe_step_error_stays_under_its_recorded_bounds(results):
+    moe = [r for r in results if r.run.source_id in MOE_SOURCES]
+    assert {r.run.model for r in moe} >= {"deepseek-v3", "qwen3-235b-a22b"}
+    assert all(r.run.ep > 1 for r in moe) and any(r.run.held_out for r in moe)
+    summary = summarize(moe)
+    assert summary.mean_abs <= MOE_BOUND and summary.max_abs <= MOE_WORST_BOUND
 
 
 def test_markdown_report_lists_every_source_and_run(results):
