@@ -166,7 +166,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)
-    done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
+    copies = [fsdp_copy_time(model, layout, costs.params[r], r) for r in range(pp)]
+    done = [timing.finish_s[r] + dp_exposed[r] + copies[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
     tail = after_backward_times(model, layout, costs.params)
@@ -184,6 +185,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         **({"moe_all_to_all": all_to_all} if model.spec.is_moe else {}),
         "pipeline_bubble": timing.finish_s[critical] - busy,
         "dp_comm_exposed": dp_exposed[critical],
+        **({"fsdp_copies": copies[critical]} if any(copies) else {}),
         "tied_embedding_grad": grads_done - done[critical],
         **tail,
     }
@@ -223,7 +225,8 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float]) 
     return {
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
-        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
+        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,
+                                               model.options.optimizer_kernels),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
 
@@ -281,7 +284,41 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     exposed = overlapped(reduce, backward) if opts.overlap_grad_reduce else reduce
     if gather:
         exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
-    return exposed
+    return exposed + _earlier_microbatch_collectives(layout, reduce, gather, forward, backward, sm_share)
+
+
+def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float, forward: float,
+                                    backward: float, sm_share: float) -> float:
+    """ZeRO-3 without pipelining runs its collectives in every micro-batch, not only in the
+    step's first forward and last backward: FSDP frees the gathered weights after each forward
+    and backward (FULL_SHARD, reshard_after_forward) and gathers them again in the next
+    micro-batch, and reduce-scatters each micro-batch's gradients unless the trainer enters
+    `no_sync()`: composer's `ddp_sync_context` (composer/trainer/dist_strategy.py, v0.16.3)
+    returns at once unless `state.model` is a DistributedDataParallel, and under FSDP it is the
+    ComposerModel whose children `prepare_fsdp_module` wrapped, so every micro-batch
+    reduce-scatters; DeepSpeed ZeRO-3 reduces every micro-step too. Each of the m - 1 earlier micro-batches
+    overlaps its all-gather with its forward and its all-gather and reduce-scatter with its
+    backward: the slowdown they cause there, or what outlasts the compute. torchtitan with
+    pipelining keeps the weights gathered across micro-batches (reshard_after_forward False),
+    so ranks of a pipeline are not charged."""
+    if layout.zero_stage != 3 or layout.pp > 1 or layout.num_microbatches == 1:
+        return 0.0
+    per_microbatch = overlapped_extra_time(gather, forward, sm_share) + overlapped_extra_time(reduce, backward, sm_share)
+    return (layout.num_microbatches - 1) * per_microbatch
+
+
+def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -> float:
+    """Seconds FSDP2's copy kernels add to pipeline rank `rank`'s compute stream in a step
+    (`step.fsdp2_copy_time`): one all-gather in each micro-batch's forward and backward and one
+    reduce-scatter per micro-batch without pipelining; with it (torchtitan then keeps the weights
+    gathered, reshard_after_forward False) one of each per step. One FSDP unit per transformer
+    layer and the root's (the embedding, final norm and head). 0 unless ZeRO-3 runs as FSDP2."""
+    if not model.options.fsdp2 or layout.zero_stage != 3 or _dp_shards(layout) == 1:
+        return 0.0
+    m = layout.num_microbatches if layout.pp == 1 else 1
+    calls = _layers_on(layout, rank) + (fsdp_root_params(model, layout, rank) > 0)
+    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, model.options.grad_reduce_bytes,
+                                      gathers=2 * m, reduces=m, calls=calls)
 
 
 def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
@@ -297,7 +334,7 @@ def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
     """The Adam step over the parameters this GPU owns, as multi-tensor kernels, and the copy
     of the updated fp32 main parameters into the model's (planner/cost/step.py)."""
-    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards)
+    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards, model.options.optimizer_kernels)
 
 
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
@@ -319,8 +356,9 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     activations = peak_activations + costs.extra_bytes[rank]
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
-    if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
+    if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched,
         weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
+        weights += model.dtype_bytes * fsdp_root_params(model, layout, rank)  # and the root group
     grads = dense * state.grads + expert_params * expert.grads
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations
@@ -334,6 +372,22 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
         other=memory.other_bytes(tensors, outside),
         outside_allocator=outside,
     )
+
+
+def fsdp_root_params(model: CostModel, layout: Layout, rank: int) -> float:
+    """Parameters of `rank` that FSDP keeps unsharded from the first forward to the end of the
+    backward, the step's memory peak included: those outside the wrapped transformer blocks (the
+    embedding, the final norm and the head), which the root module's own unit holds. FSDP1 does
+    not free the root's parameters after its forward ("Do not free the root's parameters in the
+    post-forward for `FULL_SHARD` with the intention that they are immediately used for backward
+    computation": _runtime_utils._post_forward_reshard), FSDP2 likewise ("For the root, do not
+    reshard after forward since for training, the parameters would be freed and all-gathered
+    immediately": FSDPState._lazy_init); both reshard it only after the backward."""
+    spec, last = model.spec, head_rank(layout.schedule, layout.pp, layout.vpp)
+    params = memory.embedding_param_count(spec, layout.tp) if rank == 0 else 0.0
+    if rank == last:
+        params += memory.head_param_count(spec, layout.tp, shares_rank_with_embedding=last == 0)
+    return params
 
 
 def _in_embedding_group(model: CostModel, layout: Layout, rank: int) -> bool:

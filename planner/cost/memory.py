@@ -78,6 +78,34 @@ def saved_tensors(
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
+CrossEntropy = Literal["fused", "eager_fp32"]
+CROSS_ENTROPY: tuple[str, ...] = get_args(CrossEntropy)
+"""How the runtime computes the loss over the logits: Megatron-LM's vocab-parallel cross-entropy
+("fused": the fp32 softmax is computed and turned into its gradient in place), or eager PyTorch's
+`F.cross_entropy(logits.float(), labels)` ("eager_fp32": torchtitan's loss)."""
+
+
+def loss_transient_bytes(spec: ModelSpec, shard: Shard, dtype_bytes: int, cross_entropy: CrossEntropy) -> float:
+    """Bytes the loss holds beside its saved fp32 softmax at its peak, one micro-batch.
+
+    fused (megatron/core/tensor_parallel/cross_entropy.py): the logits in the model dtype beside
+    the fp32 softmax the forward builds from them in place and saves; the backward turns that
+    saved softmax into the gradient in place (`grad_input = softmax`, then `mul_`), no new buffer.
+
+    eager_fp32 (`cross_entropy(pred.float(), labels)`: log_softmax then nll_loss): the forward
+    holds the dtype logits and their fp32 copy while log_softmax writes its (saved) fp32 output,
+    dtype + 4 bytes per logit; the backward's nll_loss_backward writes a dense fp32 gradient of
+    the logits' shape and log_softmax_backward_data a second one while the saved output is still
+    alive, 4 + 4 bytes per logit (the dtype logits were freed: torchtitan's train step `del pred`
+    before backward). The larger of the two is the peak."""
+    logits = shard.local_tokens * spec.vocab_size / shard.tp
+    if cross_entropy == "fused":
+        return dtype_bytes * logits
+    if cross_entropy == "eager_fp32":
+        return max(dtype_bytes + BYTES_FP32, 2 * BYTES_FP32) * logits
+    raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPY}, got {cross_entropy!r}")
+
+
 def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions) -> list[SavedTensor]:
     h, tp, d = spec.hidden_size, shard.tp, spec.kv_channels
     tokens, rep = shard.local_tokens, shard.elementwise_tokens
