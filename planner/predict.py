@@ -250,7 +250,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     and 1) pipeline ranks after the first hold one bucket ("not on the critical path":
     megatron/core/distributed/distributed_data_parallel.py), so their reduction starts after
     their last backward, which ends before the first rank's; ZeRO-2/3 runtimes (DeepSpeed,
-    FSDP) bucket every rank. The overlapped
+    FSDP) bucket every rank; FSDP's last reduce-scatter, and the all-gather that opens the
+    forward, are its root unit's (`fsdp_root_params`: the embedding, final norm and head). The overlapped
     parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
     if shards == 1:
@@ -264,6 +265,10 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     bucket = edge = params / calls
     if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
+    root = fsdp_root_params(model, layout, rank) if layout.zero_stage == 3 else 0.0
+    if root:  # FSDP's root unit: its all-gather opens the forward, its reduce-scatter closes the backward
+        calls += 1
+        bucket, edge = (params - root) / max(1, calls - 1), root
     if layout.zero_stage == 0:
         reduce = calls * net.all_reduce(grad_bytes / calls, shards, stride)
         gather = 0.0
@@ -322,7 +327,8 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
 
 
 def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
-    """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
+    """Collective calls of one DP reduction: FSDP reduces each layer on its own (and its root
+    unit: `exposed_dp_time`); Megatron-LM's
     DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
     pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
     overlap."""

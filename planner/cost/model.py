@@ -56,6 +56,9 @@ class CostOptions:
     optimizer_kernels: OptimizerKernels = "fused"
     """The Adam step and gradient clipping as fused multi-tensor kernels (Megatron-LM), or as
     PyTorch's foreach ops (torchtitan's default AdamW and clip_grad_norm_; planner/cost/step.py)."""
+    sac_fused_qkv: bool = True
+    """torchtitan's per-op checkpointing counts the q, k, v projections as one matmul (0.3's
+    fused wqkv) or three (its 2024 Llama: wq, wk, wv), which shifts what it keeps and recomputes."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2 (torchtitan's fully_shard), whose per-parameter sharding copies every
     gathered parameter out of the all-gather buffer and every gradient into the reduce-scatter
@@ -221,6 +224,7 @@ class CostModel:
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
+            sac_fused_qkv=options.sac_fused_qkv,
         )
         self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
@@ -324,7 +328,7 @@ class CostModel:
         opts = self.options
         work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
         if opts.selective_policy == "every_other_matmul":
-            matmuls = separate_matmuls(self.spec, shard, fused_qkv=memory.TORCHTITAN_FUSED_QKV)[1::2]
+            matmuls = separate_matmuls(self.spec, shard, fused_qkv=opts.sac_fused_qkv)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))

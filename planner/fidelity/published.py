@@ -108,6 +108,8 @@ class PublishedRun(BaseModel):
     """The Adam step and gradient clipping (CostOptions): torchtitan's default torch AdamW is "foreach"."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2 (CostOptions): torchtitan's fully_shard."""
+    sac_fused_qkv: bool = True
+    """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
     cross_entropy: CrossEntropy = "fused"
     """How the loss is computed (CostOptions): torchtitan's eager `cross_entropy(pred.float(), ...)` is "eager_fp32"."""
     step_time_s: float | None = Field(default=None, gt=0)
@@ -282,6 +284,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         cross_entropy=run.cross_entropy,
         optimizer_kernels=run.optimizer_kernels,
         fsdp2=run.fsdp2,
+        sac_fused_qkv=run.sac_fused_qkv,
         cp_comm=run.cp_comm,
     )
 

@@ -116,3 +116,18 @@ def test_zero_1_and_2_reduce_once_per_step(zero):
     exposed = [predict(model, _fsdp(spec, 64, m, zero=zero), 64 * m, SEQ).time_breakdown_s["dp_comm_exposed"]
                for m in (1, 4)]
     assert exposed[1] == pytest.approx(exposed[0], rel=1e-12)
+
+
+def test_fsdp_root_unit_opens_the_forward_and_closes_the_backward():
+    """Behind a long compute window only the root unit's collectives stay exposed: the
+    all-gather that opens the forward and the backward's reduce-scatter, which comes last."""
+    model = _model("llama3-8b", 64, interference=False)
+    spec, layout = model.spec, _fsdp(model.spec, 64, 1)
+    net, root = model.network, fsdp_root_params(model, layout, 0)
+    params = spec.num_layers * model.layer_costs("transformer", Shard(mbs=1, seq=SEQ)).param_count + root
+    calls, shards = spec.num_layers + 1, 64
+    gather = calls * net.all_gather(2 * params / calls, shards, 1)
+    reduce = calls * net.reduce_scatter(4 * params / calls, shards, 1) + gather
+    expected = (gather + reduce) * root / params
+    exposed = predict(model, layout, 64, SEQ).time_breakdown_s["dp_comm_exposed"]
+    assert exposed == pytest.approx(expected, rel=1e-9)
