@@ -131,3 +131,14 @@ def test_fsdp_root_unit_opens_the_forward_and_closes_the_backward():
     expected = (gather + reduce) * root / params
     exposed = predict(model, layout, 64, SEQ).time_breakdown_s["dp_comm_exposed"]
     assert exposed == pytest.approx(expected, rel=1e-9)
+
+
+def test_torchtitan_plans_pay_fsdp2_copies_under_zero3_only():
+    from planner.search.runtimes import runtime_cost_options
+
+    spec = resolve_model("llama3-8b")
+    model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 8), runtime_cost_options("torchtitan"))
+    assert predict(model, _fsdp(spec, 8, 1), 8, SEQ).time_breakdown_s["fsdp_copies"] > 0
+    assert "fsdp_copies" not in predict(model, _fsdp(spec, 8, 1, zero=1), 8, SEQ).time_breakdown_s
+    megatron = CostModel(spec, model.cluster, runtime_cost_options("megatron"))
+    assert "fsdp_copies" not in predict(megatron, _fsdp(spec, 8, 1), 8, SEQ).time_breakdown_s
