@@ -251,8 +251,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     megatron/core/distributed/distributed_data_parallel.py), so their reduction starts after
     their last backward, which ends before the first rank's; ZeRO-2/3 runtimes (DeepSpeed,
     FSDP) bucket every rank; FSDP's last reduce-scatter, and the all-gather that opens the
-    forward, are its root unit's (`fsdp_root_params`: the embedding, final norm and head). The overlapped
-    parameter all-gather mirrors it over the first micro-batch's forward."""
+    forward, are its root unit's (`fsdp_root_params`: the embedding, final norm and head). The
+    overlapped parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
     if shards == 1:
         return 0.0
@@ -301,14 +301,15 @@ def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float
     `no_sync()`: composer's `ddp_sync_context` (composer/trainer/dist_strategy.py, v0.16.3)
     returns at once unless `state.model` is a DistributedDataParallel, and under FSDP it is the
     ComposerModel whose children `prepare_fsdp_module` wrapped, so every micro-batch
-    reduce-scatters; DeepSpeed ZeRO-3 reduces every micro-step too. Each of the m - 1 earlier micro-batches
-    overlaps its all-gather with its forward and its all-gather and reduce-scatter with its
-    backward: the slowdown they cause there, or what outlasts the compute. torchtitan with
+    reduce-scatters; DeepSpeed ZeRO-3 reduces every micro-step too. Each of the m - 1 earlier
+    micro-batches overlaps its all-gather with its forward and its all-gather and reduce-scatter
+    with its backward: the slowdown they cause there, or what outlasts the compute. torchtitan with
     pipelining keeps the weights gathered across micro-batches (reshard_after_forward False),
     so ranks of a pipeline are not charged."""
     if layout.zero_stage != 3 or layout.pp > 1 or layout.num_microbatches == 1:
         return 0.0
-    per_microbatch = overlapped_extra_time(gather, forward, sm_share) + overlapped_extra_time(reduce, backward, sm_share)
+    per_microbatch = (overlapped_extra_time(gather, forward, sm_share)
+                      + overlapped_extra_time(reduce, backward, sm_share))
     return (layout.num_microbatches - 1) * per_microbatch
 
 
@@ -328,10 +329,9 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
 
 def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool) -> int:
     """Collective calls of one DP reduction: FSDP reduces each layer on its own (and its root
-    unit: `exposed_dp_time`); Megatron-LM's
-    DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
-    pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
-    overlap."""
+    unit: `exposed_dp_time`); Megatron-LM's DDP one per bucket (`grad_bucket_count`,
+    planner/cost/comm/buckets.py) on the first pipeline rank and, under ZeRO-2, on every rank;
+    one bucket on the others and without overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
     return max(1, grad_bucket_count(params, _dp_shards(layout), rank, overlap, every_rank=layout.zero_stage == 2))

@@ -178,5 +178,6 @@ def fsdp2_copy_time(compute: AnalyticCompute, params: float, dtype_bytes: int, g
     write `grad_reduce_bytes`, on the compute stream before the reduce-scatter stream waits for
     it: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`), memory-bound,
     one kernel per FSDP unit (`calls`) each."""
-    nbytes = params * (gathers * FSDP2_COPY_OUT_READS_WRITES * dtype_bytes + reduces * (dtype_bytes + grad_reduce_bytes))
+    copy_out = gathers * FSDP2_COPY_OUT_READS_WRITES * dtype_bytes
+    nbytes = params * (copy_out + reduces * (dtype_bytes + grad_reduce_bytes))
     return compute.elementwise_time(nbytes, calls * (gathers + reduces))
