@@ -362,9 +362,10 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     activations = peak_activations + costs.extra_bytes[rank]
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
-    if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched,
-        weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
-        weights += model.dtype_bytes * fsdp_root_params(model, layout, rank)  # and the root group
+    if layout.zero_stage == 3:  # unsharded bf16 copies of the block being computed, the one
+        root = fsdp_root_params(model, layout, rank)  # prefetched, and the root unit
+        block = (costs.params[rank] - root) / max(1, _layers_on(layout, rank))
+        weights += model.dtype_bytes * (2 * block + root)
     grads = dense * state.grads + expert_params * expert.grads
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations

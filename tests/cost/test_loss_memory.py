@@ -106,5 +106,5 @@ def test_fsdp_root_group_is_held_unsharded(model):
     assert fsdp_root_params(cost, layout, 0) == root
     weights = predict(cost, layout, 8, 2048).memory[0].weights
     total = root + spec.num_layers * transformer_param_count(spec)
-    blocks_unsharded = 2 * 2 * total / spec.num_layers
+    blocks_unsharded = 2 * 2 * transformer_param_count(spec)
     assert weights == pytest.approx(4 * total / 8 + blocks_unsharded + 2 * root, rel=1e-9)
