@@ -238,7 +238,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)
-    done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
+    copies = [fsdp_copy_time(model, layout, costs.params[r], r) for r in range(pp)]
+    done = [timing.finish_s[r] + dp_exposed[r] + copies[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
     tail = after_backward_times(model, layout, costs.params, costs.expert_params)
@@ -258,6 +259,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         **({"pp_p2p_blocked": blocked} if timing.blocked_s else {}),
         "pipeline_bubble": timing.finish_s[critical] - busy - blocked,
         "dp_comm_exposed": dp_exposed[critical],
+        **({"fsdp_copies": copies[critical]} if any(copies) else {}),
         "tied_embedding_grad": grads_done - done[critical],
         **tail,
     }
@@ -301,7 +303,8 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float],
     return {
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
-        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage),
+        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,
+                                               model.options.optimizer_kernels),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
 
@@ -337,8 +340,9 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     and 1) pipeline ranks after the first hold one bucket ("not on the critical path":
     megatron/core/distributed/distributed_data_parallel.py), so their reduction starts after
     their last backward, which ends before the first rank's; ZeRO-2/3 runtimes (DeepSpeed,
-    FSDP) bucket every rank. The overlapped
-    parameter all-gather mirrors it over the first micro-batch's forward."""
+    FSDP) bucket every rank; FSDP's last reduce-scatter, and the all-gather that opens the
+    forward, are its root unit's (`fsdp_root_params`: the embedding, final norm and head). The
+    overlapped parameter all-gather mirrors it over the first micro-batch's forward."""
     shards = _dp_shards(layout)
     experts = costs.expert_params[rank] if costs.expert_params else 0.0
     edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp) if experts else 1
@@ -351,12 +355,14 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     groups = [(params - experts, shards, layout.tp)]
     if experts:
         groups.append((experts, edp, layout.ep * layout.expert_tp))
+    root = fsdp_root_params(model, layout, rank) if layout.zero_stage == 3 else 0.0
     reduce = gather = 0.0
     calls = 0
     for group_params, group_shards, stride in groups:
         if group_shards == 1 or group_params <= 0:
             continue
         n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards)
+        n += 1 if root and stride == layout.tp else 0  # FSDP's root unit is a unit of its own
         calls += n
         grad_bytes = group_params * opts.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
@@ -371,6 +377,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     bucket = edge = params / calls
     if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
+    if root:  # FSDP's root unit: its all-gather opens the forward, its reduce-scatter closes the backward
+        bucket, edge = (params - root) / max(1, calls - 1), root
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -385,7 +393,42 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     exposed = overlapped(reduce, backward) if opts.overlap_grad_reduce else reduce
     if gather:
         exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
-    return exposed
+    return exposed + _earlier_microbatch_collectives(layout, reduce, gather, forward, backward, sm_share)
+
+
+def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float, forward: float,
+                                    backward: float, sm_share: float) -> float:
+    """ZeRO-3 without pipelining runs its collectives in every micro-batch, not only in the
+    step's first forward and last backward: FSDP frees the gathered weights after each forward
+    and backward (FULL_SHARD, reshard_after_forward) and gathers them again in the next
+    micro-batch, and reduce-scatters each micro-batch's gradients unless the trainer enters
+    `no_sync()`: composer's `ddp_sync_context` (composer/trainer/dist_strategy.py, v0.16.3)
+    returns at once unless `state.model` is a DistributedDataParallel, and under FSDP it is the
+    ComposerModel whose children `prepare_fsdp_module` wrapped, so every micro-batch
+    reduce-scatters; DeepSpeed ZeRO-3 reduces every micro-step too. Each of the m - 1 earlier
+    micro-batches overlaps its all-gather with its forward and its all-gather and reduce-scatter
+    with its backward: the slowdown they cause there, or what outlasts the compute. torchtitan with
+    pipelining keeps the weights gathered across micro-batches (reshard_after_forward False),
+    so ranks of a pipeline are not charged."""
+    if layout.zero_stage != 3 or layout.pp > 1 or layout.num_microbatches == 1:
+        return 0.0
+    per_microbatch = (overlapped_extra_time(gather, forward, sm_share)
+                      + overlapped_extra_time(reduce, backward, sm_share))
+    return (layout.num_microbatches - 1) * per_microbatch
+
+
+def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -> float:
+    """Seconds FSDP2's copy kernels add to pipeline rank `rank`'s compute stream in a step
+    (`step.fsdp2_copy_time`): one all-gather in each micro-batch's forward and backward and one
+    reduce-scatter per micro-batch without pipelining; with it (torchtitan then keeps the weights
+    gathered, reshard_after_forward False) one of each per step. One FSDP unit per transformer
+    layer and the root's (the embedding, final norm and head). 0 unless ZeRO-3 runs as FSDP2."""
+    if not model.options.fsdp2 or layout.zero_stage != 3 or _dp_shards(layout) == 1:
+        return 0.0
+    m = layout.num_microbatches if layout.pp == 1 else 1
+    calls = _layers_on(layout, rank) + (fsdp_root_params(model, layout, rank) > 0)
+    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, model.options.grad_reduce_bytes,
+                                      gathers=2 * m, reduces=m, calls=calls)
 
 
 def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool) -> bool:
@@ -448,10 +491,10 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
 
 
 def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int | None = None) -> int:
-    """Collective calls of one DP reduction: FSDP reduces each layer on its own; Megatron-LM's
-    DDP one per bucket (`grad_bucket_count`, planner/cost/comm/buckets.py) on the first
-    pipeline rank and, under ZeRO-2, on every rank; one bucket on the others and without
-    overlap."""
+    """Collective calls of one DP reduction: FSDP reduces each layer on its own (and its root
+    unit: `exposed_dp_time`); Megatron-LM's DDP one per bucket (`grad_bucket_count`,
+    planner/cost/comm/buckets.py) on the first pipeline rank and, under ZeRO-2, on every rank;
+    one bucket on the others and without overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
     shards = _dp_shards(layout) if shards is None else shards
@@ -461,7 +504,7 @@ def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: i
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
     """The Adam step over the parameters this GPU owns, as multi-tensor kernels, and the copy
     of the updated fp32 main parameters into the model's (planner/cost/step.py)."""
-    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards)
+    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards, model.options.optimizer_kernels)
 
 
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
@@ -481,8 +524,10 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     activations = peak_activations + costs.extra_bytes[rank]
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
-    if layout.zero_stage == 3:  # unsharded bf16 copy of the chunk being computed, prefetched
-        weights += 2 * model.dtype_bytes * max(costs.params[rank] / max(1, _layers_on(layout, rank)), 0)
+    if layout.zero_stage == 3:  # unsharded bf16 copies of the block being computed, the one
+        root = fsdp_root_params(model, layout, rank)  # prefetched, and the root unit
+        block = (costs.params[rank] - root) / max(1, _layers_on(layout, rank))
+        weights += model.dtype_bytes * (2 * block + root)
     grads = dense * state.grads + expert_params * expert.grads
     if model.options.bf16_optimizer and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
         grads += params * model.dtype_bytes
@@ -498,6 +543,22 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
         other=memory.other_bytes(tensors, outside),
         outside_allocator=outside,
     )
+
+
+def fsdp_root_params(model: CostModel, layout: Layout, rank: int) -> float:
+    """Parameters of `rank` that FSDP keeps unsharded from the first forward to the end of the
+    backward, the step's memory peak included: those outside the wrapped transformer blocks (the
+    embedding, the final norm and the head), which the root module's own unit holds. FSDP1 does
+    not free the root's parameters after its forward ("Do not free the root's parameters in the
+    post-forward for `FULL_SHARD` with the intention that they are immediately used for backward
+    computation": _runtime_utils._post_forward_reshard), FSDP2 likewise ("For the root, do not
+    reshard after forward since for training, the parameters would be freed and all-gathered
+    immediately": FSDPState._lazy_init); both reshard it only after the backward."""
+    spec, last = model.spec, head_rank(layout.schedule, layout.pp, layout.vpp)
+    params = memory.embedding_param_count(spec, layout.tp) if rank == 0 else 0.0
+    if rank == last:
+        params += memory.head_param_count(spec, layout.tp, shares_rank_with_embedding=last == 0)
+    return params
 
 
 def _in_embedding_group(model: CostModel, layout: Layout, rank: int) -> bool:

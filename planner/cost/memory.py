@@ -46,6 +46,10 @@ class ActivationOptions:
     selective_policy: SelectivePolicy = "core_attention"
     moe_imbalance: float = 1.0
     """Busiest expert-parallel rank's routed tokens over the mean (planner/cost/moe.py)."""
+    sac_fused_qkv: bool = True
+    """Under torchtitan's per-op policy the q, k, v projections are one matmul (torchtitan 0.3's
+    fused wqkv) or three (wq, wk, wv: torchtitan's Llama of 2024); it decides which outputs the
+    every-other-matmul rule keeps."""
     eager_swiglu: bool = False
     """SwiGLU run op by op, `w2(silu(w1 x) * w3 x)` (torchtitan's FeedForward without
     torch.compile): the multiply keeps silu's output as well, one more FFN-wide tensor. A
@@ -79,6 +83,34 @@ def saved_tensors(
             ),
         ]
     raise ValueError(f"unknown layer kind {kind!r}")
+
+
+CrossEntropy = Literal["fused", "eager_fp32"]
+CROSS_ENTROPY: tuple[str, ...] = get_args(CrossEntropy)
+"""How the runtime computes the loss over the logits: Megatron-LM's vocab-parallel cross-entropy
+("fused": the fp32 softmax is computed and turned into its gradient in place), or eager PyTorch's
+`F.cross_entropy(logits.float(), labels)` ("eager_fp32": torchtitan's loss)."""
+
+
+def loss_transient_bytes(spec: ModelSpec, shard: Shard, dtype_bytes: int, cross_entropy: CrossEntropy) -> float:
+    """Bytes the loss holds beside its saved fp32 softmax at its peak, one micro-batch.
+
+    fused (megatron/core/tensor_parallel/cross_entropy.py): the logits in the model dtype beside
+    the fp32 softmax the forward builds from them in place and saves; the backward turns that
+    saved softmax into the gradient in place (`grad_input = softmax`, then `mul_`), no new buffer.
+
+    eager_fp32 (`cross_entropy(pred.float(), labels)`: log_softmax then nll_loss): the forward
+    holds the dtype logits and their fp32 copy while log_softmax writes its (saved) fp32 output,
+    dtype + 4 bytes per logit; the backward's nll_loss_backward writes a dense fp32 gradient of
+    the logits' shape and log_softmax_backward_data a second one while the saved output is still
+    alive, 4 + 4 bytes per logit (the dtype logits were freed: torchtitan's train step `del pred`
+    before backward). The larger of the two is the peak."""
+    logits = shard.local_tokens * spec.vocab_size / shard.tp
+    if cross_entropy == "fused":
+        return dtype_bytes * logits
+    if cross_entropy == "eager_fp32":
+        return max(dtype_bytes + BYTES_FP32, 2 * BYTES_FP32) * logits
+    raise ValueError(f"cross_entropy must be one of {CROSS_ENTROPY}, got {cross_entropy!r}")
 
 
 def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions) -> list[SavedTensor]:
@@ -155,7 +187,7 @@ def activation_bytes(
     (Megatron's core-attention recompute) or keeps what `every_other_matmul_saved` lists
     (torchtitan's per-op policy), "full" keeps only each block's input."""
     if kind == "transformer" and recompute == "selective" and options.selective_policy == "every_other_matmul":
-        return every_other_matmul_saved(spec, shard)
+        return every_other_matmul_saved(spec, shard, options.sac_fused_qkv)
     saved = saved_tensors(spec, kind, shard, options)
     if kind != "transformer" or recompute == "none":
         return sum(t.bytes for t in saved)
@@ -171,13 +203,14 @@ TORCHTITAN_FUSED_QKV = True
 torchtitan exporter writes the same), so its per-op policy counts q, k and v as one matmul."""
 
 
-def every_other_matmul_saved(spec: ModelSpec, shard: Shard) -> float:
+def every_other_matmul_saved(spec: ModelSpec, shard: Shard, fused_qkv: bool = TORCHTITAN_FUSED_QKV) -> float:
     """Bytes a block keeps under torchtitan's per-op checkpointing (`SelectiveAC`): its input,
     the outputs of its 1st, 3rd, 5th... matmul (fused qkv, gate, down for a SwiGLU block) and
     the attention op's output and log-sum-exp; everything else is recomputed. Measured on
     torchtitan's own block and policy by tests/cost/test_selective_policy.py (until this
-    counted q, k, v as three matmuls and missed k: 6.9% low for tiny-llama)."""
-    matmuls = separate_matmuls(spec, shard, fused_qkv=TORCHTITAN_FUSED_QKV)
+    counted q, k, v as three matmuls and missed k: 6.9% low for tiny-llama). With three
+    (`fused_qkv` False: torchtitan's 2024 Llama) it keeps q and v and recomputes k."""
+    matmuls = separate_matmuls(spec, shard, fused_qkv=fused_qkv)
     heads = spec.num_attention_heads / shard.tp
     attention = (BYTES_BF16 * spec.kv_channels + BYTES_FP32) * shard.local_tokens * heads
     block_input = BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size

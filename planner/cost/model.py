@@ -21,6 +21,7 @@ from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Gemm, Shard, layer_work, separate_matmuls
+from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
@@ -55,6 +56,21 @@ class CostOptions:
     """What recompute `selective` runs: Megatron-LM's core-attention
     recompute, or torchtitan's per-op policy that recomputes every other matmul and the
     elementwise ops."""
+    optimizer_kernels: OptimizerKernels = "fused"
+    """The Adam step and gradient clipping as fused multi-tensor kernels (Megatron-LM), or as
+    PyTorch's foreach ops (torchtitan's default AdamW and clip_grad_norm_; planner/cost/step.py)."""
+    sac_fused_qkv: bool = True
+    """torchtitan's per-op checkpointing counts the q, k, v projections as one matmul (0.3's
+    fused wqkv) or three (its 2024 Llama: wq, wk, wv), which shifts what it keeps and recomputes."""
+    fsdp2: bool = False
+    """ZeRO-3 runs as FSDP2 (torchtitan's fully_shard), whose per-parameter sharding copies every
+    gathered parameter out of the all-gather buffer and every gradient into the reduce-scatter
+    buffer on the compute stream (planner/cost/step.py `fsdp2_copy_time`); FSDP1's flat
+    parameter is gathered in place."""
+    cross_entropy: memory.CrossEntropy = "fused"
+    """How the loss is computed over the logits (memory.loss_transient_bytes): Megatron-LM's fused
+    vocab-parallel cross-entropy, or eager `F.cross_entropy(logits.float(), ...)` (torchtitan),
+    whose backward allocates two more fp32 buffers of the logits' size."""
     eager_swiglu: bool = False
     """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
     memory.ActivationOptions.eager_swiglu)."""
@@ -117,6 +133,7 @@ class CostOptions:
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
+                              ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
                               ("p2p_mode", P2P_MODES)):
             if getattr(self, name) not in allowed:
@@ -273,6 +290,7 @@ class CostModel:
         self.act_options = memory.ActivationOptions(
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
+            sac_fused_qkv=options.sac_fused_qkv,
         )
         self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
         self.block_kinds = block_kinds(spec)
@@ -312,8 +330,8 @@ class CostModel:
         extra = 0.0
         if kind == "transformer" and recompute == "full":
             extra = memory.activation_bytes(self.spec, kind, shard, "none", act_options)
-        elif kind == "head":  # bf16 logits live beside their fp32 softmax in the forward
-            extra = self.dtype_bytes * shard.local_tokens * self.spec.vocab_size / shard.tp
+        elif kind == "head":  # the logits and the loss's buffers beside the saved fp32 softmax
+            extra = memory.loss_transient_bytes(self.spec, shard, self.dtype_bytes, self.options.cross_entropy)
         experts = 0.0
         if kind == "transformer":
             params = memory.transformer_param_count(self.spec, shard.tp, shard.ep, shard.etp)
@@ -420,7 +438,7 @@ class CostModel:
         opts = self.options
         work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
         if opts.selective_policy == "every_other_matmul":
-            matmuls = separate_matmuls(self.spec, shard, fused_qkv=memory.TORCHTITAN_FUSED_QKV)[1::2]
+            matmuls = separate_matmuls(self.spec, shard, fused_qkv=opts.sac_fused_qkv)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))

@@ -33,9 +33,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute
+
+OptimizerKernels = Literal["fused", "foreach"]
+OPTIMIZER_KERNELS: tuple[str, ...] = get_args(OptimizerKernels)
+"""How the optimizer step and the gradient clipping run: fused multi-tensor kernels (apex /
+Transformer Engine FusedAdam, Megatron's clip), or PyTorch's foreach ops (torch.optim.AdamW and
+torch.nn.utils.clip_grad_norm_ without `fused=True`: torchtitan's default)."""
 
 MULTI_TENSOR_CHUNK = 2048 * 32
 """Elements per multi_tensor_apply chunk (apex / Transformer Engine / torch `_foreach`)."""
@@ -49,6 +56,17 @@ PARAM_COPY_BYTES_PER_PARAM = 6.0
 the bf16 model parameter (2 B). FSDP (ZeRO-3) keeps fp32 parameters and casts on all-gather."""
 GRAD_NORM_BYTES_PER_PARAM = 4.0
 """`multi_tensor_l2norm` reads each fp32 main grad once."""
+FOREACH_ADAMW_BYTES_PER_PARAM = 80.0
+"""torch.optim.AdamW's foreach implementation (`_multi_tensor_adam`, the one PyTorch picks on
+CUDA when `fused` is not asked for; torch 2.6), one pass per op over fp32 tensors: weight decay
+`_foreach_mul_(params)` 8 B, `_foreach_lerp_(exp_avgs, grads)` 12, `_foreach_mul_(exp_avg_sqs)`
+8, `_foreach_addcmul_(exp_avg_sqs, grads, grads)` 12, `exp_avg_sq_sqrt = _foreach_sqrt(...)` 8,
+`_foreach_div_(exp_avg_sq_sqrt, ...)` 8, `_foreach_add_(exp_avg_sq_sqrt, eps)` 8,
+`_foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt)` 16."""
+CLIP_GRAD_NORM_BYTES_PER_PARAM = 12.0
+"""torch.nn.utils.clip_grad_norm_ (foreach): `_foreach_norm` reads each grad (4 B), then
+`_foreach_mul_(grads, clip_coef_clamped)` rescales every grad whatever the norm (8 B): the
+multiply by the coefficient clamped to 1 is unconditional, unlike Megatron's."""
 UNSCALE_BYTES_PER_PARAM = 8.0
 """`_amp_foreach_non_finite_check_and_unscale_` reads and writes each fp32 main grad."""
 SCALAR_BYTES = 4
@@ -72,10 +90,13 @@ def owned_params(params: float, zero_stage: int, dp_shards: int) -> float:
     return params / dp_shards if zero_stage >= 1 else params
 
 
-def adam_time(compute: AnalyticCompute, params: float, zero_stage: int, dp_shards: int) -> float:
-    """The Adam step over the owned parameters plus the main-to-model parameter copy."""
+def adam_time(compute: AnalyticCompute, params: float, zero_stage: int, dp_shards: int,
+              kernels: OptimizerKernels = "fused") -> float:
+    """The Adam step over the owned parameters plus the main-to-model parameter copy; with
+    `kernels` "foreach", torch.optim.AdamW's foreach passes instead of one fused kernel."""
     owned = owned_params(params, zero_stage, dp_shards)
-    step = multi_tensor_time(compute, owned, ADAM_BYTES_PER_PARAM)
+    per_param = FOREACH_ADAMW_BYTES_PER_PARAM if kernels == "foreach" else ADAM_BYTES_PER_PARAM
+    step = multi_tensor_time(compute, owned, per_param)
     if zero_stage < 3:
         step += multi_tensor_time(compute, owned, PARAM_COPY_BYTES_PER_PARAM)
     return step
@@ -91,10 +112,12 @@ def grad_stats_all_reduce(net: Network, tp: int, cp: int, dp: int, pp: int, zero
 
 
 def grad_norm_time(compute: AnalyticCompute, net: Network, params: float, tp: int, cp: int, dp: int,
-                   pp: int, zero_stage: int) -> float:
-    """The L2 norm of the owned grads and its all-reduce over the grad-stats group."""
+                   pp: int, zero_stage: int, kernels: OptimizerKernels = "fused") -> float:
+    """The L2 norm of the owned grads and its all-reduce over the grad-stats group; with
+    `kernels` "foreach", torch's clip_grad_norm_, whose rescale of the grads always runs."""
     owned = owned_params(params, zero_stage, cp * dp)
-    local = multi_tensor_time(compute, owned, GRAD_NORM_BYTES_PER_PARAM)
+    per_param = CLIP_GRAD_NORM_BYTES_PER_PARAM if kernels == "foreach" else GRAD_NORM_BYTES_PER_PARAM
+    local = multi_tensor_time(compute, owned, per_param)
     return local + grad_stats_all_reduce(net, tp, cp, dp, pp, zero_stage)
 
 
@@ -149,3 +172,23 @@ def serial_stream_ends(ready_s: Sequence[float], comm_s: Sequence[float]) -> lis
         last = max(last, ready) + comm
         ends.append(last)
     return ends
+
+
+FSDP2_COPY_OUT_READS_WRITES = 2
+"""FSDP2 copies each all-gather's output into the unsharded parameters it views
+(`foreach_all_gather_copy_out`: `split_with_sizes_copy` in `FSDPParamGroup.wait_for_unshard`, on
+the compute stream): the gathered parameter read once and written once."""
+
+
+def fsdp2_copy_time(compute: AnalyticCompute, params: float, dtype_bytes: int, grad_reduce_bytes: int,
+                    gathers: int, reduces: int, calls: int) -> float:
+    """Seconds of FSDP2's per-parameter copy kernels over one rank's unsharded `params` in a
+    step: `gathers` all-gather copy-outs (read and write in the parameter dtype) and `reduces`
+    reduce-scatter copy-ins (`foreach_reduce_scatter_copy_in`, `torch._chunk_cat` of the
+    unsharded gradients into the reduce-scatter buffer in the reduce dtype: read `dtype_bytes`,
+    write `grad_reduce_bytes`, on the compute stream before the reduce-scatter stream waits for
+    it: torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py `foreach_reduce`), memory-bound,
+    one kernel per FSDP unit (`calls`) each."""
+    copy_out = gathers * FSDP2_COPY_OUT_READS_WRITES * dtype_bytes
+    nbytes = params * (copy_out + reduces * (dtype_bytes + grad_reduce_bytes))
+    return compute.elementwise_time(nbytes, calls * (gathers + reduces))

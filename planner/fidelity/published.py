@@ -35,9 +35,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.memory import SelectivePolicy
+from planner.cost.memory import CrossEntropy, SelectivePolicy
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.shapes import model_flops_per_token
+from planner.cost.step import OptimizerKernels
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
 from planner.predict import Prediction, predict
@@ -48,6 +49,7 @@ Convention = Literal["palm", "megatron_hfu"]
 Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
 Precision = Literal["bf16", "fp16"]
 GemmPrecision = Literal["bf16", "fp8"]
+MemoryKind = Literal["device", "reserved"]
 Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal",
                   "hai-llm"]
 STEP_ERROR_GOAL = 0.10
@@ -117,12 +119,23 @@ class PublishedRun(BaseModel):
     """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
     launch_blocking: bool = False
     """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
+    optimizer_kernels: OptimizerKernels = "fused"
+    """The Adam step and gradient clipping (CostOptions): torchtitan's default torch AdamW is "foreach"."""
+    fsdp2: bool = False
+    """ZeRO-3 runs as FSDP2 (CostOptions): torchtitan's fully_shard."""
+    sac_fused_qkv: bool = True
+    """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
+    cross_entropy: CrossEntropy = "fused"
+    """How the loss is computed (CostOptions): torchtitan's eager `cross_entropy(pred.float(), ...)` is "eager_fp32"."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     tflops_per_gpu: float | None = Field(default=None, gt=0)
     mfu: float | None = Field(default=None, gt=0, lt=1)
     memory_gib: float | None = Field(default=None, gt=0)
+    memory_kind: MemoryKind = "device"
+    """What the published memory counts: the device memory in use (nvidia-smi), or the caching
+    allocator's peak reserved bytes (torch.cuda.max_memory_reserved, what torchtitan logs)."""
     flops_convention: Convention
     source: str = Field(min_length=10)
     """Paper or document, and the table / figure / row the numbers come from."""
@@ -170,7 +183,10 @@ class RunResult:
     published_mfu: float
     """The published throughput in planner's (PaLM) convention."""
     peak_memory_gib: float
+    """Device memory in use at the peak (what must fit in the GPU)."""
     gpu_memory_gib: float
+    compared_memory_gib: float
+    """The predicted counterpart of what the run publishes (`PublishedRun.memory_kind`)."""
 
     @property
     def step_error(self) -> float:
@@ -187,7 +203,7 @@ class RunResult:
         """Relative error of the predicted peak memory, where the source publishes one."""
         if self.run.memory_gib is None:
             return None
-        return self.peak_memory_gib / self.run.memory_gib - 1.0
+        return self.compared_memory_gib / self.run.memory_gib - 1.0
 
     @property
     def fits(self) -> bool:
@@ -281,6 +297,10 @@ def cost_options(run: PublishedRun) -> CostOptions:
         grad_reduce_bytes=run.grad_reduce_bytes,
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,
+        cross_entropy=run.cross_entropy,
+        optimizer_kernels=run.optimizer_kernels,
+        fsdp2=run.fsdp2,
+        sac_fused_qkv=run.sac_fused_qkv,
         cp_comm=run.cp_comm,
         p2p_mode=run.p2p_mode,
         bf16_optimizer=run.bf16_optimizer,
@@ -330,7 +350,15 @@ def evaluate_run(run: PublishedRun) -> RunResult:
         published_mfu=published * palm / peak,
         peak_memory_gib=prediction.peak_memory_bytes / GiB,
         gpu_memory_gib=model.cluster.memory_limit_bytes / GiB,
+        compared_memory_gib=_predicted_memory_bytes(prediction, run.memory_kind) / GiB,
     )
+
+
+def _predicted_memory_bytes(prediction: Prediction, kind: MemoryKind) -> float:
+    """The busiest rank's device memory in use, or its caching allocator's reserved bytes."""
+    if kind == "reserved":
+        return max(m.reserved for m in prediction.memory)
+    return prediction.peak_memory_bytes
 
 
 def evaluate_all(runs: list[PublishedRun]) -> list[RunResult]:
@@ -382,7 +410,9 @@ def result_row(result: RunResult) -> dict[str, object]:
         "predicted_tokens_per_s_per_gpu": round(result.predicted_tokens_per_s_per_gpu, 1),
         "published_tokens_per_s_per_gpu": round(result.published_tokens_per_s_per_gpu, 1),
         "predicted_peak_memory_gib": round(result.peak_memory_gib, 2),
+        "predicted_compared_memory_gib": round(result.compared_memory_gib, 2),
         "published_memory_gib": run.memory_gib,
+        "published_memory_kind": run.memory_kind,
         "memory_error": None if result.memory_error is None else round(result.memory_error, 4),
         "gpu_memory_gib": round(result.gpu_memory_gib, 2),
         "time_breakdown_s": {k: round(v, 4) for k, v in result.prediction.time_breakdown_s.items()},

@@ -99,7 +99,8 @@ def run_table(results: list[RunResult]) -> list[str]:
         name = f"{run.name} (held out)" if run.held_out else run.name
         published = f"{r.published_step_time_s:.3g}" + ("" if run.step_time_s is not None else "*")
         memory = "–" if run.memory_gib is None else f"{run.memory_gib:.1f}"
-        predicted_memory = f"{r.peak_memory_gib:.1f}" + ("" if r.fits else " (over)")
+        shown = r.compared_memory_gib if run.memory_gib is not None else r.peak_memory_gib
+        predicted_memory = f"{shown:.1f}" + ("" if r.fits else " (over)")
         lines.append(_row([
             name, run.source_id, f"{run.gpu} × {run.gpus:,}", layout_label(run), published,
             f"{r.predicted_step_time_s:.3g}", _pct(r.step_error, signed=True), memory,

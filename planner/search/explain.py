@@ -34,6 +34,7 @@ PART_NAMES = {
     "tp_cp_comm": "TP/CP communication",
     "pipeline_bubble": "pipeline bubble",
     "dp_comm_exposed": "DP communication",
+    "fsdp_copies": "FSDP2 copy kernels",
     "moe_all_to_all": "MoE all-to-all",
     "optimizer": "optimizer step",
 }

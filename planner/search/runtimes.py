@@ -31,12 +31,13 @@ RUNTIME_RULES: dict[str, dict] = {
 """What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
 
 RUNTIME_COSTS: dict[str, dict] = {
-    "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True},
+    "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
-(what the torchtitan exporter writes for `selective`) recomputes every other matmul, and its
+(what the torchtitan exporter writes for `selective`) recomputes every other matmul, its
 stock recipes run the model eager, so SwiGLU keeps silu's output (measured on its block by
-tests/profile/test_blocks.py)."""
+tests/profile/test_blocks.py), and it shards data-parallel weights with FSDP2's fully_shard,
+whose copy kernels run on the compute stream (planner/cost/step.py `fsdp2_copy_time`)."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:

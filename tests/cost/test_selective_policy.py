@@ -114,3 +114,57 @@ def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="selective_policy"):
         CostModel(resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 8),
                   CostOptions(selective_policy="layer"))
+
+
+def test_three_qkv_matmuls_keep_q_and_v_under_the_same_policy():
+    """torchtitan's 2024 Llama ran wq, wk, wv as three matmuls (torchtitan 9dec370,
+    models/llama/model.py: `xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)`): the same
+    every-other-matmul policy then keeps q and v, not k. A block of that shape, under
+    torchtitan's own SelectiveAC, against `sac_fused_qkv=False`."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchtitan")
+    import torch.nn.functional as F
+    from torch import nn
+
+    spec = resolve_model("tiny-llama")
+    h, heads, kv, d = spec.hidden_size, spec.num_attention_heads, spec.num_kv_heads, spec.kv_channels
+
+    class Block2024(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.ffn_norm = nn.RMSNorm(h), nn.RMSNorm(h)
+            self.wq, self.wk = nn.Linear(h, heads * d, bias=False), nn.Linear(h, kv * d, bias=False)
+            self.wv, self.wo = nn.Linear(h, kv * d, bias=False), nn.Linear(heads * d, h, bias=False)
+            ffn = spec.ffn_hidden_size
+            self.w1, self.w2, self.w3 = nn.Linear(h, ffn, bias=False), nn.Linear(ffn, h, bias=False), nn.Linear(h, ffn, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            y = self.attention_norm(x)
+            xq, xk, xv = self.wq(y), self.wk(y), self.wv(y)
+            q = xq.view(b, s, heads, d).transpose(1, 2)
+            k = xk.view(b, s, kv, d).repeat_interleave(heads // kv, dim=2).transpose(1, 2)
+            v = xv.view(b, s, kv, d).repeat_interleave(heads // kv, dim=2).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, -1)
+            x = x + self.wo(out)
+            z = self.ffn_norm(x)
+            return x + self.w2(F.silu(self.w1(z)) * self.w3(z))
+
+    class Holder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block2024()
+
+        def forward(self, x):
+            return self.block(x)
+
+    mbs, seq = 2, 64
+    block = Holder().to(torch.bfloat16)
+    x = torch.randn(mbs, seq, h, dtype=torch.bfloat16, requires_grad=True)
+    measured = _saved_under_selective_ac(block, x)
+    options = memory.ActivationOptions(selective_policy="every_other_matmul", sac_fused_qkv=False)
+    expected = memory.activation_bytes(spec, "transformer", Shard(mbs=mbs, seq=seq), "selective", options)
+    assert measured == expected
+    fused = memory.activation_bytes(spec, "transformer", Shard(mbs=mbs, seq=seq), "selective",
+                                    memory.ActivationOptions(selective_policy="every_other_matmul"))
+    assert expected < fused  # q and v kept instead of q, k and v

@@ -32,38 +32,45 @@ DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 MEAN_ABS_STEP_ERROR_BOUND = {
     "llama3-2024": 0.18,
     "bigscience-bloom": 0.03,
-    "torchtitan": 0.20,
+    "torchtitan": 0.17,
     "narayanan2021": 0.095,
     "korthikanti2022": 0.035,
     "mtnlg2022": 0.25,
     "nemotron4-2024": 0.12,
     "mosaic-llmfoundry": 0.16,
     "deepseek-v3-2024": 0.17,
-    "megatron-moe-modelzoo": 0.28,
+    "megatron-moe-modelzoo": 0.32,  # raised from 0.28 with MOE_BOUND, for the reason given there
 }
 """Mean |step-time error| per source, just above what the model reaches today
-(docs/accuracy_published.md: 17.1, 2.4, 19.3, 9.3, 3.0, 24.4, 11.3, 15.4%; bloom, narayanan2021,
+(docs/accuracy_published.md: 17.7, 2.4, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
 korthikanti2022 and mtnlg2022 tightened when blocking pipeline send/recv and DeepSpeed's
-PipelineEngine and BF16_Optimizer came to be charged). Lower a bound as
+PipelineEngine and BF16_Optimizer came to be charged, torchtitan with FSDP2's root unit, copies
+and loss buffers). Lower a bound as
 the model improves; never raise one to let a change through. One was raised once, with its
 reason: narayanan2021 (6.1% -> 9.7%) when unfused attention, which these 2021 runs used, came
 to be charged from its kernels (batched GEMMs and softmax/dropout passes, FlashAttention-2
 paper rates) instead of at the flash kernel's rate: a component-level correction that made
 these predictions faster, and so more optimistic (docs/accuracy_published.md)."""
-OVERALL_BOUND = 0.13
-"""Today 12.9% over 47 runs (12.0% before issue 12's component changes, same runs)."""
+OVERALL_BOUND = 0.12
+"""Today 11.3% over 47 runs (12.0% before issue 12's component changes, same runs)."""
 HELD_OUT_BOUND = 0.16
-"""Today 15.3% over the 13 held-out runs."""
-MEMORY_BOUND = 0.275
-"""Mean |peak-memory error| over the 8 runs that publish memory: today 25.8%."""
+"""Today 15.0% over the 13 held-out runs."""
+MEMORY_BOUND = 0.105
+"""Mean |peak-memory error| over the 8 runs that publish memory: today 10.0% (torchtitan's
+four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four
+15.5% since DeepSpeed's BF16_Optimizer and the embedding LayerNorm)."""
 WORST_BOUND = 0.345
-"""Today's worst run: 32.5% (MPT-13B on 64 H100s)."""
+"""Today's worst run: 33.7% (MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed
+precision was read right, bf16 gradient reduction, which makes it faster still)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
 """Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
-MOE_BOUND = 0.25
-"""Mean |step error| over the 4 MoE runs: today 24.6% (DeepSeek-V3 +16.5%, Qwen3-235B
-+40.6%, +2.0% and, held out, -39.2%)."""
+MOE_BOUND = 0.28
+"""Mean |step error| over the 4 MoE runs: today 27.7% (DeepSeek-V3 +16.5%, Qwen3-235B
++40.6%, +14.5% and, held out, -39.2%). Raised once, with its reason, from 0.25 (24.6%): ZeRO-3's
+gathers and reduce-scatters in every micro-batch (FSDP frees the gathered weights after each
+forward and backward and cannot accumulate unsharded gradients), a mechanism read from the
+FSDP and composer sources, moved the Qwen3-235B FSDP row from +2.0% to +14.5%."""
 MOE_WORST_BOUND = 0.41
 """Today's worst MoE run: 40.6% (Qwen3-235B, TP2 EP32 PP8 V4 on 256 H100s)."""
 
