@@ -22,13 +22,15 @@ from dataclasses import dataclass
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, LayerCosts
+from planner.cost.segments import attention_share, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
+from planner.schedule.seq1f1b import causal_segment_scales
 from planner.units import GiB
 
 PAIRED_SCHEDULES = frozenset({"dualpipev"})
@@ -106,13 +108,15 @@ class Prediction:
 
 def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
-    activation bytes per micro-batch, transient bytes, parameters, and the p2p time."""
+    activation bytes per micro-batch (per mean segment under seq1f1b), transient bytes,
+    parameters, and the p2p time."""
     spec = model.spec
     shard = layout_shard(layout, seq)
-    pp, vpp = layout.pp, layout.vpp
+    pp, vpp, k = layout.pp, layout.vpp, layout.segments
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
-    blocks = {mode: model.layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
-    embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
+    blocks = {mode: segment_layer_costs(model, "transformer", shard, mode, paired, k) for mode in set(layout.recompute)}
+    embedding, head = segment_layer_costs(model, "embedding", shard, segments=k), segment_layer_costs(
+        model, "head", shard, segments=k)
     fwd, bwd_in, bwd_w, act = [], [], [], []
     extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
@@ -129,7 +133,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         tp_comm[rank] = total * (block.comm_forward_s + block.comm_backward_s)
         extra[rank] = block.peak_extra_bytes if total else 0.0
     last_rank = head_rank(layout.schedule, pp, vpp)
-    for costs, rank, chunk in ((embedding, 0, 0), (head, last_rank, vpp - 1)):
+    for costs, rank, chunk in ((embedding, 0, 0), (head, last_rank, vpp - 1), *_replica_ends(layout, embedding, head)):
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
         bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
         bwd_w[rank][chunk] += costs.backward_weight_s
@@ -137,14 +141,27 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         params[rank] += costs.param_count
         tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
-    if spec.tie_embeddings and last_rank == 0:
+    if spec.tie_embeddings and last_rank == 0 and layout.schedule != "chimera":
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
-    p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
+    p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
+    scale = (1.0,)
+    if k > 1:
+        share = attention_share(model, shard, layout.recompute[0], k)
+        scale = causal_segment_scales(k, share)
     return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
+        segments=k, unit_scale=scale,
     )
+
+
+def _replica_ends(layout: Layout, embedding: LayerCosts, head: LayerCosts) -> tuple[tuple[LayerCosts, int, int], ...]:
+    """(costs, rank, chunk) of the embedding and head of Chimera's up pipeline (its stage P,
+    the model's first, and the down pipeline's last, both on rank P-1); none otherwise."""
+    if layout.schedule != "chimera" or layout.pp == 1:
+        return ()
+    return ((embedding, layout.pp - 1, 1), (head, layout.pp - 1, 0))
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
@@ -166,7 +183,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)
-    done = [timing.finish_s[r] + dp_exposed[r] for r in range(pp)]
+    sync = replica_sync_times(model, layout, costs)
+    done = [timing.finish_s[r] + dp_exposed[r] + sync[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
     tail = after_backward_times(model, layout, costs.params)
@@ -176,7 +194,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     peak = model.cluster.gpu.peak_flops(model.options.dtype)
     mfu = model_flops / (step * layout.num_gpus * peak)
     busy = timing.busy_s[critical]
-    m = layout.num_microbatches
+    m = layout.num_microbatches * layout.segments  # units of ChunkCosts
     all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
     breakdown = {
         "compute": busy - m * costs.tp_comm_s[critical],
@@ -184,6 +202,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         **({"moe_all_to_all": all_to_all} if model.spec.is_moe else {}),
         "pipeline_bubble": timing.finish_s[critical] - busy,
         "dp_comm_exposed": dp_exposed[critical],
+        **({"replica_grad_sync": sync[critical]} if layout.schedule == "chimera" else {}),
         "tied_embedding_grad": grads_done - done[critical],
         **tail,
     }
@@ -196,6 +215,19 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         time_breakdown_s=breakdown,
         timing=timing,
     )
+
+
+def replica_sync_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
+    """Per pipeline rank, the seconds after its data-parallel reduction that Chimera's
+    gradient all-reduce between the two replicas of each of its stages takes (rank r and
+    rank P-1-r hold the same two model stages, one per direction; Li & Hoefler 2021, section
+    3.4), on the rank's gradient shard under a sharded optimizer; zeros for other schedules."""
+    if layout.schedule != "chimera" or layout.pp == 1:
+        return [0.0] * layout.pp
+    shards = _dp_shards(layout) if layout.zero_stage >= 1 else 1
+    stride = layout.tp * layout.cp * layout.dp
+    return [model.network.all_reduce(params * model.options.grad_reduce_bytes / shards, 2, stride)
+            for params in costs.params]
 
 
 def _dp_shards(layout: Layout) -> int:
@@ -269,8 +301,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         gather = calls * net.all_gather(param_bytes / calls, shards, stride)
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
-    backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
-    forward = sum(costs.forward_s[rank])
+    backward = costs.segments * (sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank]))
+    forward = costs.segments * sum(costs.forward_s[rank])
     sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
     last_share = min(1.0, edge / params) if params else 0.0
 

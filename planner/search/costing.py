@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from planner.cost import memory
 from planner.cost.model import CostModel, LayerCosts
+from planner.cost.segments import attention_share, segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import virtual_stage
@@ -28,6 +29,7 @@ from planner.predict import PAIRED_SCHEDULES, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
+from planner.schedule.seq1f1b import causal_segment_scales
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
 from planner.search.space import Candidate
@@ -49,14 +51,37 @@ def shard_of(candidate: Candidate, seq: int) -> Shard:
 
 
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
-    """The candidate's layer costs (cached by the cost model)."""
-    shard = shard_of(candidate, seq)
+    """The candidate's layer costs (cached), per sequence segment under seq1f1b."""
+    shard, k = shard_of(candidate, seq), candidate.segments
     paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
+    if k == 1:
+        return Parts(
+            blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in candidate.modes),
+            embedding=model.layer_costs("embedding", shard),
+            head=model.layer_costs("head", shard),
+        )
     return Parts(
-        blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in candidate.modes),
-        embedding=model.layer_costs("embedding", shard),
-        head=model.layer_costs("head", shard),
+        blocks=tuple(segment_layer_costs(model, "transformer", shard, mode, paired, k) for mode in candidate.modes),
+        embedding=segment_layer_costs(model, "embedding", shard, segments=k),
+        head=segment_layer_costs(model, "head", shard, segments=k),
     )
+
+
+def replicas(candidate: Candidate) -> int:
+    """Copies of the model the pipeline ranks hold together: 2 under chimera (one per
+    direction), else 1."""
+    return 2 if candidate.schedule == "chimera" and candidate.pp > 1 else 1
+
+
+def first_unit_scale(model: CostModel, candidate: Candidate, seq: int) -> float:
+    """Least factor on a micro-batch's mean forward / input-grad time that its first unit
+    takes: seq1f1b's first segment attends to the fewest keys (over the candidate's modes,
+    the most attention-heavy); 1 for the other schedules."""
+    k = candidate.segments
+    if k == 1:
+        return 1.0
+    shard = shard_of(candidate, seq)
+    return min(causal_segment_scales(k, attention_share(model, shard, mode, k))[0] for mode in candidate.modes)
 
 
 def total_s(costs: LayerCosts) -> float:
@@ -107,18 +132,20 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     pp, vpp = candidate.pp, candidate.vpp
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, pp, vpp)
+    layer_count = replicas(candidate) * model.spec.num_layers
     least_saved = min(block.activation_bytes for block in parts.blocks)
     slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
     inverse_sum = weighted_sum = 0.0
     for rank in range(pp):
         per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
-        fixed = state * _fixed_params(model, parts, rank, last) - per_layer_act * slack
+        fixed = state * _fixed_params(model, parts, rank, last, candidate) - per_layer_act * slack
         per_layer = block_state_bytes(candidate, parts.blocks[0]) + per_layer_act / vpp
         inverse_sum += 1.0 / per_layer
         weighted_sum += fixed / per_layer
-    tensors = (model.spec.num_layers + weighted_sum) / inverse_sum
+    tensors = (layer_count + weighted_sum) / inverse_sum
     layer_state = block_state_bytes(candidate, parts.blocks[0]) - state * parts.blocks[0].param_count
-    tensors = max(tensors, (total_params(model, parts) * state + model.spec.num_layers * layer_state) / pp)
+    tensors = max(tensors, replicas(candidate) * (total_params(model, parts) * state
+                                                  + model.spec.num_layers * layer_state) / pp)
     return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
@@ -128,7 +155,7 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
     rank's state and its in-flight count times its smallest chunk's activations."""
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
-    fixed = [state * _fixed_params(model, parts, rank, last) for rank in range(candidate.pp)]
+    fixed = [state * _fixed_params(model, parts, rank, last, candidate) for rank in range(candidate.pp)]
     per_mode = {mode: (block_state_bytes(candidate, block), block.activation_bytes)
                 for mode, block in zip(candidate.modes, parts.blocks)}
     grow = 1 + memory.FRAGMENTATION
@@ -157,43 +184,51 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
         candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
 
 
-def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:
+def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:
     """Parameters of rank `rank` outside its transformer layers: the embedding on the
-    first rank, the head on `last` (once when tied and on the same rank)."""
+    first rank, the head on `last` (once when tied and on the same rank); under chimera both
+    on the first and the last rank (one per direction)."""
+    if replicas(candidate) == 2:
+        return parts.embedding.param_count + parts.head.param_count if rank in (0, candidate.pp - 1) else 0.0
     params = (parts.embedding.param_count if rank == 0 else 0) + (parts.head.param_count if rank == last else 0)
     if model.spec.tie_embeddings and rank == 0 and last == 0:
         params -= parts.head.param_count
     return params
 
 
-def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
+def step_floor(model: CostModel, candidate: Candidate, parts: Parts, seq: int, mode: int | None = None) -> float:
     """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
     with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
     spec = model.spec
     blocks = parts.blocks if mode is None else (parts.blocks[mode],)
     work = spec.num_layers * min(total_s(b) for b in blocks) + total_s(parts.embedding)
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
-    share = FIRST_CHUNK_SHARE / candidate.vpp
+    share = FIRST_CHUNK_SHARE / candidate.vpp * first_unit_scale(model, candidate, seq)
     if split:
         share *= min(_forward_share(x) for x in (*blocks, parts.embedding))
-    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
+    if replicas(candidate) == 2:  # a rank may start with either direction: no chain, the mean work
+        share = 0.0
+    units = candidate.num_microbatches * candidate.segments
+    pipeline = work_bound(work, share, units, candidate.pp, candidate.empty_ends)
     optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                               total_params(model, parts) / candidate.pp)
+                               replicas(candidate) * total_params(model, parts) / candidate.pp)
     return pipeline + optimizer
 
 
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
                limit_bytes: float) -> RankCosts:
-    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes."""
+    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes (under
+    chimera per pair of ranks r and P-1-r, which hold the same two model stages)."""
     pp, vpp = candidate.pp, candidate.vpp
     state = state_bytes(candidate)
     grow = 1 + memory.FRAGMENTATION
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed_s, fixed_bytes, layer_bytes = [], [], []
-    for rank in range(pp):
+    two = replicas(candidate) == 2
+    for rank in range(pp // 2 if two else pp):
         fixed = [p for p, on in ((parts.embedding, rank == 0), (parts.head, rank == last)) if on]
-        params = _fixed_params(model, parts, rank, last)
-        held = inflight[rank] / vpp
+        params = _fixed_params(model, parts, rank, last, candidate)
+        held = (max(inflight[rank], inflight[pp - 1 - rank]) if two else inflight[rank]) / vpp
         fixed_s.append(sum(total_s(p) for p in fixed))
         fixed_bytes.append(tuple(
             grow * (params * state + held * sum(p.activation_bytes for p in fixed)
@@ -222,12 +257,19 @@ def layout_of(candidate: Candidate, stage_layers, recompute: tuple[str, ...]) ->
         mbs=candidate.mbs, num_microbatches=candidate.num_microbatches, schedule=candidate.schedule,
         recompute=recompute, sequence_parallel=candidate.sequence_parallel,
         zero_stage=candidate.zero_stage, stage_layers=stage_layers, ep=candidate.ep, etp=candidate.etp,
+        segments=candidate.segments,
     )
 
 
 def solved_layout(candidate: Candidate, cuts: Cuts, num_layers: int) -> Layout:
     """The Layout of the cut solver's answer: each rank's layers spread over its chunks."""
     pp, vpp = candidate.pp, candidate.vpp
+    if replicas(candidate) == 2:  # pair q (ranks q, P-1-q) runs model stages q and P-1-q
+        counts = [0] * pp
+        for pair, layers in enumerate(cuts.layers):
+            counts[pair], counts[pp - 1 - pair] = split_into_chunks(layers, 2)
+        modes = tuple(cuts.modes[min(rank, pp - 1 - rank)] for rank in range(pp))
+        return layout_of(candidate, stage_layers_from_counts(counts, num_layers, pp, vpp, "chimera"), modes)
     counts = [0] * (pp * vpp)
     for rank, layers in enumerate(cuts.layers):
         for chunk, n in enumerate(split_into_chunks(layers, vpp)):
@@ -250,22 +292,26 @@ def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
 
 
 @lru_cache(maxsize=4096)
-def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int,
+                segments: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
-    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp), vpp)
+    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp, segments), vpp)
 
 
 @lru_cache(maxsize=4096)
-def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[int, ...]:
-    known = inflight_closed_form(schedule, pp, num_microbatches, vpp)
+def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1) -> tuple[int, ...]:
+    known = inflight_closed_form(schedule, pp, num_microbatches, vpp, segments)
     if known is not None:
         return known
-    return tuple(max(sum(v) for v in per_rank) for per_rank in held_counts(schedule, pp, num_microbatches, vpp))
+    held = held_counts(schedule, pp, num_microbatches, vpp, segments)
+    return tuple(max(sum(v) for v in per_rank) for per_rank in held)
 
 
 def inflight_of(candidate: Candidate) -> tuple[int, ...]:
-    """Most micro-batch x chunk activations each rank holds at once under the candidate's schedule."""
-    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp)
+    """Most micro-batch x chunk activations (seq1f1b: segment x chunk) each rank holds at
+    once under the candidate's schedule."""
+    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp,
+                     candidate.segments)
 
 
 def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float | None:
@@ -276,7 +322,7 @@ def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float 
     the smallest and the largest chunk bracket the peak; the order's held counts decide only
     when the bracket straddles the limit."""
     limit = model.cluster.memory_limit_bytes
-    inflight = _inflight(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    inflight = _inflight(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp, layout.segments)
     low = tuple(n * min(costs.activation_bytes[r]) for r, n in enumerate(inflight))
     need = max(m.total for m in layout_memory(model, layout, costs, low))
     if need > limit:
@@ -286,7 +332,7 @@ def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float 
     high = tuple(n * max(costs.activation_bytes[r]) for r, n in enumerate(inflight))
     if max(m.total for m in layout_memory(model, layout, costs, high)) <= limit:
         return None
-    held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp, layout.segments)
     exact = tuple(
         max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r])
         for r in range(layout.pp)

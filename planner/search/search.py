@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from planner.cost.model import CostModel
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts
-from planner.predict import Prediction, after_backward_times, chunk_costs, exposed_dp_times, predict
+from planner.predict import (
+    Prediction,
+    after_backward_times,
+    chunk_costs,
+    exposed_dp_times,
+    predict,
+    replica_sync_times,
+)
 from planner.schedule import SCHEDULES
 from planner.search.bounds import layout_bound
 from planner.search.costing import (
@@ -139,7 +146,7 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
             stats.pruned_memory += 1
             run.note_need(floor, candidate)
             continue
-        queue.append((step_floor(model, candidate, parts), index, candidate, parts))
+        queue.append((step_floor(model, candidate, parts, seq), index, candidate, parts))
     queue.sort(key=lambda item: (item[0], item[1]))
     total = len(queue)
     for visited, (floor, index, candidate, parts) in enumerate(queue):
@@ -191,7 +198,7 @@ class _Run:
                 break
             target -= (peak - self.limit) * 1.01
         for mode, layout in enumerate(even_layouts(candidate, layers)):
-            if step_floor(model, candidate, parts, mode) < self.threshold():
+            if step_floor(model, candidate, parts, self.seq, mode) < self.threshold():
                 self.consider(index, layout, memory_floor_of)
 
     def consider(self, index: int, layout: Layout, memory_floor_of: Callable[[Layout], float]) -> float | None:
@@ -243,5 +250,8 @@ def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
     """Chain bound of the layout with each rank's exposed DP communication, plus the step's
     tail after the backward (loss-scale check, gradient norm, Adam step)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
-    pipeline = layout_bound(costs, layout.num_microbatches, split, exposed_dp_times(model, layout, costs))
+    after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
+                                           replica_sync_times(model, layout, costs))]
+    pipeline = layout_bound(costs, layout.num_microbatches, split, after,
+                            bidirectional=layout.schedule == "chimera" and layout.pp > 1)
     return pipeline + sum(after_backward_times(model, layout, costs.params).values())
