@@ -19,6 +19,7 @@ whose values sum to the step time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
@@ -114,9 +115,9 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     shard = layout_shard(layout, seq)
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
-    blocks = {mode: segment_layer_costs(model, "transformer", shard, mode, paired, k) for mode in set(layout.recompute)}
-    embedding, head = segment_layer_costs(model, "embedding", shard, segments=k), segment_layer_costs(
-        model, "head", shard, segments=k)
+    layer_costs = model.layer_costs if k == 1 else partial(segment_layer_costs, model, segments=k)
+    blocks = {mode: layer_costs("transformer", shard, mode, paired) for mode in set(layout.recompute)}
+    embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act = [], [], [], []
     extra, params, tp_comm = [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):

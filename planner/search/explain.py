@@ -76,7 +76,8 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             changes.append((f"tp {tp}", replace(pinned, tp=(tp,))))
     for pp in (layout.pp // 2, layout.pp * 2):
         if pp >= 1 and (space.pp is None or pp in space.pp):
-            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp)))
+            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp,
+                                                segments=space.segments)))
     for mbs in (layout.mbs // 2, layout.mbs * 2):
         if mbs >= 1 and (space.mbs is None or mbs in space.mbs):
             changes.append((f"mbs {mbs}", replace(pinned, mbs=(mbs,))))

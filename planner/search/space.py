@@ -184,12 +184,13 @@ def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: Sear
 
 
 def segment_counts(schedule: str, seq: int, cp: int, space: SearchSpace) -> tuple[int, ...]:
-    """Sequence segments to try: those of the space (default `DEFAULT_SEGMENTS`) that split
-    the sequence (into 2 x CP chunks each with context parallelism) for seq1f1b, 1 otherwise."""
+    """Sequence segments to try: for seq1f1b those of the space (default `DEFAULT_SEGMENTS`)
+    above 1 (one segment is 1f1b) that split the sequence (into 2 x CP chunks each with
+    context parallelism); 1 for the other schedules."""
     if schedule not in SEGMENTED:
         return (1,)
     chunk = 2 * cp if cp > 1 else 1
-    return tuple(k for k in space.segments or DEFAULT_SEGMENTS if seq % (k * chunk) == 0)
+    return tuple(k for k in space.segments or DEFAULT_SEGMENTS if k > 1 and seq % (k * chunk) == 0)
 
 
 def _tp_fits(spec: ModelSpec, tp: int) -> bool:
