@@ -126,6 +126,9 @@ def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch
         )
     if seq % (2 * layout.cp if layout.cp > 1 else 1):
         raise LayoutError(f"sequence length {seq} must divide into 2 x cp = {2 * layout.cp} chunks")
+    if seq % (layout.segments * (2 * layout.cp if layout.cp > 1 else 1)):
+        raise LayoutError(f"sequence length {seq} must divide into {layout.segments} segments"
+                          + (f" of 2 x cp = {2 * layout.cp} chunks" if layout.cp > 1 else ""))
     if seq > spec.max_position_embeddings and spec.position_embedding == "learned":
         raise LayoutError(
             f"sequence length {seq} exceeds the model's {spec.max_position_embeddings} learned positions"

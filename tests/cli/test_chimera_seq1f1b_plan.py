@@ -68,3 +68,22 @@ def test_a_runtime_runs_neither(cli, runtime):
 def test_bad_segments_are_refused(cli):
     code, _, err = cli("plan", *BASE, "--schedules", "seq1f1b", "--segments", "0")
     assert code == 2 and "--segments" in err
+
+
+def test_evaluate_takes_segments_and_chimera(cli):
+    """evaluate costs one seq1f1b layout per k (k = 1 is 1F1B's order) and a chimera one."""
+    def step(*argv):
+        code, out, err = cli("evaluate", *BASE, "--pp", "4", *argv, "--json")
+        assert code == 0, err
+        return json.loads(out)["plans"][0]
+
+    one = step("--schedule", "1f1b")
+    same = step("--schedule", "seq1f1b", "--segments", "1")
+    assert same["predicted"]["step_time_s"] == pytest.approx(one["predicted"]["step_time_s"], rel=1e-12)
+    four = step("--schedule", "seq1f1b", "--segments", "4")
+    assert four["segments"] == 4 and max(four["predicted"]["memory_gb_per_stage"]) < max(
+        one["predicted"]["memory_gb_per_stage"])
+    chim = step("--schedule", "chimera", "--vpp", "2")
+    assert chim["predicted"]["memory_breakdown_gb"]["weights"] > 1.9 * one["predicted"]["memory_breakdown_gb"]["weights"]
+    code, _, err = cli("evaluate", *BASE, "--pp", "4", "--schedule", "seq1f1b", "--segments", "3")
+    assert code == 2 and "must divide into 3 segments" in err
