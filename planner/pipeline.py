@@ -31,11 +31,8 @@ class ChunkCosts:
     p2p_s: float
     """Pipeline send of one micro-batch's activation (or gradient) to the next rank."""
     segments: int = 1
-    """Units per micro-batch (seq1f1b's sequence segments): with k > 1 every time and byte
-    above is one segment's mean, and a micro-batch is k units."""
-    unit_scale: tuple[float, ...] = (1.0,)
-    """Per segment j of a micro-batch, the factor on its forward and input-grad times (causal
-    attention grows with the segment's position; `seq1f1b.causal_segment_scales`)."""
+    """Units per micro-batch (seq1f1b's sequence segments, of equal cost): with k > 1 every
+    time and byte above is one segment's mean, and a micro-batch is k units."""
 
 
 PipelineTiming = SimResult
@@ -52,7 +49,6 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
         backward_weight_s=_frozen(costs.backward_weight_s),
         activation_bytes=_frozen(costs.activation_bytes),
         p2p_s=costs.p2p_s,
-        unit_scale=costs.unit_scale * num_microbatches if costs.segments > 1 else None,
     )
     order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments)
     return simulate(order, stage_costs, timeline=timeline)

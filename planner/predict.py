@@ -24,14 +24,14 @@ from functools import partial
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
 from planner.cost.model import CostModel, LayerCosts
-from planner.cost.segments import attention_share, segment_layer_costs
+from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
-from planner.schedule.seq1f1b import causal_segment_scales
+from planner.schedule.seq1f1b import weighted_inflight
 from planner.units import GiB
 
 PAIRED_SCHEDULES = frozenset({"dualpipev"})
@@ -146,14 +146,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
-    scale = (1.0,)
-    if k > 1:
-        share = attention_share(model, shard, layout.recompute[0], k)
-        scale = causal_segment_scales(k, share)
     return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm, p2p_s=p2p_s,
-        segments=k, unit_scale=scale,
+        segments=k,
     )
 
 
@@ -212,7 +208,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         tokens_per_s=tokens / step,
         mfu=mfu,
         bubble_fraction=timing.bubble_fraction,
-        memory=layout_memory(model, layout, costs, timing.peak_activation_bytes),
+        memory=layout_memory(model, layout, costs, peak_activation_bytes(model, layout, seq, costs, timing)),
         time_breakdown_s=breakdown,
         timing=timing,
     )
@@ -229,6 +225,18 @@ def replica_sync_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> l
     stride = layout.tp * layout.cp * layout.dp
     return [model.network.all_reduce(params * model.options.grad_reduce_bytes / shards, 2, stride)
             for params in costs.params]
+
+
+def peak_activation_bytes(model: CostModel, layout: Layout, seq: int, costs: ChunkCosts,
+                          timing: PipelineTiming) -> tuple[float, ...]:
+    """Per pipeline rank, the most activation bytes it holds at once: the simulator's, but
+    under seq1f1b with its segments' unequal lengths (the computation-wise partition,
+    planner/cost/segments.py) weighing the held segments."""
+    if layout.segments == 1:
+        return timing.peak_activation_bytes
+    share = attention_share(model, layout_shard(layout, seq), layout.recompute[0], layout.segments)
+    held = weighted_inflight(layout.pp, layout.num_microbatches, segment_fractions(layout.segments, share))
+    return tuple(held[r] * sum(costs.activation_bytes[r]) for r in range(layout.pp))
 
 
 def _dp_shards(layout: Layout) -> int:

@@ -6,17 +6,26 @@ are those of an s/k-token micro-batch (`CostModel.layer_costs` of the segment's 
 small segments pay the smaller GEMMs' lower efficiency), its K and V among the activations,
 held until its backward, which comes after the later segments' backwards that read them.
 
-Causal attention is not linear in tokens: segment j's queries attend to (j+1)s/k keys,
-(2j+1)/k^2 of the whole sequence's attention work, 1/k on average over the segments, where
-an s/k-token sequence on its own does 1/k^2. The mean segment therefore adds the difference,
-attention(s)/k - attention(s/k), to its forward and input-grad backward (and to the
-recomputation of a mode that re-runs the attention core); `attention_share` is the part of
-the mean segment's forward + input-grad time that is this causal attention, which
-`seq1f1b.causal_segment_scales` spreads over the positions (2j+1)/k.
+Causal attention is not linear in tokens: a segment's queries attend to every earlier key,
+so over the k segments the attention work is the whole sequence's, 1/k per segment on
+average, where an s/k-token sequence on its own does 1/k^2. The mean segment therefore adds
+the difference, attention(s)/k - attention(s/k), to its forward and input-grad backward (and
+to the recomputation of a mode that re-runs the attention core).
+
+Segment lengths: cut evenly, later segments would cost more (segment j does (2j+1)/k^2 of the
+attention; `seq1f1b.causal_segment_scales`, what `planner simulate --attention-share` draws)
+and the pipeline would idle on the imbalance. The paper partitions the sequence
+"computation-wise" instead (section 3.3): segments of equal cost, the earlier ones longer.
+With a share `a` of a micro-batch's time in causal attention (`attention_share`), the first
+x s tokens cost (1 - a) x + a x^2 of it, so boundary j of k equal-cost segments solves
+a x^2 + (1 - a) x = j / k (`segment_fractions`). Every segment then costs the mean, and holds
+its own share of the micro-batch's activations (`seq1f1b.weighted_inflight`). The GEMMs of
+the unequal segments are costed at the mean s/k shape.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 
@@ -51,15 +60,33 @@ def segment_layer_costs(model: CostModel, kind: str, shard: Shard, recompute: st
 
 
 def attention_share(model: CostModel, shard: Shard, recompute: str, segments: int) -> float:
-    """The part of the mean segment's forward + input-grad time of one transformer layer that
-    is causal attention over the whole sequence's keys (0 for one segment)."""
+    """The part of the mean segment's time (forward and backward) in one transformer layer that
+    is causal attention over the earlier segments' keys (0 for one segment)."""
     if segments == 1:
         return 0.0
     mean = segment_layer_costs(model, "transformer", shard, recompute, False, segments)
-    total = mean.forward_s + mean.comm_forward_s + mean.backward_input_s + mean.comm_backward_s
+    total = mean.forward_s + mean.comm_forward_s + mean.backward_s + mean.comm_backward_s
     forward, backward = _attention_times(model, shard)
     attention = (forward * (2 if _reruns_attention(model, recompute) else 1) + backward) / segments
     return min(1.0, attention / total) if total > 0 else 0.0
+
+
+@lru_cache(maxsize=4096)
+def segment_fractions(segments: int, attention: float) -> tuple[float, ...]:
+    """Each segment's share of the sequence's tokens under the computation-wise partition of
+    Sun et al. 2024: equal cost when `attention` of the cost is causal attention, i.e.
+    boundaries x_j solving attention x^2 + (1 - attention) x = j / k (even for 0)."""
+    if not 0.0 <= attention <= 1.0:
+        raise ValueError(f"attention share must be within 0..1, got {attention}")
+    linear = 1.0 - attention
+
+    def boundary(j: int) -> float:
+        if attention < 1e-12:
+            return j / segments
+        return (-linear + math.sqrt(linear * linear + 4.0 * attention * j / segments)) / (2.0 * attention)
+
+    edges = [boundary(j) for j in range(segments + 1)]
+    return tuple(b - a for a, b in zip(edges, edges[1:]))
 
 
 def _reruns_attention(model: CostModel, recompute: str) -> bool:

@@ -51,25 +51,23 @@ def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
     communication): rank r ends no earlier than sum_{k<r} f_k + M x_r (the forward chain; the
     backward chain's part runs after rank r's last action).
 
-    Under seq1f1b the units are the kM segments, and the chain's first unit (segment 0, which
-    attends to the fewest keys) costs its scale times the mean. `bidirectional` (Chimera):
+    Under seq1f1b the units are the kM equal-cost segments. `bidirectional` (Chimera):
     each stage runs M/2 micro-batches and rank r may start with either direction, so its
     chain is the shorter of the down chain (ranks 0..r-1, chunk 0) and the up one (ranks
     P-1..r+1, chunk 1)."""
     if bidirectional:
         return _bidirectional_bound(costs, num_microbatches // 2, after_s)
     m = num_microbatches * costs.segments
-    scale = min(costs.unit_scale)
     best = chain = forward_chain = 0.0
     for rank in range(len(costs.forward_s)):
         busy = sum(costs.forward_s[rank]) + sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
         best = max(best, chain + m * busy)
         if after_s is not None:
             best = max(best, forward_chain + m * busy + after_s[rank])
-        first = scale * costs.forward_s[rank][0] + costs.p2p_s
+        first = costs.forward_s[rank][0] + costs.p2p_s
         forward_chain += first
         if not split_backward:
-            first += scale * costs.backward_input_s[rank][0] + costs.backward_weight_s[rank][0] + costs.p2p_s
+            first += costs.backward_input_s[rank][0] + costs.backward_weight_s[rank][0] + costs.p2p_s
         chain += first
     return best
 

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 from planner.cost import memory
 from planner.cost.model import CostModel, LayerCosts
-from planner.cost.segments import attention_share, segment_layer_costs
+from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import virtual_stage
@@ -29,7 +29,6 @@ from planner.predict import PAIRED_SCHEDULES, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
-from planner.schedule.seq1f1b import causal_segment_scales
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
 from planner.search.space import Candidate
@@ -71,17 +70,6 @@ def replicas(candidate: Candidate) -> int:
     """Copies of the model the pipeline ranks hold together: 2 under chimera (one per
     direction), else 1."""
     return 2 if candidate.schedule == "chimera" and candidate.pp > 1 else 1
-
-
-def first_unit_scale(model: CostModel, candidate: Candidate, seq: int) -> float:
-    """Least factor on a micro-batch's mean forward / input-grad time that its first unit
-    takes: seq1f1b's first segment attends to the fewest keys (over the candidate's modes,
-    the most attention-heavy); 1 for the other schedules."""
-    k = candidate.segments
-    if k == 1:
-        return 1.0
-    shard = shard_of(candidate, seq)
-    return min(causal_segment_scales(k, attention_share(model, shard, mode, k))[0] for mode in candidate.modes)
 
 
 def total_s(costs: LayerCosts) -> float:
@@ -196,14 +184,14 @@ def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidat
     return params
 
 
-def step_floor(model: CostModel, candidate: Candidate, parts: Parts, seq: int, mode: int | None = None) -> float:
+def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
     """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
     with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
     spec = model.spec
     blocks = parts.blocks if mode is None else (parts.blocks[mode],)
     work = spec.num_layers * min(total_s(b) for b in blocks) + total_s(parts.embedding)
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
-    share = FIRST_CHUNK_SHARE / candidate.vpp * first_unit_scale(model, candidate, seq)
+    share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
         share *= min(_forward_share(x) for x in (*blocks, parts.embedding))
     if replicas(candidate) == 2:  # a rank may start with either direction: no chain, the mean work

@@ -146,7 +146,7 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
             stats.pruned_memory += 1
             run.note_need(floor, candidate)
             continue
-        queue.append((step_floor(model, candidate, parts, seq), index, candidate, parts))
+        queue.append((step_floor(model, candidate, parts), index, candidate, parts))
     queue.sort(key=lambda item: (item[0], item[1]))
     total = len(queue)
     for visited, (floor, index, candidate, parts) in enumerate(queue):
@@ -198,7 +198,7 @@ class _Run:
                 break
             target -= (peak - self.limit) * 1.01
         for mode, layout in enumerate(even_layouts(candidate, layers)):
-            if step_floor(model, candidate, parts, self.seq, mode) < self.threshold():
+            if step_floor(model, candidate, parts, mode) < self.threshold():
                 self.consider(index, layout, memory_floor_of)
 
     def consider(self, index: int, layout: Layout, memory_floor_of: Callable[[Layout], float]) -> float | None:

@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import memory
 from planner.cost.model import CostModel
-from planner.cost.segments import attention_share, segment_layer_costs, segment_shard
+from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs, segment_shard
 from planner.cost.shapes import Shard
 from planner.layout import Layout, check_layout, even_stage_layers
 from planner.pipeline import ChunkCosts
 from planner.plan import RECOMPUTE_MODES
-from planner.predict import predict
+from planner.predict import chunk_costs, predict
 from planner.schedule import StageCosts, compile_schedule, simulate
-from planner.schedule.seq1f1b import causal_segment_scales
+from planner.schedule.seq1f1b import causal_segment_scales, weighted_inflight
 from planner.search.bounds import layout_bound
 from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
@@ -61,17 +61,38 @@ def test_chimera_holds_the_state_of_two_stages_on_every_rank(pp):
 
 @pytest.mark.parametrize("k", [2, 4, 8])
 def test_seq1f1b_holds_p_minus_r_plus_k_minus_1_segments_against_1f1bs_p_minus_r_microbatches(k):
-    """Sun et al. 2024: rank r keeps (P - r) + (k - 1) segments of 1/k of a micro-batch in
-    flight where 1F1B keeps P - r micro-batches, so its activations are ((P-r) + k-1) / (k (P-r))
-    of 1F1B's (activations are linear in tokens with flash attention)."""
+    """Sun et al. 2024: rank r keeps (P - r) + (k - 1) segments in flight where 1F1B keeps
+    P - r micro-batches. With segments of 1/k of the tokens that is ((P-r) + k-1) / (k (P-r))
+    of 1F1B's activations (activations are linear in tokens with flash attention); the
+    computation-wise partition makes the early segments longer, so the held ones weigh
+    between that and the longest segment's share."""
     model, pp = _model(), 4
-    one = predict(model, _layout("1f1b", pp, 8, dp=2), 16, SEQ)
-    seg = predict(model, _layout("seq1f1b", pp, 8, dp=2, segments=k), 16, SEQ)
+    one_layout, seg_layout = _layout("1f1b", pp, 8, dp=2), _layout("seq1f1b", pp, 8, dp=2, segments=k)
+    one, seg = predict(model, one_layout, 16, SEQ), predict(model, seg_layout, 16, SEQ)
+    one_extra = chunk_costs(model, one_layout, SEQ).extra_bytes
+    seg_costs = chunk_costs(model, seg_layout, SEQ)
+    fractions = segment_fractions(k, attention_share(model, Shard(mbs=1, seq=SEQ), "none", k))
     for r in range(pp):
-        ratio = (pp - r + k - 1) / (k * (pp - r))
-        assert seg.timing.peak_activation_bytes[r] == pytest.approx(ratio * one.timing.peak_activation_bytes[r],
-                                                                    rel=1e-9)
+        held_1f1b = one.memory[r].activations - one_extra[r]
+        held = seg.memory[r].activations - seg_costs.extra_bytes[r]
+        even = (pp - r + k - 1) / (k * (pp - r))
+        assert even * held_1f1b * (1 - 1e-9) <= held <= even * k * max(fractions) * held_1f1b * (1 + 1e-9)
+    assert weighted_inflight(pp, 8, (1 / k,) * k) == pytest.approx([min(8 * k, pp - r + k - 1) for r in range(pp)])
     assert seg.peak_memory_bytes < one.peak_memory_bytes
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+@pytest.mark.parametrize("a", [0.0, 0.2, 0.5, 0.9])
+def test_computation_wise_partition_gives_segments_of_equal_cost(k, a):
+    """Segment j of [x_j, x_j+1) costs (1 - a)(x_j+1 - x_j) + a (x_j+1^2 - x_j^2) of the
+    micro-batch (linear part plus causal attention over the prefix): 1/k each."""
+    fractions = segment_fractions(k, a)
+    assert sum(fractions) == pytest.approx(1.0)
+    edges = [sum(fractions[:j]) for j in range(k + 1)]
+    for j in range(k):
+        cost = (1 - a) * (edges[j + 1] - edges[j]) + a * (edges[j + 1] ** 2 - edges[j] ** 2)
+        assert cost == pytest.approx(1 / k, abs=1e-12)
+    assert all(x >= y - 1e-15 for x, y in zip(fractions, fractions[1:]))  # earlier segments longer
 
 
 def test_a_segment_costs_its_tokens_gemms_and_the_mean_causal_attention():
@@ -106,23 +127,21 @@ def _costs(draw, name):
 
     f, i, w = table(), table(), table()
     p2p = draw(st.floats(0.0, 0.5))
-    scale = causal_segment_scales(k, draw(st.floats(0.0, 1.0))) if k > 1 else (1.0,)
     after = [draw(st.floats(0.0, 5.0)) for _ in range(pp)]
-    return pp, vpp, m, k, f, i, w, p2p, scale, after
+    return pp, vpp, m, k, f, i, w, p2p, after
 
 
 @pytest.mark.parametrize("name", ["chimera", "seq1f1b"])
 @settings(max_examples=120, deadline=None)
 @given(data=st.data())
 def test_layout_bound_never_exceeds_the_simulated_step(name, data):
-    pp, vpp, m, k, f, i, w, p2p, scale, after = data.draw(_costs(name))
+    pp, vpp, m, k, f, i, w, p2p, after = data.draw(_costs(name))
     sim = simulate(compile_schedule(name, pp, m, vpp, k),
-                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p,
-                              unit_scale=scale * m if k > 1 else None))
+                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p))
     costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
                        backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
                        extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p,
-                       segments=k, unit_scale=scale)
+                       segments=k)
     chimera = name == "chimera"
     assert layout_bound(costs, m, False, bidirectional=chimera) <= sim.step_time_s * (1 + 1e-9)
     ends = max(sim.step_time_s, *(sim.finish_s[r] + after[r] for r in range(pp)))
