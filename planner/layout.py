@@ -35,6 +35,8 @@ class Layout:
     """Expert-parallel degree; experts fold over the TP x CP x DP ranks as ETP x EP x EDP."""
     etp: int | None = None
     """Expert tensor-parallel degree; None: equal to tp (Megatron's default)."""
+    segments: int = 1
+    """Sequence segments per micro-batch (seq1f1b's pipelined unit; 1 otherwise)."""
 
     @property
     def expert_tp(self) -> int:
@@ -72,8 +74,9 @@ def even_stage_counts(num_layers: int, stages: int) -> list[int]:
 @lru_cache(maxsize=4096)
 def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tuple[tuple[LayerRange, ...], ...]:
     """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible
-    (`even_stage_counts`), as [rank][chunk] layer ranges."""
-    stages = pp * vpp
+    (`even_stage_counts`), as [rank][chunk] layer ranges (chimera: the model into pp stages,
+    each run by both pipelines)."""
+    stages = pp if schedule == "chimera" else pp * vpp
     if num_layers < stages:
         raise LayoutError(
             f"{num_layers} layers cannot fill {pp} pipeline ranks x {vpp} chunks = {stages} "
@@ -85,7 +88,13 @@ def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tupl
 def stage_layers_from_counts(
     counts: list[int], num_layers: int, pp: int, vpp: int, schedule: str
 ) -> tuple[tuple[LayerRange, ...], ...]:
-    """[rank][chunk] layer ranges from the layer count of each virtual stage in model order."""
+    """[rank][chunk] layer ranges from the layer count of each virtual stage in model order
+    (chimera: of each of the model's pp stages; rank r runs stage r down and stage pp-1-r up)."""
+    if schedule == "chimera":
+        if len(counts) != pp or vpp != 2:
+            raise LayoutError(f"chimera cuts the model into pp {pp} stages (vpp 2), got {len(counts)} counts")
+        down = stage_layers_from_counts(counts, num_layers, pp, 1, "1f1b")
+        return tuple((down[rank][0], down[pp - 1 - rank][0]) for rank in range(pp))
     if len(counts) != pp * vpp:
         raise LayoutError(
             f"{len(counts)} stage layer counts given, but pp {pp} x vpp {vpp} = {pp * vpp} virtual stages"
@@ -117,6 +126,9 @@ def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch
         )
     if seq % (2 * layout.cp if layout.cp > 1 else 1):
         raise LayoutError(f"sequence length {seq} must divide into 2 x cp = {2 * layout.cp} chunks")
+    if seq % (layout.segments * (2 * layout.cp if layout.cp > 1 else 1)):
+        raise LayoutError(f"sequence length {seq} must divide into {layout.segments} segments"
+                          + (f" of 2 x cp = {2 * layout.cp} chunks" if layout.cp > 1 else ""))
     if seq > spec.max_position_embeddings and spec.position_embedding == "learned":
         raise LayoutError(
             f"sequence length {seq} exceeds the model's {spec.max_position_embeddings} learned positions"
@@ -174,6 +186,7 @@ def layout_from_entry(entry: PlanEntry) -> Layout:
         stage_layers=tuple(tuple(entry.chunks_of(r)) for r in range(entry.pp)),
         ep=entry.ep,
         etp=entry.etp,
+        segments=entry.segments,
     )
 
 
@@ -207,4 +220,5 @@ def entry_from_layout(
         precision=precision,
         stage_layers=stage_layers,
         predicted=predicted,
+        segments=layout.segments,
     )

@@ -40,6 +40,9 @@ class ChunkCosts:
     expert_params: list[float] | None = None
     """Per rank, the part of `params` that are routed experts (their grads and optimizer
     state shard over the expert data-parallel group); None: no experts."""
+    segments: int = 1
+    """Units per micro-batch (seq1f1b's sequence segments, of equal cost): with k > 1 every
+    time and byte above is one segment's mean, and a micro-batch is k units."""
 
 
 PipelineTiming = SimResult
@@ -59,7 +62,8 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
         send_hold_forward_s=costs.send_hold_forward_s,
         send_hold_backward_s=costs.send_hold_backward_s,
     )
-    return simulate(compile_schedule(schedule, pp, num_microbatches, vpp), stage_costs, timeline=timeline)
+    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments)
+    return simulate(order, stage_costs, timeline=timeline)
 
 
 def _frozen(table: Table) -> tuple[tuple[float, ...], ...]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import ConfigError
 from planner.spec import ModelSpec, validation_message
 
 ScheduleName = Literal[
-    "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev"
+    "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev", "chimera", "seq1f1b"
 ]
 RecomputeName = Literal["none", "selective", "full"]
 LayerKindName = Literal["embedding", "transformer", "head"]
@@ -29,10 +29,12 @@ SIMULATED_ONLY_SCHEDULES = {
     "seq1f1b": "sequence segments as the pipelined unit, attending to earlier segments' keys and "
                "values (torch's schedule CSV would run each segment as a whole micro-batch)",
 }
-"""Schedules `planner simulate` draws but no runtime the planner exports to runs, and why:
-a plan naming one is refused by every command that reads plans (export included)."""
-V_SHAPED_SCHEDULES = frozenset({"zbv", "dualpipev"})
-"""Schedules whose two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P."""
+"""Schedules `planner plan` searches and `planner simulate` draws but no runtime the planner
+exports to runs, and why: every exporter refuses a plan naming one (planner/export/common.py)."""
+V_SHAPED_SCHEDULES = frozenset({"zbv", "dualpipev", "chimera"})
+"""Schedules whose two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P.
+Chimera's second chunk is the up pipeline's stage 2P-1-r, which runs the model's stage P-1-r:
+its 2P virtual stages are the model's P stages twice (down, then up)."""
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 LayerRange = tuple[int, int]
@@ -120,16 +122,9 @@ class PlanEntry(BaseModel):
     runtimes: list[str] | None = None
     """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
     the exporters' order; None where not worked out (plan files written before this field)."""
-
-    @field_validator("schedule", mode="before")
-    @classmethod
-    def _runnable_schedule(cls, value: object) -> object:
-        if isinstance(value, str) and value in SIMULATED_ONLY_SCHEDULES:
-            raise ValueError(
-                f"schedule '{value}' is simulated only: no runtime the planner exports to (megatron, "
-                f"torchtitan, torch, deepspeed) runs {SIMULATED_ONLY_SCHEDULES[value]}"
-            )
-        return value
+    segments: int = Field(default=1, gt=0)
+    """Sequence segments per micro-batch, the pipelined unit of seq1f1b (1 for every other
+    schedule)."""
 
     @model_validator(mode="after")
     def _check(self) -> PlanEntry:
@@ -142,7 +137,15 @@ class PlanEntry(BaseModel):
             raise ValueError(f"stage_layers has {len(self.stage_layers)} ranks, pp is {self.pp}")
         if isinstance(self.recompute, list) and len(self.recompute) != self.pp:
             raise ValueError(f"recompute lists {len(self.recompute)} ranks, pp is {self.pp}")
+        if self.segments > 1 and self.schedule != "seq1f1b":
+            raise ValueError(f"segments {self.segments}: only seq1f1b splits micro-batches into sequence segments")
+        if self.seq % self.segments:
+            raise ValueError(f"segments {self.segments} do not divide seq {self.seq}")
         ordered = self.ranges_in_model_order()
+        if self.schedule == "chimera" and self.vpp == 2:  # the model's stages twice: down, then up
+            if ordered[: self.pp] != ordered[self.pp:]:
+                raise ValueError(f"chimera's up pipeline must run the down pipeline's stages: {ordered}")
+            ordered = ordered[: self.pp]
         if ordered[0][0] != 0 or any(a[1] != b[0] for a, b in zip(ordered, ordered[1:])):
             raise ValueError(f"stage_layers do not cover the layers contiguously: {ordered}")
         if any(end < start for start, end in ordered):

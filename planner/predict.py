@@ -22,16 +22,19 @@ the gradient norm and the Adam step are planner/cost/step.py's. Each term is a k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.model import DENSE_BLOCK, CostModel
+from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
+from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
+from planner.schedule.seq1f1b import weighted_inflight
 from planner.units import GiB
 
 PAIRED_SCHEDULES = frozenset({"dualpipev"})
@@ -109,18 +112,19 @@ class Prediction:
 
 def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     """Per (rank, chunk) forward / backward-input / backward-weight seconds, saved
-    activation bytes per micro-batch, transient bytes, parameters, and the p2p time (held
-    inside the sending chunks' times when the runtime's pipeline sends block). Each chunk's
-    blocks are costed as what they are (an MoE model's dense-MLP layers apart); the
-    multi-token-prediction modules ride with the head."""
+    activation bytes per micro-batch (per mean segment under seq1f1b), transient bytes,
+    parameters, and the p2p time (held inside the sending chunks' times when the runtime's
+    pipeline sends block). Each chunk's blocks are costed as what they are (an MoE model's
+    dense-MLP layers apart); the multi-token-prediction modules ride with the head (with each
+    head under chimera)."""
     spec = model.spec
     shard = layout_shard(layout, seq)
-    pp, vpp = layout.pp, layout.vpp
+    pp, vpp, k = layout.pp, layout.vpp, layout.segments
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
-    kinds = set(model.block_kinds)
-    blocks = {(kind, mode): model.layer_costs(kind, shard, mode, paired)
-              for kind in kinds for mode in set(layout.recompute)}
-    embedding, head = model.layer_costs("embedding", shard), model.layer_costs("head", shard)
+    layer_costs = unit_layer_costs(model, layout)
+    blocks = {(kind, mode): layer_costs(kind, shard, mode, paired)
+              for kind in set(model.block_kinds) for mode in set(layout.recompute)}
+    embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
     extra, params, tp_comm, experts = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
@@ -150,9 +154,9 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         act.append(row_act)
         chunk_params.append(row_params)
     last_rank = head_rank(layout.schedule, pp, vpp)
-    ends = [(embedding, 0, 0), (head, last_rank, vpp - 1)]
-    if spec.mtp_depth:
-        ends.append((model.layer_costs("mtp", shard, layout.recompute[last_rank], paired), last_rank, vpp - 1))
+    ends = [(embedding, 0, 0), (head, last_rank, vpp - 1), *_replica_ends(layout, embedding, head)]
+    ends += [(layer_costs("mtp", shard, layout.recompute[rank], paired), rank, chunk)
+             for rank, chunk in mtp_places(model, layout)]
     for costs, rank, chunk in ends:
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
         bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
@@ -163,13 +167,13 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         experts[rank] += costs.expert_param_count
         tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
-    if spec.tie_embeddings and last_rank == 0:
+    if spec.tie_embeddings and last_rank == 0 and not _two_replicas(layout):
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
         chunk_params[0][vpp - 1] -= spec.vocab_size * spec.hidden_size / layout.tp
-    if spec.mtp_depth and last_rank == 0:  # the MTP modules share the first rank's embedding
-        params[0] -= embedding.param_count
+    if spec.mtp_depth and last_rank == 0 and not _two_replicas(layout):
+        params[0] -= embedding.param_count  # the MTP modules share the first rank's embedding
         chunk_params[0][vpp - 1] -= embedding.param_count
-    p2p_bytes = model.dtype_bytes * shard.local_tokens * spec.hidden_size / layout.tp
+    p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
     return ChunkCosts(
@@ -177,8 +181,26 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
         chunk_params=chunk_params, expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
-        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
+        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd, segments=k,
     )
+
+
+def unit_layer_costs(model: CostModel, layout: Layout):
+    """The layer-cost callable of the layout's pipelined unit, `(kind, shard, recompute,
+    paired) -> LayerCosts`: the cost model's for whole micro-batches, the mean sequence
+    segment's under seq1f1b (`segment_layer_costs`)."""
+    if layout.segments == 1:
+        return model.layer_costs
+    return partial(segment_layer_costs, model, segments=layout.segments)
+
+
+def mtp_places(model: CostModel, layout: Layout) -> tuple[tuple[int, int], ...]:
+    """(rank, chunk) of each copy of the multi-token-prediction modules: beside the head, and
+    beside chimera's second head (the down pipeline's, rank P-1 chunk 0); none without MTP."""
+    if not model.spec.mtp_depth:
+        return ()
+    head = (head_rank(layout.schedule, layout.pp, layout.vpp), layout.vpp - 1)
+    return (head, (layout.pp - 1, 0)) if _two_replicas(layout) else (head,)
 
 
 def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[float, float]:
@@ -210,6 +232,19 @@ def _kind_counts(model: CostModel, start: int, end: int) -> tuple[tuple[str, int
     return tuple((kind, n) for kind, n in counts if n)
 
 
+def _replica_ends(layout: Layout, embedding: LayerCosts, head: LayerCosts) -> tuple[tuple[LayerCosts, int, int], ...]:
+    """(costs, rank, chunk) of the embedding and head of Chimera's up pipeline (its stage P,
+    the model's first, and the down pipeline's last, both on rank P-1); none otherwise."""
+    if not _two_replicas(layout):
+        return ()
+    return ((embedding, layout.pp - 1, 1), (head, layout.pp - 1, 0))
+
+
+def _two_replicas(layout: Layout) -> bool:
+    """Whether the pipeline ranks hold two copies of the model (chimera's two directions)."""
+    return layout.schedule == "chimera" and layout.pp > 1
+
+
 def layout_shard(layout: Layout, seq: int) -> Shard:
     """The micro-batch shape one GPU of the layout sees."""
     return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
@@ -218,16 +253,17 @@ def layout_shard(layout: Layout, seq: int) -> Shard:
 
 def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
     """Per pipeline rank, the sum of its transformer layers' `field` in the rank's mode (and
-    of its multi-token-prediction modules')."""
+    of its multi-token-prediction modules'), per unit (a mean segment under seq1f1b)."""
     shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
-    last = head_rank(layout.schedule, layout.pp, layout.vpp)
+    layer_costs = unit_layer_costs(model, layout)
+    mtp_ranks = [rank for rank, _ in mtp_places(model, layout)]
     out = []
     for rank, per_rank in enumerate(layout.stage_layers):
         mode = layout.recompute[rank]
-        total = sum(n * getattr(model.layer_costs(kind, shard, mode, paired), field)
+        total = sum(n * getattr(layer_costs(kind, shard, mode, paired), field)
                     for start, end in per_rank for kind, n in _kind_counts(model, start, end))
-        if model.spec.mtp_depth and rank == last:
-            total += getattr(model.layer_costs("mtp", shard, mode, paired), field)
+        if rank in mtp_ranks:
+            total += mtp_ranks.count(rank) * getattr(layer_costs("mtp", shard, mode, paired), field)
         out.append(total)
     return out
 
@@ -239,7 +275,8 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)
     copies = [fsdp_copy_time(model, layout, costs.params[r], r) for r in range(pp)]
-    done = [timing.finish_s[r] + dp_exposed[r] + copies[r] for r in range(pp)]
+    sync = replica_sync_times(model, layout, costs)
+    done = [timing.finish_s[r] + dp_exposed[r] + copies[r] + sync[r] for r in range(pp)]
     critical = max(range(pp), key=lambda r: done[r])
     grads_done = max(done[critical], _tied_embedding_done(model, layout, done))
     tail = after_backward_times(model, layout, costs.params, costs.expert_params)
@@ -250,7 +287,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
     mfu = model_flops / (step * layout.num_gpus * peak)
     busy = timing.busy_s[critical]
     blocked = timing.blocked_s[critical] if timing.blocked_s else 0.0
-    m = layout.num_microbatches
+    m = layout.num_microbatches * layout.segments  # units of ChunkCosts
     all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
     breakdown = {
         "compute": busy - m * costs.tp_comm_s[critical],
@@ -260,6 +297,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         "pipeline_bubble": timing.finish_s[critical] - busy - blocked,
         "dp_comm_exposed": dp_exposed[critical],
         **({"fsdp_copies": copies[critical]} if any(copies) else {}),
+        **({"replica_grad_sync": sync[critical]} if _two_replicas(layout) else {}),
         "tied_embedding_grad": grads_done - done[critical],
         **tail,
     }
@@ -268,10 +306,38 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Pr
         tokens_per_s=tokens / step,
         mfu=mfu,
         bubble_fraction=timing.bubble_fraction,
-        memory=layout_memory(model, layout, costs, timing.peak_activation_bytes),
+        memory=layout_memory(model, layout, costs, peak_activation_bytes(model, layout, seq, costs, timing)),
         time_breakdown_s=breakdown,
         timing=timing,
     )
+
+
+def replica_sync_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:
+    """Per pipeline rank, the seconds after its data-parallel reduction that Chimera's
+    gradient all-reduce between the two replicas of each of its stages takes (rank r and
+    rank P-1-r hold the same two model stages, one per direction; Li & Hoefler 2021, section
+    3.4), on the rank's gradient shard under a sharded optimizer (the dense parameters' over
+    DP x CP, the routed experts' over EDP); zeros for other schedules."""
+    if not _two_replicas(layout):
+        return [0.0] * layout.pp
+    shards = _dp_shards(layout) if layout.zero_stage >= 1 else 1
+    experts = costs.expert_params or [0.0] * layout.pp
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp) if any(experts) else 1
+    owned = [dp_equivalent_params(layout.zero_stage, shards, edp, p, e) / shards for p, e in zip(costs.params, experts)]
+    stride = layout.tp * layout.cp * layout.dp
+    return [model.network.all_reduce(params * model.options.grad_reduce_bytes, 2, stride) for params in owned]
+
+
+def peak_activation_bytes(model: CostModel, layout: Layout, seq: int, costs: ChunkCosts,
+                          timing: PipelineTiming) -> tuple[float, ...]:
+    """Per pipeline rank, the most activation bytes it holds at once: the simulator's, but
+    under seq1f1b with its segments' unequal lengths (the computation-wise partition,
+    planner/cost/segments.py) weighing the held segments."""
+    if layout.segments == 1:
+        return timing.peak_activation_bytes
+    share = attention_share(model, layout_shard(layout, seq), layout.recompute[0], layout.segments)
+    held = weighted_inflight(layout.pp, layout.num_microbatches, segment_fractions(layout.segments, share))
+    return tuple(held[r] * sum(costs.activation_bytes[r]) for r in range(layout.pp))
 
 
 def _dp_shards(layout: Layout) -> int:
@@ -381,8 +447,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         bucket, edge = (params - root) / max(1, calls - 1), root
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
-    backward = sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
-    forward = sum(costs.forward_s[rank])
+    backward = costs.segments * (sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank]))
+    forward = costs.segments * sum(costs.forward_s[rank])
     sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
     last_share = min(1.0, edge / params) if params else 0.0
 

@@ -10,11 +10,13 @@ from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
 from planner.cli.plan import print_cost_sources
+from planner.cli.simulate import DEFAULT_SEGMENTS
 from planner.errors import LayoutError, PlannerError
 from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import predict
 from planner.schedule import check_shape
+from planner.schedule.registry import SEGMENTED
 from planner.search.runtimes import runtime_cost_options, with_runtimes
 from planner.units import GiB
 
@@ -46,6 +48,8 @@ def evaluate_command(
     mbs: int = typer.Option(1, "--mbs", min=1, help="Micro-batch size, sequences."),
     schedule: str | None = typer.Option(None, "--schedule", help="Pipeline schedule (default: 1f1b, "
                                         "or interleaved_1f1b when --vpp > 1)."),
+    segments: int | None = typer.Option(None, "--segments", min=1, help="seq1f1b: sequence segments per "
+                                        "micro-batch (default 4)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full, or one per "
                                   "pipeline rank as a comma list."),
     sequence_parallel: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism "
@@ -85,7 +89,9 @@ def evaluate_command(
         )
     num_microbatches = global_batch // (dp * mbs)
     schedule = schedule or ("interleaved_1f1b" if vpp > 1 else "1f1b")
-    check_shape(schedule, pp, num_microbatches, vpp)
+    if segments is None:
+        segments = DEFAULT_SEGMENTS if schedule in SEGMENTED else 1
+    check_shape(schedule, pp, num_microbatches, vpp, segments)
     if stage_layers is None:
         cuts = even_stage_layers(spec.num_layers, pp, vpp, schedule)
     else:
@@ -95,7 +101,7 @@ def evaluate_command(
         tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
         schedule=schedule, recompute=parse_recompute(recompute, pp),
         sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel and tp > 1,
-        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None,
+        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(

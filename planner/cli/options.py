@@ -83,7 +83,8 @@ CP_LIST = typer.Option(None, "--cp", help="Context-parallel degrees (default: 1,
                        "of two for sequences of 16k tokens or more).")
 VPP_LIST = typer.Option(None, "--vpp", help="Virtual stages per rank to try (default 1..8).")
 MBS_LIST = typer.Option(None, "--mbs", help="Micro-batch sizes to try (default 1,2,4,8).")
-SCHEDULE_LIST = typer.Option(None, "--schedules", help="Schedules to try (default: all).")
+SCHEDULE_LIST = typer.Option(None, "--schedules", help="Schedules to try (default: all but chimera and "
+                             "seq1f1b, which no runtime the exporters target runs; name them to compare them).")
 RECOMPUTE_LIST = typer.Option(None, "--recompute", help="Recompute modes to try (default none,selective,full).")
 PER_RANK_RECOMPUTE = typer.Option(True, "--per-rank-recompute/--uniform-recompute",
                                   help="Let each pipeline rank pick its own recompute mode.")

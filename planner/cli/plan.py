@@ -40,17 +40,17 @@ from planner.units import GiB
 
 
 def build_space(tp, pp, cp, vpp, mbs, schedules, recompute, per_rank, sequence_parallel, zero, runtime,
-                ep=None, etp=None) -> SearchSpace:
+                ep=None, etp=None, segments=None) -> SearchSpace:
     """The search space from the command-line restrictions (and the runtime's rules)."""
     for flag, values in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp), ("--mbs", mbs),
-                         ("--ep", ep), ("--etp", etp)):
+                         ("--ep", ep), ("--etp", etp), ("--segments", segments)):
         if values is not None and 0 in values:
             raise LayoutError(f"{flag} values must be at least 1")
     space = SearchSpace(
         tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, schedules=schedules,
         recompute=recompute or RECOMPUTE_MODES, per_rank_recompute=per_rank,
         sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
-        zero=zero or (1,), ep=ep, etp=etp,
+        zero=zero or (1,), ep=ep, etp=etp, segments=segments,
     )
     return restrict(space, runtime) if runtime else space
 
@@ -97,6 +97,8 @@ def plan_command(
     vpp: str | None = opt.VPP_LIST,
     mbs: str | None = opt.MBS_LIST,
     schedules: str | None = opt.SCHEDULE_LIST,
+    segments: str | None = typer.Option(None, "--segments", help="seq1f1b: sequence segments per micro-batch "
+                                        "to try (default 2,4,8, those dividing the sequence)."),
     recompute: str | None = opt.RECOMPUTE_LIST,
     per_rank: bool = opt.PER_RANK_RECOMPUTE,
     sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
@@ -136,7 +138,7 @@ def plan_command(
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
-                        opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"))
+                        opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
         runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance),
         profile_only)

@@ -12,7 +12,7 @@ from rich.table import Table
 from planner import __version__
 from planner.errors import PlannerError
 from planner.hints import planner_command
-from planner.plan import ClusterSummary, PlanEntry, PlanFile
+from planner.plan import SIMULATED_ONLY_SCHEDULES, ClusterSummary, PlanEntry, PlanFile
 from planner.spec import Cluster, ModelSpec
 
 
@@ -48,8 +48,17 @@ def write_plan_file(path: Path, document: PlanFile) -> None:
 
 
 def cuts_text(entry: PlanEntry) -> str:
-    """Layers per virtual stage in model order, e.g. '19|20|21|20'."""
-    return "|".join(str(end - start) for start, end in entry.ranges_in_model_order())
+    """Layers per virtual stage in model order, e.g. '19|20|21|20' (chimera: per model stage,
+    each run by both directions)."""
+    ordered = entry.ranges_in_model_order()
+    if entry.schedule == "chimera" and entry.vpp == 2:
+        ordered = ordered[: entry.pp]
+    return "|".join(str(end - start) for start, end in ordered)
+
+
+def schedule_text(entry: PlanEntry) -> str:
+    """The schedule's name, with seq1f1b's sequence segments per micro-batch ('seq1f1b k4')."""
+    return entry.schedule + (f" k{entry.segments}" if entry.segments > 1 else "")
 
 
 def recompute_text(entry: PlanEntry) -> str:
@@ -84,6 +93,10 @@ def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> 
                if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
     if not missing:
         return None
+    unexported = sorted({entry.schedule for entry in entries if entry.schedule in SIMULATED_ONLY_SCHEDULES})
+    if unexported and len(unexported) == len({entry.schedule for entry in entries}):
+        return (f"no runtime the planner exports to runs {' or '.join(unexported)}; to find the best plan that "
+                "exports, plan with the default schedules or name another")
     commands = ", ".join(planner_command("plan", f"--runtime {name}") for name in missing)
     return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
@@ -106,7 +119,7 @@ def plans_table(entries: list[PlanEntry], title: str) -> Table:
         )
         table.add_row(
             str(rank), str(entry.tp), str(entry.pp), str(entry.dp), str(entry.cp),
-            *((str(entry.ep), str(entry.etp or entry.tp)) if moe else ()), entry.schedule,
+            *((str(entry.ep), str(entry.etp or entry.tp)) if moe else ()), schedule_text(entry),
             str(entry.vpp), str(entry.mbs), str(entry.num_microbatches), recompute_text(entry),
             "y" if entry.sequence_parallel else "n", str(entry.zero_stage), cuts_text(entry), *figures,
             runs_on_text(entry.runtimes),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.hints import planner_command
-from planner.plan import PlanEntry, PlanFile
+from planner.plan import SIMULATED_ONLY_SCHEDULES, PlanEntry, PlanFile
 from planner.spec import ModelSpec
 
 Files = dict[str, str]
@@ -15,13 +15,20 @@ PROVENANCE_FILE = "PLANNER_PROVENANCE.md"
 
 
 def select_plan(plan_file: PlanFile, index: int) -> PlanEntry:
-    """Plan number `index` of the file (ExportError naming the valid range)."""
+    """Plan number `index` of the file (ExportError naming the valid range, or the schedule
+    when no runtime runs it)."""
     if not 0 <= index < len(plan_file.plans):
         raise ExportError(
             f"plan index {index} is out of range: the file holds {len(plan_file.plans)} plan(s), "
             f"pick one with {planner_command('export', f'--index 0..{len(plan_file.plans) - 1}')}"
         )
-    return plan_file.plans[index]
+    entry = plan_file.plans[index]
+    if entry.schedule in SIMULATED_ONLY_SCHEDULES:
+        raise ExportError(
+            f"schedule '{entry.schedule}' is planned and simulated only: no runtime the planner exports to "
+            f"(megatron, torchtitan, torch, deepspeed) runs {SIMULATED_ONLY_SCHEDULES[entry.schedule]}"
+        )
+    return entry
 
 
 def require_model(plan_file: PlanFile, runtime: str) -> ModelSpec:

@@ -28,8 +28,9 @@ class ScheduleInfo:
     torch_name: str | None
     """Key for torch's `get_schedule_class`, or None when torch has no such class."""
     source: str
-    searched: bool = True
-    """Whether `planner plan` searches it (False: simulated only, named in `UNSEARCHED`)."""
+    searched_by_default: bool = True
+    """Whether `planner plan` compares it without `--schedules` naming it (every schedule is
+    searched when named)."""
 
     def allows_vpp(self, vpp: int) -> bool:
         """Whether `vpp` chunks per rank is defined for this schedule."""
@@ -65,10 +66,10 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(name="dualpipev", placement="v", split_backward=True, min_vpp=2, max_vpp=2,
                      torch_name="DualPipeV", source="DeepSeek-AI 2024, DualPipe (V variant)"),
         ScheduleInfo(name="chimera", placement="v", split_backward=False, min_vpp=2, max_vpp=2,
-                     torch_name=None, searched=False,
+                     torch_name=None, searched_by_default=False,
                      source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)"),
         ScheduleInfo(name="seq1f1b", placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
-                     torch_name=None, searched=False,
+                     torch_name=None, searched_by_default=False,
                      source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488"),
     )
 }

@@ -43,6 +43,24 @@ def seq1f1b(pp: int, num_microbatches: int, segments: int) -> PipelineOrder:
     return order
 
 
+def weighted_inflight(pp: int, num_microbatches: int, fractions: tuple[float, ...]) -> tuple[float, ...]:
+    """Most activations each rank holds at once, in mean segments, when segment j of every
+    micro-batch holds `fractions[j]` of its activations (k = len(fractions); fractions sum to
+    1): the held units' k x fractions summed, at its peak over the rank's order (a unit is
+    held from its F to its B). Equal fractions give the unit count min(kM, P - r + k - 1)."""
+    k = len(fractions)
+    order = seq1f1b(pp, num_microbatches, k)
+    peaks = []
+    for r in range(pp):
+        held = peak = 0.0
+        for _, kind, unit in order[r]:
+            weight = k * fractions[unit % k]
+            held += weight if kind == F else -weight
+            peak = max(peak, held)
+        peaks.append(peak)
+    return tuple(peaks)
+
+
 def causal_segment_scales(segments: int, attention_share: float) -> tuple[float, ...]:
     """Factor on the mean segment cost of each segment j = 0..k-1 when `attention_share` of
     the cost is the causal s^2 attention term: 1 + a((2j+1)/k - 1); the factors average 1."""

@@ -45,12 +45,19 @@ def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, p
 
 
 def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
-                 after_s: list[float] | None = None) -> float:
+                 after_s: list[float] | None = None, bidirectional: bool = False) -> float:
     """The chain bound of one layout (cut points known), pipeline part only. With `after_s`,
     also each rank's end plus what it runs after its last action (its exposed DP
     communication): rank r ends no earlier than sum_{k<r} f_k + M x_r (the forward chain; the
-    backward chain's part runs after rank r's last action)."""
-    m = num_microbatches
+    backward chain's part runs after rank r's last action).
+
+    Under seq1f1b the units are the kM equal-cost segments. `bidirectional` (Chimera):
+    each stage runs M/2 micro-batches and rank r may start with either direction, so its
+    chain is the shorter of the down chain (ranks 0..r-1, chunk 0) and the up one (ranks
+    P-1..r+1, chunk 1)."""
+    if bidirectional:
+        return _bidirectional_bound(costs, num_microbatches // 2, after_s)
+    m = num_microbatches * costs.segments
     best = chain = forward_chain = 0.0
     for rank in range(len(costs.forward_s)):
         busy = sum(costs.forward_s[rank]) + sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
@@ -62,4 +69,22 @@ def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
         if not split_backward:
             first += costs.backward_input_s[rank][0] + costs.backward_weight_s[rank][0] + costs.p2p_s
         chain += first
+    return best
+
+
+def _bidirectional_bound(costs: ChunkCosts, per_direction: int, after_s: list[float] | None) -> float:
+    """Chimera's bound: rank r starts no earlier than the shorter of its two forward chains
+    and is then busy with M/2 micro-batches on each of its two chunks."""
+    pp = len(costs.forward_s)
+    down = [0.0] * pp
+    up = [0.0] * pp
+    for rank in range(1, pp):
+        down[rank] = down[rank - 1] + costs.forward_s[rank - 1][0] + costs.p2p_s
+    for rank in range(pp - 2, -1, -1):
+        up[rank] = up[rank + 1] + costs.forward_s[rank + 1][1] + costs.p2p_s
+    best = 0.0
+    for rank in range(pp):
+        busy = sum(costs.forward_s[rank]) + sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
+        end = min(down[rank], up[rank]) + per_direction * busy
+        best = max(best, end + (after_s[rank] if after_s is not None else 0.0))
     return best

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
+from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
@@ -75,20 +76,25 @@ def shard_of(candidate: Candidate, seq: int) -> Shard:
 
 
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
-    """The candidate's layer costs (cached: candidates share a few shapes)."""
+    """The candidate's layer costs (cached: candidates share a few shapes), per sequence
+    segment under seq1f1b."""
     paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
-    return _parts(model, shard_of(candidate, seq), candidate.modes, paired)
+    return _parts(model, shard_of(candidate, seq), candidate.modes, paired, candidate.segments)
 
 
 @lru_cache(maxsize=16384)
-def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool) -> Parts:
-    dense = model.dense_block is not None
+def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool, segments: int) -> Parts:
+    def costs(kind: str, mode: str = "none", pair: bool = False) -> LayerCosts:
+        if segments == 1:
+            return model.layer_costs(kind, shard, mode, pair)
+        return segment_layer_costs(model, kind, shard, mode, pair, segments)
+
     return Parts(
-        blocks=tuple(model.layer_costs("transformer", shard, mode, paired) for mode in modes),
-        embedding=model.layer_costs("embedding", shard),
-        head=model.layer_costs("head", shard),
-        dense=tuple(model.layer_costs(DENSE_BLOCK, shard, mode) for mode in modes) if dense else (),
-        mtp=tuple(model.layer_costs("mtp", shard, mode, paired) for mode in modes) if model.spec.mtp_depth else (),
+        blocks=tuple(costs("transformer", mode, paired) for mode in modes),
+        embedding=costs("embedding"),
+        head=costs("head"),
+        dense=tuple(costs(DENSE_BLOCK, mode) for mode in modes) if model.dense_block is not None else (),
+        mtp=tuple(costs("mtp", mode, paired) for mode in modes) if model.spec.mtp_depth else (),
         counts=layer_counts(model),
     )
 
@@ -97,6 +103,12 @@ def layer_counts(model: CostModel) -> tuple[int, int]:
     """Layers of the main block's kind and of the dense-MLP kind."""
     dense = model.dense_layers_before[-1]
     return model.spec.num_layers - dense, dense
+
+
+def replicas(candidate: Candidate) -> int:
+    """Copies of the model the pipeline ranks hold together: 2 under chimera (one per
+    direction), else 1."""
+    return 2 if candidate.schedule == "chimera" and candidate.pp > 1 else 1
 
 
 def total_s(costs: LayerCosts) -> float:
@@ -172,16 +184,18 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed = _fixed_state_per_rank(model, candidate, parts, last, state)
-    tensors = max(_relaxed_peak(candidate, inflight, fixed, last, *option) for option in options if option[0])
+    copies = replicas(candidate)  # chimera: every layer on two ranks
+    tensors = max(_relaxed_peak(candidate, inflight, fixed, last, copies * option[0], *option[1:])
+                  for option in options if option[0])
     outside_layers = total_params(model, parts) - parts.layer_params
-    tensors = max(tensors, (outside_layers * state + layers_state_bytes(candidate, parts)) / candidate.pp)
+    tensors = max(tensors, copies * (outside_layers * state + layers_state_bytes(candidate, parts)) / candidate.pp)
     return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
 def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: list[float], last: int,
                   layers: int, layer_state: float, least_saved: float) -> float:
-    """The continuous relaxation of `memory_floor` for `layers` layers of `layer_state` state
-    and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
+    """The continuous relaxation of `memory_floor` for `layers` layers (over all ranks) of
+    `layer_state` state and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
     pp, vpp = candidate.pp, candidate.vpp
     slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
     inverse_sum = weighted_sum = 0.0
@@ -235,10 +249,16 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
         candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
 
 
-def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float:
+def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:
     """Parameters of rank `rank` outside its transformer layers: the embedding on the
     first rank, the head on `last` (once when tied and on the same rank); the MTP modules'
-    beside the head (less their embedding copy when the first rank holds the head too)."""
+    beside the head (less their embedding copy when the first rank holds the head too); under
+    chimera the embedding, the head and the MTP modules (with their own embedding copy) on
+    both the first and the last rank (one replica's embedding, the other's head)."""
+    if replicas(candidate) == 2:
+        if rank not in (0, candidate.pp - 1):
+            return 0.0
+        return parts.embedding.param_count + parts.head.param_count + (parts.mtp[0].param_count if parts.mtp else 0.0)
     params = (parts.embedding.param_count if rank == 0 else 0) + (parts.head.param_count if rank == last else 0)
     if model.spec.tie_embeddings and rank == 0 and last == 0:
         params -= parts.head.param_count
@@ -250,11 +270,12 @@ def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int) -> float
 def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, last: int,
                           state: float) -> list[float]:
     """Per rank, training-state bytes outside its transformer layers at `state` bytes per
-    parameter (the MTP modules' routed experts shard over EDP)."""
+    parameter (the MTP modules' routed experts shard over EDP; chimera's on its two end ranks)."""
     fixed = [0.0] * candidate.pp
-    for rank in {0, last}:
-        fixed[rank] = state * _fixed_params(model, parts, rank, last)
-        if parts.mtp and rank == last:
+    ends = {0, candidate.pp - 1} if replicas(candidate) == 2 else {0, last}
+    for rank in ends:
+        fixed[rank] = state * _fixed_params(model, parts, rank, last, candidate)
+        if parts.mtp and (rank == last or replicas(candidate) == 2):
             mtp = parts.mtp[0]  # its routed experts' state over EDP rather than DP x CP
             fixed[rank] += block_state_bytes(candidate, mtp) - state * mtp.param_count
     return fixed
@@ -276,21 +297,26 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
         share *= least_share
-    pipeline = work_bound(work, share, candidate.num_microbatches, candidate.pp, candidate.empty_ends)
+    if replicas(candidate) == 2:  # a rank may start with either direction: no chain, the mean work
+        share = 0.0
+    units = candidate.num_microbatches * candidate.segments
+    pipeline = work_bound(work, share, units, candidate.pp, candidate.empty_ends)
     edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
                                   candidate.etp or candidate.tp) if experts else 1
     owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
-    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp, owned_like / candidate.pp)
+    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
+                               replicas(candidate) * owned_like / candidate.pp)
     return pipeline + optimizer
 
 
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
                limit_bytes: float) -> RankCosts:
-    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes. Layers
-    of two kinds (an MoE model's dense-MLP blocks) are listed per kind for contiguous ranks
-    (V = 1); with V > 1 a rank's layers are not contiguous, and every layer gets the mean
-    time and the larger bytes of the kinds (the cuts are then near, not at, the optimum;
-    `predict` costs each layer as what it is)."""
+    """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes (under
+    chimera per pair of ranks r and P-1-r, which hold the same two model stages). Layers of
+    two kinds (an MoE model's dense-MLP blocks) are listed per kind for contiguous ranks
+    (V = 1); with V > 1 (and chimera's pairs) a rank's layers are not contiguous, and every
+    layer gets the mean time and the larger bytes of the kinds (the cuts are then near, not
+    at, the optimum; `predict` costs each layer as what it is)."""
     pp, vpp = candidate.pp, candidate.vpp
     state = state_bytes(candidate)
     grow = 1 + memory.FRAGMENTATION
@@ -298,11 +324,12 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
     modes = range(len(candidate.modes))
     fixed_s, fixed_bytes, kind_bytes = [], [], []
     fixed_states = _fixed_state_per_rank(model, candidate, parts, last, state)
-    for rank in range(pp):
+    two = replicas(candidate) == 2
+    for rank in range(pp // 2 if two else pp):
         fixed = [p for p, on in ((parts.embedding, rank == 0), (parts.head, rank == last)) if on]
         mtp = bool(parts.mtp) and rank == last
         fixed_state = fixed_states[rank]
-        held = inflight[rank] / vpp
+        held = (max(inflight[rank], inflight[pp - 1 - rank]) if two else inflight[rank]) / vpp
         fixed_s.append(sum(total_s(p) for p in fixed) + (total_s(parts.mtp[0]) if mtp else 0.0))
         fixed_bytes.append(tuple(
             grow * (fixed_state + held * (sum(p.activation_bytes for p in fixed)
@@ -343,12 +370,19 @@ def layout_of(candidate: Candidate, stage_layers, recompute: tuple[str, ...]) ->
         mbs=candidate.mbs, num_microbatches=candidate.num_microbatches, schedule=candidate.schedule,
         recompute=recompute, sequence_parallel=candidate.sequence_parallel,
         zero_stage=candidate.zero_stage, stage_layers=stage_layers, ep=candidate.ep, etp=candidate.etp,
+        segments=candidate.segments,
     )
 
 
 def solved_layout(candidate: Candidate, cuts: Cuts, num_layers: int) -> Layout:
     """The Layout of the cut solver's answer: each rank's layers spread over its chunks."""
     pp, vpp = candidate.pp, candidate.vpp
+    if replicas(candidate) == 2:  # pair q (ranks q, P-1-q) runs model stages q and P-1-q
+        counts = [0] * pp
+        for pair, layers in enumerate(cuts.layers):
+            counts[pair], counts[pp - 1 - pair] = split_into_chunks(layers, 2)
+        modes = tuple(cuts.modes[min(rank, pp - 1 - rank)] for rank in range(pp))
+        return layout_of(candidate, stage_layers_from_counts(counts, num_layers, pp, vpp, "chimera"), modes)
     counts = [0] * (pp * vpp)
     for rank, layers in enumerate(cuts.layers):
         for chunk, n in enumerate(split_into_chunks(layers, vpp)):
@@ -371,22 +405,26 @@ def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
 
 
 @lru_cache(maxsize=4096)
-def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int,
+                segments: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
-    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp), vpp)
+    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp, segments), vpp)
 
 
 @lru_cache(maxsize=4096)
-def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int) -> tuple[int, ...]:
-    known = inflight_closed_form(schedule, pp, num_microbatches, vpp)
+def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1) -> tuple[int, ...]:
+    known = inflight_closed_form(schedule, pp, num_microbatches, vpp, segments)
     if known is not None:
         return known
-    return tuple(max(sum(v) for v in per_rank) for per_rank in held_counts(schedule, pp, num_microbatches, vpp))
+    held = held_counts(schedule, pp, num_microbatches, vpp, segments)
+    return tuple(max(sum(v) for v in per_rank) for per_rank in held)
 
 
 def inflight_of(candidate: Candidate) -> tuple[int, ...]:
-    """Most micro-batch x chunk activations each rank holds at once under the candidate's schedule."""
-    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp)
+    """Most micro-batch x chunk activations (seq1f1b: segment x chunk) each rank holds at
+    once under the candidate's schedule."""
+    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp,
+                     candidate.segments)
 
 
 def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float | None:
@@ -397,7 +435,7 @@ def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float 
     the smallest and the largest chunk bracket the peak; the order's held counts decide only
     when the bracket straddles the limit."""
     limit = model.cluster.memory_limit_bytes
-    inflight = _inflight(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    inflight = _inflight(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp, layout.segments)
     low = tuple(n * min(costs.activation_bytes[r]) for r, n in enumerate(inflight))
     need = max(m.total for m in layout_memory(model, layout, costs, low))
     if need > limit:
@@ -407,7 +445,7 @@ def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float 
     high = tuple(n * max(costs.activation_bytes[r]) for r, n in enumerate(inflight))
     if max(m.total for m in layout_memory(model, layout, costs, high)) <= limit:
         return None
-    held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp)
+    held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp, layout.segments)
     exact = tuple(
         max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r])
         for r in range(layout.pp)

@@ -25,7 +25,7 @@ from planner.plan import RECOMPUTE_MODES
 from planner.predict import Prediction
 from planner.schedule import SCHEDULES
 from planner.search.search import Accept, Found, SearchResult, search
-from planner.search.space import DEFAULT_MBS, SEARCHED_SCHEDULES, SearchSpace, candidates, meshes
+from planner.search.space import DEFAULT_MBS, DEFAULT_SCHEDULES, SearchSpace, candidates, meshes
 from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
@@ -60,6 +60,7 @@ def layout_text(layout: Layout) -> str:
     """A layout on one line: 'tp8 pp16 dp128 cp1 1f1b V1 mbs1 M16 recompute full'."""
     modes = sorted(set(layout.recompute))
     return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.schedule} V{layout.vpp} "
+            f"{f'k{layout.segments} ' if layout.segments > 1 else ''}"
             f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
             f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}"
             f"{f' ep{layout.ep} etp{layout.expert_tp}' if layout.etp is not None else ''}")
@@ -76,13 +77,19 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             changes.append((f"tp {tp}", replace(pinned, tp=(tp,))))
     for pp in (layout.pp // 2, layout.pp * 2):
         if pp >= 1 and (space.pp is None or pp in space.pp):
-            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp)))
+            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp,
+                                                segments=space.segments)))
     for mbs in (layout.mbs // 2, layout.mbs * 2):
         if mbs >= 1 and (space.mbs is None or mbs in space.mbs):
             changes.append((f"mbs {mbs}", replace(pinned, mbs=(mbs,))))
-    for name in space.schedules or SEARCHED_SCHEDULES:
+    for name in space.schedules or DEFAULT_SCHEDULES:
         if name != layout.schedule and layout.pp > 1:
-            changes.append((f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp)))
+            changes.append((f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp,
+                                                        segments=space.segments)))
+    if layout.segments > 1:  # seq1f1b: half and twice the sequence segments
+        for k in (layout.segments // 2, layout.segments * 2):
+            if k >= 1 and (space.segments is None or k in space.segments):
+                changes.append((f"segments {k}", replace(pinned, segments=(k,))))
     for vpp in (layout.vpp - 1, layout.vpp + 1):
         if layout.pp > 1 and SCHEDULES[layout.schedule].allows_vpp(vpp) and (space.vpp is None or vpp in space.vpp):
             changes.append((f"V {vpp}", replace(pinned, vpp=(vpp,))))
@@ -258,7 +265,7 @@ def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:
     return replace(space, tp=(layout.tp,), pp=(layout.pp,), cp=(layout.cp,), vpp=(layout.vpp,), mbs=(layout.mbs,),
                    schedules=(layout.schedule,), sequence_parallel=(layout.sequence_parallel,),
                    zero=(layout.zero_stage,), ep=(layout.ep,),
-                   etp=(layout.etp,) if layout.etp is not None else space.etp)
+                   etp=(layout.etp,) if layout.etp is not None else space.etp, segments=(layout.segments,))
 
 
 def _slower_because(best: Prediction, other: Prediction) -> str:

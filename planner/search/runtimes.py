@@ -17,7 +17,7 @@ from planner.errors import PlannerError
 from planner.export import EXPORTERS, refusal, runs_on
 from planner.export.common import replan_for
 from planner.layout import Layout, entry_from_layout
-from planner.plan import ClusterSummary, PlanEntry, PlanFile
+from planner.plan import SIMULATED_ONLY_SCHEDULES, ClusterSummary, PlanEntry, PlanFile
 from planner.search.space import SearchSpace
 from planner.spec import Cluster, GpuSpec, ModelSpec
 
@@ -81,6 +81,13 @@ def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
                 f"restricted to {', '.join(map(str, current))}"
             )
         changes[field] = kept
+    named = changes.get("schedules", space.schedules)
+    if named is not None:  # no runtime runs chimera or seq1f1b (every exporter refuses them)
+        runnable = tuple(name for name in named if name not in SIMULATED_ONLY_SCHEDULES)
+        if not runnable:
+            raise PlannerError(f"{runtime} runs none of the schedules {', '.join(named)}: no runtime the planner "
+                               "exports to runs them; plan for no runtime to compare them")
+        changes["schedules"] = runnable
     return replace(space, **changes)
 
 

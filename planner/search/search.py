@@ -29,7 +29,14 @@ from dataclasses import dataclass, field
 from planner.cost.model import CostModel
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts
-from planner.predict import Prediction, after_backward_times, chunk_costs, exposed_dp_times, predict
+from planner.predict import (
+    Prediction,
+    after_backward_times,
+    chunk_costs,
+    exposed_dp_times,
+    predict,
+    replica_sync_times,
+)
 from planner.schedule import SCHEDULES
 from planner.search.bounds import layout_bound
 from planner.search.costing import (
@@ -246,5 +253,8 @@ def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
     """Chain bound of the layout with each rank's exposed DP communication, plus the step's
     tail after the backward (loss-scale check, gradient norm, Adam step)."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
-    pipeline = layout_bound(costs, layout.num_microbatches, split, exposed_dp_times(model, layout, costs))
+    after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
+                                           replica_sync_times(model, layout, costs))]
+    pipeline = layout_bound(costs, layout.num_microbatches, split, after,
+                            bidirectional=layout.schedule == "chimera" and layout.pp > 1)
     return pipeline + sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())

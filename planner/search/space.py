@@ -10,6 +10,9 @@ sequences of at least `LONG_SEQUENCE` tokens; PP up to the layer count; micro-ba
 1, 2, 4, 8; every schedule with V up to `MAX_DEFAULT_VPP`; recompute none / selective /
 full, per rank; sequence parallel on and off with TP; ZeRO-1 (distributed optimizer).
 A single pipeline rank (PP = 1) has no schedule to choose and is searched as `1f1b`.
+Chimera and Seq1F1B are searched when `--schedules` names them (no runtime the exporters
+target runs them); Seq1F1B with `DEFAULT_SEGMENTS` sequence segments that split the sequence
+(over 2 x CP chunks with context parallelism).
 """
 
 from __future__ import annotations
@@ -18,18 +21,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from planner.errors import LayoutError, ScheduleError
-from planner.hints import planner_command
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.schedule import SCHEDULES, check_shape
+from planner.schedule.registry import SEGMENTED
 from planner.spec import Cluster, ModelSpec
 
 LONG_SEQUENCE = 16384
 """Sequences this long or longer also try context parallelism by default."""
 DEFAULT_MBS = (1, 2, 4, 8)
 MAX_DEFAULT_VPP = 8
-SEARCHED_SCHEDULES = tuple(name for name, info in SCHEDULES.items() if info.searched)
-"""The schedules `plan` compares (chimera and seq1f1b are simulated only)."""
+DEFAULT_SEGMENTS = (2, 4, 8)
+"""Seq1F1B's sequence segments per micro-batch (Sun et al. 2024 evaluate k = 2, 4, 8)."""
+DEFAULT_SCHEDULES = tuple(name for name, info in SCHEDULES.items() if info.searched_by_default)
+"""The schedules `plan` compares when `--schedules` does not name them (not chimera, seq1f1b:
+no runtime runs them, so a default plan stays exportable)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +48,8 @@ class SearchSpace:
     vpp: tuple[int, ...] | None = None
     mbs: tuple[int, ...] | None = None
     schedules: tuple[str, ...] | None = None
+    segments: tuple[int, ...] | None = None
+    """Seq1F1B's sequence segments per micro-batch; default `DEFAULT_SEGMENTS`."""
     recompute: tuple[str, ...] = RECOMPUTE_MODES
     per_rank_recompute: bool = True
     """Let the cut solver give each pipeline rank its own recompute mode."""
@@ -59,11 +67,8 @@ class SearchSpace:
         for name in self.schedules or ():
             if name not in SCHEDULES:
                 raise ScheduleError(f"unknown schedule '{name}': use one of {', '.join(SCHEDULES)}")
-            if not SCHEDULES[name].searched:
-                raise ScheduleError(
-                    f"schedule '{name}' is simulated only ({planner_command('simulate', f'--schedule {name}')}), "
-                    f"not searched: use one of {', '.join(SEARCHED_SCHEDULES)}"
-                )
+        if any(k < 1 for k in self.segments or ()):
+            raise LayoutError(f"sequence segments must be >= 1, got {list(self.segments or ())}")
         if any(z not in (0, 1, 2, 3) for z in self.zero):
             raise LayoutError(f"ZeRO stages are 0..3, got {list(self.zero)}")
 
@@ -86,6 +91,8 @@ class Candidate:
     """Recompute modes the cut solver may choose from, per rank."""
     ep: int = 1
     etp: int | None = None
+    segments: int = 1
+    """Sequence segments per micro-batch (seq1f1b; 1 for the other schedules)."""
     empty_ends: bool = False
     """Cut with the first and last virtual stages holding only the embedding and the head
     (as Llama 3 405B trained), the other layers even; otherwise solver and even cuts."""
@@ -117,9 +124,9 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
                 continue
             m = global_batch // (dp * mbs)
             experts = expert_shapes(spec, tp, cp, dp, space)
-            for schedule, vpp in schedule_shapes(spec, pp, m, space):
+            for schedule, vpp, k in schedule_shapes(spec, pp, m, space, seq, cp):
                 ends = [e for e in (False, True) if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
-                        and (pp > 1 or not e)]
+                        and (pp > 1 or not e) and not (e and schedule == "chimera")]
                 for sp in sorted({bool(v) and tp > 1 for v in sp_values}, reverse=True):
                     for zero in space.zero:
                         for modes in mode_sets:
@@ -128,7 +135,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
                                     yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
                                                     num_microbatches=m, schedule=schedule, sequence_parallel=sp,
                                                     zero_stage=zero, modes=modes, empty_ends=empty_ends,
-                                                    ep=ep, etp=etp)
+                                                    ep=ep, etp=etp, segments=k)
 
 
 def expert_shapes(spec: ModelSpec, tp: int, cp: int, dp: int, space: SearchSpace) -> list[tuple[int, int | None]]:
@@ -153,24 +160,37 @@ def _powers_of_two(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
 
 
-def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace) -> list[tuple[str, int]]:
-    """(schedule, vpp) pairs defined for this pipeline shape within the space."""
-    names = space.schedules or SEARCHED_SCHEDULES
+def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace,
+                    seq: int, cp: int = 1) -> list[tuple[str, int, int]]:
+    """(schedule, vpp, segments) defined for this pipeline shape within the space."""
+    names = space.schedules or DEFAULT_SCHEDULES
     if pp == 1:
-        return [("1f1b", 1)]
+        return [("1f1b", 1, 1)]
     shapes = []
     for name in names:
         info = SCHEDULES[name]
         top = info.max_vpp if info.max_vpp is not None else MAX_DEFAULT_VPP
+        stages = pp if name == "chimera" else None  # the model's stages (each run by both directions)
         for vpp in space.vpp or range(info.min_vpp, top + 1):
-            if not info.allows_vpp(vpp) or pp * vpp > spec.num_layers + 2:  # + embedding-only and head-only stages
+            if not info.allows_vpp(vpp) or (stages or pp * vpp) > spec.num_layers + 2:  # + embedding, head stages
                 continue
-            try:
-                check_shape(name, pp, num_microbatches, vpp)
-            except ScheduleError:
-                continue
-            shapes.append((name, vpp))
+            for k in segment_counts(name, seq, cp, space):
+                try:
+                    check_shape(name, pp, num_microbatches, vpp, k)
+                except ScheduleError:
+                    continue
+                shapes.append((name, vpp, k))
     return shapes
+
+
+def segment_counts(schedule: str, seq: int, cp: int, space: SearchSpace) -> tuple[int, ...]:
+    """Sequence segments to try: for seq1f1b those of the space (default `DEFAULT_SEGMENTS`)
+    above 1 (one segment is 1f1b) that split the sequence (into 2 x CP chunks each with
+    context parallelism); 1 for the other schedules."""
+    if schedule not in SEGMENTED:
+        return (1,)
+    chunk = 2 * cp if cp > 1 else 1
+    return tuple(k for k in space.segments or DEFAULT_SEGMENTS if k > 1 and seq % (k * chunk) == 0)
 
 
 def _tp_fits(spec: ModelSpec, tp: int) -> bool:

@@ -123,7 +123,7 @@ def test_torchtitan_plans_are_costed_with_its_selective_checkpointing(cli):
 
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIME_RULES))
-@pytest.mark.parametrize("schedule", sorted(n for n, i in SCHEDULES.items() if i.searched))  # plans carry searched schedules only
+@pytest.mark.parametrize("schedule", sorted(n for n, i in SCHEDULES.items() if i.searched_by_default))  # chimera, seq1f1b: test_chimera_seq1f1b_plan.py
 def test_runtime_schedule_rules_agree_with_the_exporters(runtime, schedule):
     """The up-front rule and the exporter's own refusal say the same about each schedule."""
     spec = resolve_model("tiny-llama")

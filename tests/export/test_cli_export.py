@@ -118,5 +118,5 @@ def test_simulated_only_schedules_are_refused_by_every_exporter(runtime, schedul
     path.write_text(json.dumps(plan))
     code, _, err = invoke(capsys, "export", str(path), "--to", runtime, "-o", str(tmp_path / "out"))
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert f"schedule '{schedule}' is simulated only" in err and words in err
+    assert f"schedule '{schedule}' is planned and simulated only" in err and words in err
     assert not (tmp_path / "out").exists()

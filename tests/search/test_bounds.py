@@ -23,7 +23,7 @@ from planner.spec import Cluster
 
 @st.composite
 def shapes(draw):
-    name = draw(st.sampled_from(sorted(n for n, i in SCHEDULES.items() if i.searched)))  # the bounds serve the search
+    name = draw(st.sampled_from(sorted(n for n, i in SCHEDULES.items() if i.searched_by_default)))  # the bounds serve the search
     info = SCHEDULES[name]
     pp = draw(st.integers(2, 5))
     vpp = draw(st.integers(info.min_vpp, min(info.max_vpp or 3, 3)))

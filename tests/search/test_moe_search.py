@@ -14,7 +14,7 @@ from planner.errors import ScheduleError
 from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
 from planner.schedule import check_shape
-from planner.search.space import SEARCHED_SCHEDULES
+from planner.search.space import DEFAULT_SCHEDULES
 from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
@@ -63,7 +63,7 @@ def brute_force(model: CostModel, global_batch: int, seq: int, space: SearchSpac
 def test_moe_search_is_never_worse_than_brute_force(limit):
     spec = resolve_model("tiny-moe")
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 16, memory_limit_gib=limit))
-    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), vpp=(1, 2), mbs=(1, 2, 4), schedules=SEARCHED_SCHEDULES,
+    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), vpp=(1, 2), mbs=(1, 2, 4), schedules=DEFAULT_SCHEDULES,
                         sequence_parallel=(True,), zero=(1,), ep=(1, 2, 4, 8), etp=(1, 2),
                         recompute=("none", "full"))
     result = search(model, 64, 1024, space, top=3)

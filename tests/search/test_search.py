@@ -73,7 +73,7 @@ def test_search_is_never_worse_than_brute_force(name, gpus, limit, batch, seq):
     spec = resolve_model(name)
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), gpus, memory_limit_gib=limit))
     space = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8), cp=(1,), vpp=(1, 2, 3, 4), mbs=(1, 2, 4),
-                        schedules=tuple(n for n, i in SCHEDULES.items() if i.searched), sequence_parallel=(True, False), zero=(1,))
+                        schedules=tuple(n for n, i in SCHEDULES.items() if i.searched_by_default), sequence_parallel=(True, False), zero=(1,))
     result = search(model, batch, seq, space, top=3)
     reference = brute_force(model, batch, seq, space)
     assert result.plans, "brute force found a plan, the search did not"
