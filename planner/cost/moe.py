@@ -31,16 +31,37 @@ from planner.spec import ModelSpec
 DEFAULT_IMBALANCE = 1.25
 """Busiest EP rank's tokens over the mean, dropless routing: a PRIOR, not a measurement.
 
-The figure is Switch Transformer's capacity factor (Fedus et al. 2022, JMLR, section 2.2 and
-Table 1: 1.25, the per-expert head-room over an even share that dropped few tokens under its
-load-balancing loss), taken as the busiest rank's excess. What would replace it is a measured
-max/mean of tokens per EP rank in one training step under the balancing a run uses (auxiliary
-loss, or DeepSeek-V3's auxiliary-loss-free bias, arXiv 2412.19437 section 2.1.2). The
-published measurements we know of are per expert, not per rank: Wang et al. 2024 (arXiv
-2408.15664) report MaxVio = max load / mean load - 1 per batch and over the whole run,
-lower under the bias method than under an auxiliary loss; a rank's load averages E / EP
-experts, so its excess is at most the per-expert one. No figure of theirs was checked from a
-source this project could read, so none is quoted here: the default stays this prior, and
+Value: Switch Transformer's capacity factor (Fedus et al. 2022, JMLR, section 2.2 and Table 1:
+1.25, the per-expert head-room over an even share that dropped few tokens under its
+load-balancing loss), read as the busiest rank's excess. What would replace it is a published
+max/mean of tokens per EP rank in one training micro-batch, under the balancing a run uses.
+Checked (issue 14), and why none sets the default:
+
+* Wang et al. 2024 (arXiv 2408.15664), Table 2, as two third-party notes on its HTML quote it
+  (the paper itself was not readable here): MaxVio_global = max load / mean load - 1, per
+  expert, over the whole validation set, 64 routed experts, top-6: 0.72 (1B) and 0.52 (3B)
+  with an auxiliary loss, 0.04 and 0.04 aux-loss-free. A rank's load sums
+  its E / EP experts, so per expert bounds per rank (1.04 to 1.72 as max / mean) only at that
+  aggregation; one training batch is further off the mean (their Figure 3, MaxVio_batch, whose
+  values no readable source quotes), so these are not per-step figures.
+* DeepSeek-V3 (arXiv 2412.19437, section 4.5.3, read from its LaTeX source): Figure 9 plots
+  16B models' relative expert load per Pile domain (a heatmap, no per-batch or per-rank
+  max / mean); the text says small-batch imbalance "is naturally addressed by our training
+  framework that uses large-scale expert parallelism and data parallelism, which guarantees a
+  large size of each micro-batch" - qualitative.
+* FEPLB (Qi, Liu, Zhao 2026, arXiv 2604.19654): GLM-5 MoE layers, 128 experts, EP 8, no
+  auxiliary loss, 18.6% of GPU time per MoE layer lost to the imbalance (quoted by a review of
+  its Figure 1(b); the abstract gives only the reduction). Read as 1 - mean / max that is a
+  max / mean of 1.23, as max / mean - 1 it is 1.19: the nearest match (per micro-batch, per
+  EP rank, training), within 6% of this prior (tests/cost/test_moe_imbalance.py), but GEMM
+  time rather than tokens and its definition not read from the paper.
+* UltraEP (arXiv 2606.04101, withdrawn in v2): "inter-rank imbalance" 1.30 to 4.01 without
+  balancing, 106B to 671B models, training and prefill together: no per-run figure.
+* DODOCO (arXiv 2605.20982): per-expert max / mean from inference checkpoints; finds it moves
+  at most 5% from EP 4 to 32. Inference, and the excerpt read gives no value.
+* Megatron MoE ModelZoo: forced-balance vs dropless throughput (295 vs 237 TFLOP/s, Qwen3-235B
+  at 16K), a whole-step figure.
+
 `--moe-imbalance` (CostOptions.moe_imbalance) sets what a run's router statistics show."""
 
 
