@@ -268,9 +268,12 @@ def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> l
     return out
 
 
-def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
-    """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
-    costs = chunk_costs(model, layout, seq)
+def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
+            costs: ChunkCosts | None = None) -> Prediction:
+    """Step time, throughput, MFU, bubble and memory of `layout` for this job; `costs`, when
+    the caller has them, are the layout's `chunk_costs` (the search's, from its bound)."""
+    if costs is None:
+        costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)

@@ -26,11 +26,11 @@ class _RankBuilder:
 
     def add(self, stage: int, kind: ActionType) -> None:
         """Append `kind` of `stage` for its next micro-batch."""
-        key = (stage, I if kind == B else kind)
-        mb = self.count[key]
-        self.count[key] += 1
+        key = (stage, I if kind is B else kind)
+        mb = self.count.get(key, 0)
+        self.count[key] = mb + 1
         self.actions.append(Action(stage, kind, mb))
-        if kind == I:
+        if kind is I:
             self.pending_w.append(Action(stage, W, mb))
 
     def add_w(self, stage: int) -> None:

@@ -225,7 +225,7 @@ class _Run:
             stats.out_of_memory += 1
             self.note_need(need, layout)
             return need
-        prediction = predict(self.model, layout, self.global_batch, self.seq)
+        prediction = predict(self.model, layout, self.global_batch, self.seq, costs)
         stats.simulated += 1
         peak = prediction.peak_memory_bytes
         if peak > self.limit:
