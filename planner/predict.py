@@ -590,16 +590,19 @@ def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
                   peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
     experts = costs.expert_params or [0.0] * layout.pp
-    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r])
+    state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+    expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
+    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r], state, expert)
                  for r in range(layout.pp))
 
 
 def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activations: float,
-                 rank: int, expert_params: float = 0.0) -> RankMemory:
-    state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
+                 rank: int, expert_params: float, state: memory.StateBytes,
+                 expert: memory.StateBytes) -> RankMemory:
+    """Memory of pipeline rank `rank`: `state` bytes per dense parameter, `expert` per routed
+    expert parameter (`memory.state_bytes_per_param` over DP x CP and over EDP)."""
     params = costs.params[rank]
-    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
-    expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
     activations = peak_activations + costs.extra_bytes[rank]
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
