@@ -122,7 +122,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
     paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
     layer_costs = unit_layer_costs(model, layout)
-    blocks = {(kind, mode): layer_costs(kind, shard, mode, paired)
+    blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired))
               for kind in set(model.block_kinds) for mode in set(layout.recompute)}
     embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
@@ -133,15 +133,16 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         for start, end in per_rank:
             f = b = w = a = held = 0.0
             for kind, n in _kind_counts(model, start, end):
-                block = blocks[kind, mode]
-                f += n * (block.forward_s + block.comm_forward_s)
-                b += n * (block.backward_input_s + block.comm_backward_s)
-                w += n * block.backward_weight_s
-                a += n * block.activation_bytes
-                held += n * block.param_count
-                experts[rank] += n * block.expert_param_count
-                tp_comm[rank] += n * (block.comm_forward_s + block.comm_backward_s)
-                extra[rank] = max(extra[rank], block.peak_extra_bytes)
+                forward, backward, weight, saved, count, expert_count, comm, peak_extra = blocks[kind, mode]
+                f += n * forward
+                b += n * backward
+                w += n * weight
+                a += n * saved
+                held += n * count
+                experts[rank] += n * expert_count
+                tp_comm[rank] += n * comm
+                if peak_extra > extra[rank]:
+                    extra[rank] = peak_extra
             row_fwd.append(f)
             row_in.append(b)
             row_w.append(w)
@@ -183,6 +184,15 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
         send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd, segments=k,
     )
+
+
+def _block_terms(block: LayerCosts) -> tuple[float, float, float, float, float, float, float, float]:
+    """What `chunk_costs` adds per layer of a block: forward and backward-input seconds with
+    their TP/CP communication, backward-weight seconds, activation bytes, parameters, routed
+    expert parameters, TP/CP communication seconds and transient bytes."""
+    return (block.forward_s + block.comm_forward_s, block.backward_input_s + block.comm_backward_s,
+            block.backward_weight_s, block.activation_bytes, block.param_count, block.expert_param_count,
+            block.comm_forward_s + block.comm_backward_s, block.peak_extra_bytes)
 
 
 def unit_layer_costs(model: CostModel, layout: Layout):
@@ -268,9 +278,12 @@ def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> l
     return out
 
 
-def predict(model: CostModel, layout: Layout, global_batch: int, seq: int) -> Prediction:
-    """Step time, throughput, MFU, bubble and memory of `layout` for this job."""
-    costs = chunk_costs(model, layout, seq)
+def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
+            costs: ChunkCosts | None = None) -> Prediction:
+    """Step time, throughput, MFU, bubble and memory of `layout` for this job; `costs`, when
+    the caller has them, are the layout's `chunk_costs` (the search's, from its bound)."""
+    if costs is None:
+        costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches)
     pp = layout.pp
     dp_exposed = exposed_dp_times(model, layout, costs)
@@ -577,16 +590,19 @@ def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
                   peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
     experts = costs.expert_params or [0.0] * layout.pp
-    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r])
+    state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
+    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+    expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
+    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r], state, expert)
                  for r in range(layout.pp))
 
 
 def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activations: float,
-                 rank: int, expert_params: float = 0.0) -> RankMemory:
-    state = memory.state_bytes_per_param(layout.zero_stage, _dp_shards(layout))
+                 rank: int, expert_params: float, state: memory.StateBytes,
+                 expert: memory.StateBytes) -> RankMemory:
+    """Memory of pipeline rank `rank`: `state` bytes per dense parameter, `expert` per routed
+    expert parameter (`memory.state_bytes_per_param` over DP x CP and over EDP)."""
     params = costs.params[rank]
-    edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
-    expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
     activations = peak_activations + costs.extra_bytes[rank]
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights

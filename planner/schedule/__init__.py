@@ -37,6 +37,7 @@ from planner.schedule.simulate import (
     TimelineEntry,
     compile_order,
     compile_schedule,
+    generated_order,
     peak_held_counts,
     simulate,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "format_order",
     "from_csv",
     "generate",
+    "generated_order",
     "optimal_schedule",
     "peak_held_counts",
     "rank_stages",

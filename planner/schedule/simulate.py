@@ -39,9 +39,11 @@ for search loops that re-cost the same shape.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import repeat
+from types import MappingProxyType
 from typing import NamedTuple
 
 from planner.errors import ScheduleError
@@ -191,7 +193,7 @@ def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo,
     return dep
 
 
-def compile_order(order: PipelineOrder, pipeline_starts: frozenset[int] = frozenset()) -> CompiledSchedule:
+def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipeline_starts: frozenset[int] = frozenset()) -> CompiledSchedule:
     """Validate `order` (validate.check_order), resolve dependencies, find a topological
     execution order; ScheduleError if invalid or deadlocked (naming each stuck rank).
     `pipeline_starts`: stages other than 0 that start a pipeline of their own (see
@@ -275,11 +277,20 @@ def _sends(flat: list[Action], info: OrderInfo, pipeline_starts: frozenset[int])
     return out
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=128)
+def generated_order(name: str, pp: int, num_microbatches: int, vpp: int = 1,
+                    segments: int = 1) -> Mapping[int, tuple[Action, ...]]:
+    """`generate`'s order of schedule `name` for (P, M, V, segments), read-only and cached:
+    the search derives both a shape's held counts and its compiled form from it."""
+    order = generate(name, pp, num_microbatches, vpp, segments)
+    return MappingProxyType({rank: tuple(actions) for rank, actions in order.items()})
+
+
+@lru_cache(maxsize=128)
 def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> CompiledSchedule:
     """Generate schedule `name` for (P, M, V, segments) and compile it; cached (search loops
-    re-cost it)."""
-    order = generate(name, pp, num_microbatches, vpp, segments)
+    re-cost it, a 405B search over a hundred shapes)."""
+    order = generated_order(name, pp, num_microbatches, vpp, segments)
     return compile_order(order, schedule_pipeline_starts(name, pp, vpp))
 
 
@@ -340,7 +351,7 @@ def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, .
     return tuple(peaks)
 
 
-def peak_held_counts(order: PipelineOrder, vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def peak_held_counts(order: PipelineOrder | Mapping[int, Sequence[Action]], vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """Per rank, the per-chunk counts of micro-batches held (F started, backward not ended)
     at the moments its activations can peak, without the dominated ones: the rank's peak
     bytes are the largest dot product of one of these with its per-chunk activation bytes.

@@ -8,6 +8,7 @@ Orders equal torch's ScheduleZBVZeroBubble and ScheduleDualPipeV.
 from __future__ import annotations
 
 from collections import Counter, deque
+from functools import lru_cache
 
 from planner.schedule.actions import B, F, I, W, Action, ActionType, PipelineOrder
 
@@ -26,11 +27,11 @@ class _RankBuilder:
 
     def add(self, stage: int, kind: ActionType) -> None:
         """Append `kind` of `stage` for its next micro-batch."""
-        key = (stage, I if kind == B else kind)
-        mb = self.count[key]
-        self.count[key] += 1
+        key = (stage, I if kind is B else kind)
+        mb = self.count.get(key, 0)
+        self.count[key] = mb + 1
         self.actions.append(Action(stage, kind, mb))
-        if kind == I:
+        if kind is I:
             self.pending_w.append(Action(stage, W, mb))
 
     def add_w(self, stage: int) -> None:
@@ -51,8 +52,15 @@ def zbv(pp: int, num_microbatches: int) -> PipelineOrder:
     r (down I, up I) pairs, P-r (down I, W) pairs, then the remaining up and down W's.
     Built for max(M, 2P-1) micro-batches and trimmed to M, as torch does.
     """
-    padded = max(2 * pp - 1, num_microbatches)
-    order: PipelineOrder = {}
+    padded = _zbv_padded(pp, max(2 * pp - 1, num_microbatches))
+    return {r: [a for a in actions if a[2] < num_microbatches] for r, actions in enumerate(padded)}
+
+
+@lru_cache(maxsize=16)
+def _zbv_padded(pp: int, padded: int) -> tuple[tuple[Action, ...], ...]:
+    """Per rank, ZB-V's actions for `padded` >= 2P-1 micro-batches, before `zbv` trims them;
+    cached: every M below 2P-1 trims the same build (a search asks for several M per P)."""
+    order = []
     for r in range(pp):
         down, up = r, 2 * pp - 1 - r
         rank = _RankBuilder()
@@ -83,8 +91,8 @@ def zbv(pp: int, num_microbatches: int) -> PipelineOrder:
         for stage in (up, down):
             while count[(stage, W)] < count[(stage, I)]:
                 rank.add_w(stage)
-        order[r] = [a for a in rank.actions if a.microbatch_index < num_microbatches]
-    return order
+        order.append(tuple(rank.actions))
+    return tuple(order)
 
 
 def dualpipev(pp: int, num_microbatches: int) -> PipelineOrder:

@@ -27,7 +27,7 @@ from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_l
 from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
 from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
-from planner.schedule import SCHEDULES, generate, head_rank, peak_held_counts
+from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
@@ -214,9 +214,7 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
     rank's state and its in-flight count times its smallest chunk's activations."""
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed = _fixed_state_per_rank(model, candidate, parts, last, state_bytes(candidate))
-    per_mode = {mode: tuple((block_state_bytes(candidate, block), block.activation_bytes)
-                            for block in parts.kinds(index))
-                for index, mode in enumerate(candidate.modes)}
+    per_mode = {mode: _per_layer_bytes(candidate, parts.kinds(index)) for index, mode in enumerate(candidate.modes)}
     grow = 1 + memory.FRAGMENTATION
     least_fixed = outside_tensor_bytes(model, candidate)
     dense_before = model.dense_layers_before
@@ -224,18 +222,30 @@ def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
     def floor(layout: Layout) -> float:
         worst = 0.0
         for rank, per_rank in enumerate(layout.stage_layers):
-            kinds = per_mode[layout.recompute[rank]]
+            main_state, main_act, dense_state, dense_act = per_mode[layout.recompute[rank]]
             state = 0.0
             least_chunk = float("inf")
             for start, end in per_rank:
                 dense = dense_before[end] - dense_before[start]
-                counts = (end - start - dense, dense)
-                state += sum(n * k[0] for n, k in zip(counts, kinds))
-                least_chunk = min(least_chunk, sum(n * k[1] for n, k in zip(counts, kinds)))
-            worst = max(worst, fixed[rank] + state + inflight[rank] * least_chunk)
+                main = end - start - dense
+                state += main * main_state + dense * dense_state
+                chunk = main * main_act + dense * dense_act
+                if chunk < least_chunk:
+                    least_chunk = chunk
+            need = fixed[rank] + state + inflight[rank] * least_chunk
+            if need > worst:
+                worst = need
         return grow * worst + least_fixed
 
     return floor
+
+
+def _per_layer_bytes(candidate: Candidate, kinds: tuple[LayerCosts, ...]) -> tuple[float, float, float, float]:
+    """State and activation bytes of one main block, then of one dense block (0, 0 without
+    dense blocks): a layout floor's per-layer terms."""
+    pairs = [(block_state_bytes(candidate, block), block.activation_bytes) for block in kinds]
+    (main_state, main_act), (dense_state, dense_act) = pairs[0], pairs[1] if len(pairs) > 1 else (0.0, 0.0)
+    return main_state, main_act, dense_state, dense_act
 
 
 def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | None = None) -> float:
@@ -408,7 +418,7 @@ def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
 def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int,
                 segments: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
-    return peak_held_counts(generate(schedule, pp, num_microbatches, vpp, segments), vpp)
+    return peak_held_counts(generated_order(schedule, pp, num_microbatches, vpp, segments), vpp)
 
 
 @lru_cache(maxsize=4096)

@@ -217,7 +217,7 @@ class _Run:
             self.note_need(floor, layout)
             return floor
         costs = chunk_costs(self.model, layout, self.seq)
-        if _bound(self.model, layout, costs) >= self.threshold():
+        if _bound(self.model, layout, costs, self.threshold()) >= self.threshold():
             stats.pruned_bound += 1
             return None
         need = excess_memory(self.model, layout, costs)
@@ -225,7 +225,7 @@ class _Run:
             stats.out_of_memory += 1
             self.note_need(need, layout)
             return need
-        prediction = predict(self.model, layout, self.global_batch, self.seq)
+        prediction = predict(self.model, layout, self.global_batch, self.seq, costs)
         stats.simulated += 1
         peak = prediction.peak_memory_bytes
         if peak > self.limit:
@@ -249,12 +249,18 @@ class _Run:
             self.result.smallest_need = where
 
 
-def _bound(model: CostModel, layout: Layout, costs: ChunkCosts) -> float:
+def _bound(model: CostModel, layout: Layout, costs: ChunkCosts, threshold: float = float("inf")) -> float:
     """Chain bound of the layout with each rank's exposed DP communication, plus the step's
-    tail after the backward (loss-scale check, gradient norm, Adam step)."""
+    tail after the backward (loss-scale check, gradient norm, Adam step). When the bound
+    without the DP terms already reaches `threshold` that one is returned: it is no larger
+    (`layout_bound` grows with each rank's time after its last action) and prunes the layout
+    all the same, without costing the DP collectives of every rank."""
     split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
+    bidirectional = layout.schedule == "chimera" and layout.pp > 1
+    tail = sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())
+    without_dp = layout_bound(costs, layout.num_microbatches, split, bidirectional=bidirectional) + tail
+    if without_dp >= threshold:
+        return without_dp
     after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
                                            replica_sync_times(model, layout, costs))]
-    pipeline = layout_bound(costs, layout.num_microbatches, split, after,
-                            bidirectional=layout.schedule == "chimera" and layout.pp > 1)
-    return pipeline + sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())
+    return layout_bound(costs, layout.num_microbatches, split, after, bidirectional=bidirectional) + tail

@@ -16,7 +16,8 @@ import time
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
-from planner.schedule.simulate import compile_schedule
+from planner.schedule import v_schedules
+from planner.schedule.simulate import compile_schedule, generated_order
 from planner.search import costing
 from planner.search.search import search
 from planner.spec import Cluster
@@ -31,7 +32,7 @@ REQUESTS = [
 
 def _clear_caches() -> None:
     compile_schedule.cache_clear()
-    for cached in (costing.held_counts, costing._inflight):
+    for cached in (generated_order, v_schedules._zbv_padded, costing.held_counts, costing._inflight):
         cached.cache_clear()
 
 
