@@ -222,8 +222,11 @@ def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[floa
     parallelism, the received part is all-gathered over TP (gather_split_1d_tensor).
     "deepspeed": send and receive one after the other, the activation as its 1/TP part and
     the gradient whole; the partitioned activation is all-gathered over TP once on arrival
-    (forward) and once before its backward (the stage output restored in _exec_recv_grads)."""
+    (forward) and once before its backward (the stage output restored in _exec_recv_grads).
+    "megatron-lm": "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B (CostOptions)."""
     mode, tp = model.options.p2p_mode, layout.tp
+    if mode == "megatron-lm":
+        mode = "overlapped" if layout.schedule == "interleaved_1f1b" and layout.vpp > 1 else "blocking"
     if mode == "overlapped":
         return 0.0, 0.0
     net, stride = model.network, layout.tp * layout.cp * layout.dp

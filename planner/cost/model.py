@@ -30,7 +30,7 @@ CpComm = Literal["ring", "all_gather"]
 CP_COMM: tuple[str, ...] = get_args(CpComm)
 Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-P2pMode = Literal["overlapped", "blocking", "deepspeed"]
+P2pMode = Literal["overlapped", "blocking", "deepspeed", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
 
 
@@ -105,7 +105,13 @@ class CostOptions:
     of the activation (scatter-gather), then an all-gather over TP. "deepspeed": DeepSpeed's
     PipelineEngine (runtime/pipe/engine.py and p2p.py, 2020-2022): blocking dist.send then
     dist.recv, the activation sent as a 1/TP partition (is_pipe_partitioned) and gathered over
-    TP on arrival and before the backward, the gradient sent whole (is_grad_partitioned False)."""
+    TP on arrival and before the backward, the gradient sent whole (is_grad_partitioned False);
+    today's engine still calls p2p.send / p2p.recv without async_op (deepspeed 0.19).
+    "megatron-lm": today's Megatron-LM as its training script configures it: "blocking" for
+    plain 1F1B (forward_backward_pipelining_without_interleaving's send_forward_recv_backward
+    calls `_communicate` with wait_on_reqs=True) and "overlapped" for interleaved 1F1B
+    (megatron/training/arguments.py: `--no-overlap-p2p-communication` is store_false, so
+    overlap_p2p_comm defaults to True there)."""
     bf16_optimizer: bool = False
     """DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed with --bf16 and ZeRO stage 0 in the
     DeepSpeed config, the optimizer sharding master weights and moments itself): it keeps each

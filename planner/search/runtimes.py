@@ -31,13 +31,18 @@ RUNTIME_RULES: dict[str, dict] = {
 """What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
 
 RUNTIME_COSTS: dict[str, dict] = {
+    "megatron": {"p2p_mode": "megatron-lm"},
     "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True},
+    "deepspeed": {"p2p_mode": "deepspeed"},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
 (what the torchtitan exporter writes for `selective`) recomputes every other matmul, its
 stock recipes run the model eager, so SwiGLU keeps silu's output (measured on its block by
 tests/profile/test_blocks.py), and it shards data-parallel weights with FSDP2's fully_shard,
-whose copy kernels run on the compute stream (planner/cost/step.py `fsdp2_copy_time`)."""
+whose copy kernels run on the compute stream (planner/cost/step.py `fsdp2_copy_time`).
+Megatron-LM blocks on its pipeline exchange in plain 1F1B and overlaps it in interleaved 1F1B;
+DeepSpeed's PipelineEngine blocks on every send and receive (CostOptions.p2p_mode). Without a
+runtime, sends overlap compute, as torch.distributed.pipelining's isend / irecv do."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:

@@ -15,6 +15,7 @@ from planner.layout import Layout, even_stage_layers
 from planner.pipeline import pipeline_timing
 from planner.predict import chunk_costs, predict
 from planner.schedule import add_send_recv, generate
+from planner.search.runtimes import runtime_cost_options
 from planner.schedule.actions import SEND_B, SEND_F
 from planner.spec import Cluster
 
@@ -80,3 +81,21 @@ def test_megatron_core_defaults_are_the_blocking_exchange():
     defaults = config.ModelParallelConfig()
     assert defaults.batch_p2p_comm is True
     assert defaults.overlap_p2p_comm is False
+
+
+def _step(schedule: str, vpp: int, mode: str) -> float:
+    model, layout = _case(schedule, 4, vpp, 8, blocking=False)
+    model = CostModel(model.spec, model.cluster, CostOptions(p2p_mode=mode))
+    return predict(model, layout, 16, SEQ).step_time_s
+
+
+def test_megatron_lm_mode_blocks_plain_1f1b_and_overlaps_interleaved():
+    assert _step("1f1b", 1, "megatron-lm") == _step("1f1b", 1, "blocking") > _step("1f1b", 1, "overlapped")
+    assert _step("interleaved_1f1b", 2, "megatron-lm") == _step("interleaved_1f1b", 2, "overlapped")
+
+
+@pytest.mark.parametrize(("runtime", "mode"), [(None, "overlapped"), ("megatron", "megatron-lm"),
+                                               ("torchtitan", "overlapped"), ("torch", "overlapped"),
+                                               ("deepspeed", "deepspeed")])
+def test_plans_for_a_runtime_are_charged_its_pipeline_exchange(runtime, mode):
+    assert runtime_cost_options(runtime).p2p_mode == mode

@@ -223,3 +223,15 @@ def test_megatron_accepts_fp8_moe_arguments(megatron, tmp_path, monkeypatch):
     args, _ = megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=False)
     assert args.fp8 == "hybrid" and args.bf16 and args.expert_model_parallel_size == 4
 
+
+
+def test_megatron_lm_training_script_overlaps_interleaved_p2p_by_default(megatron):
+    """Megatron-LM's own parser: `--no-overlap-p2p-communication` is store_false, so its training
+    script overlaps the interleaved schedule's exchange unless told not to, what the cost model's
+    "megatron-lm" p2p mode charges for interleaved plans (tests/cost/test_blocking_p2p.py)."""
+    import argparse
+
+    arguments = megatron[0]
+    parser = arguments._add_distributed_args(argparse.ArgumentParser())
+    assert parser.parse_args([]).overlap_p2p_comm is True
+    assert parser.parse_args(["--no-overlap-p2p-communication"]).overlap_p2p_comm is False
