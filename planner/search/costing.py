@@ -132,16 +132,25 @@ def state_bytes(candidate: Candidate) -> float:
     return _state_bytes_per_param(candidate.zero_stage, candidate.dp * candidate.cp)
 
 
+def _expert_dp_shards(candidate: Candidate) -> int:
+    return memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
+                                   candidate.etp or candidate.tp)
+
+
 def block_state_bytes(candidate: Candidate, block: LayerCosts) -> float:
-    """Training-state bytes of one block: its routed experts' state shards over the expert
-    data-parallel ranks (EDP = TP x CP x DP / (ETP x EP)), the rest over DP x CP."""
+    """Training-state bytes of one block (`sharded_state_bytes`)."""
+    return sharded_state_bytes(candidate, block.param_count, block.expert_param_count)
+
+
+def sharded_state_bytes(candidate: Candidate, params: float, expert_params: float) -> float:
+    """Training-state bytes of `params` parameters of which `expert_params` are routed
+    experts: the experts' state shards over the expert data-parallel ranks
+    (EDP = TP x CP x DP / (ETP x EP)), the rest over DP x CP."""
     state = state_bytes(candidate)
-    if not block.expert_param_count:
-        return state * block.param_count
-    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                  candidate.etp or candidate.tp)
-    expert = _state_bytes_per_param(candidate.zero_stage, edp)
-    return state * block.param_count + block.expert_param_count * (expert - state)
+    if not expert_params:
+        return state * params
+    expert = _state_bytes_per_param(candidate.zero_stage, _expert_dp_shards(candidate))
+    return state * params + expert_params * (expert - state)
 
 
 def total_params(model: CostModel, parts: Parts) -> float:
@@ -157,13 +166,7 @@ def total_params(model: CostModel, parts: Parts) -> float:
 
 def layers_state_bytes(candidate: Candidate, parts: Parts) -> float:
     """Training-state bytes of every transformer layer of one tensor-parallel shard."""
-    state = state_bytes(candidate)
-    if not parts.layer_expert_params:
-        return state * parts.layer_params
-    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                  candidate.etp or candidate.tp)
-    expert = _state_bytes_per_param(candidate.zero_stage, edp)
-    return state * parts.layer_params + parts.layer_expert_params * (expert - state)
+    return sharded_state_bytes(candidate, parts.layer_params, parts.layer_expert_params)
 
 
 def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...]) -> float:
@@ -311,8 +314,7 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
         share = 0.0
     units = candidate.num_microbatches * candidate.segments
     pipeline = work_bound(work, share, units, candidate.pp, candidate.empty_ends)
-    edp = memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                  candidate.etp or candidate.tp) if experts else 1
+    edp = _expert_dp_shards(candidate) if experts else 1
     owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
     optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
                                replicas(candidate) * owned_like / candidate.pp)
