@@ -431,20 +431,19 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if shards == 1 and edp == 1:
         return 0.0
     net, opts = model.network, model.options
-    if not experts and _per_chunk_grad_sync(layout, opts.overlap_grad_reduce):
+    if _per_chunk_grad_sync(layout, opts.overlap_grad_reduce, experts > 0):
         return interleaved_dp_exposed(model, layout, costs, rank)
     params = costs.params[rank]
-    groups = [(params - experts, shards, layout.tp)]
-    if experts:
-        groups.append((experts, edp, layout.ep * layout.expert_tp))
     root = fsdp_root_params(model, layout, rank) if layout.zero_stage == 3 else 0.0
+    groups = [(params - experts, shards, layout.tp, root > 0)]  # FSDP's root unit: a dense unit of its own
+    if experts:
+        groups.append((experts, edp, layout.ep * layout.expert_tp, False))
     reduce = gather = 0.0
     calls = 0
-    for group_params, group_shards, stride in groups:
+    for group_params, group_shards, stride, with_root in groups:
         if group_shards == 1 or group_params <= 0:
             continue
-        n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards)
-        n += 1 if root and stride == layout.tp else 0  # FSDP's root unit is a unit of its own
+        n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards) + with_root
         calls += n
         grad_bytes = group_params * opts.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
@@ -513,11 +512,13 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
                                       gathers=2 * m, reduces=m, calls=calls)
 
 
-def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool) -> bool:
-    """Whether the runtime reduces each model chunk's gradients on their own: Megatron's
-    interleaved 1F1B with overlapped reduction (ZeRO 0-2; FSDP is charged per layer)."""
+def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool, has_experts: bool) -> bool:
+    """Whether the rank's reduction is charged chunk by chunk: Megatron's interleaved 1F1B with
+    overlapped reduction (ZeRO 0-2; FSDP is charged per layer). A rank holding routed experts
+    reduces two groups (DP x CP and EDP), which `interleaved_dp_exposed` does not model: it is
+    charged whole, as without interleaving."""
     return (layout.schedule == "interleaved_1f1b" and layout.vpp > 1 and overlap_grad_reduce
-            and layout.zero_stage < 3)
+            and layout.zero_stage < 3 and not has_experts)
 
 
 def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
@@ -572,14 +573,13 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     return exposed
 
 
-def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int | None = None) -> int:
-    """Collective calls of one DP reduction: FSDP reduces each layer on its own (and its root
+def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int) -> int:
+    """Collective calls of one DP reduction over `shards` ranks: FSDP reduces each layer on its own (and its root
     unit: `exposed_dp_time`); Megatron-LM's DDP one per bucket (`grad_bucket_count`,
     planner/cost/comm/buckets.py) on the first pipeline rank and, under ZeRO-2, on every rank;
     one bucket on the others and without overlap."""
     if layout.zero_stage == 3:
         return max(1, _layers_on(layout, rank))
-    shards = _dp_shards(layout) if shards is None else shards
     return max(1, grad_bucket_count(params, shards, rank, overlap, every_rank=layout.zero_stage == 2))
 
 
