@@ -282,6 +282,14 @@ def {CONFIG_FUNCTION}() -> Trainer.Config:
 '''
 
 
+_CHUNKED_LOSS = '''
+
+def planner_loss():
+    """Cross entropy over the vocabulary, computed in chunks."""
+    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
+'''
+"""The recipe's `planner_loss` for models without multi-token prediction."""
+
 _DENSE_IMPORTS = """
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
@@ -319,12 +327,7 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
                      state_dict_adapter=Llama3StateDictAdapter)
-
-
-def planner_loss():
-    """Cross entropy over the vocabulary, computed in chunks."""
-    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
-'''
+''' + _CHUNKED_LOSS
 """The recipe's `planner_model_spec` for a dense Llama-style model."""
 
 _MOE_IMPORTS = """
@@ -396,12 +399,7 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="qwen3", flavor="planner", model=model, parallelize_fn=parallelize_qwen3,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
                      state_dict_adapter=Qwen3StateDictAdapter)
-
-
-def planner_loss():
-    """Cross entropy over the vocabulary, computed in chunks."""
-    return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
-'''
+''' + _CHUNKED_LOSS
 """The recipe's `planner_model_spec` for a mixture of experts (torchtitan's Qwen3 blocks)."""
 
 _MLA_IMPORTS = """
