@@ -11,12 +11,13 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import DENSE_BLOCK, CostModel, CostOptions
 from planner.cost.segments import segment_layer_costs, segment_shard
 from planner.cost.shapes import Shard
-from planner.layout import Layout, check_layout, even_stage_layers
-from planner.plan import RECOMPUTE_MODES
+from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs, predict
 from planner.search.search import search
-from planner.search.space import SearchSpace, candidates
+from planner.search.space import SearchSpace
 from planner.spec import Cluster
+
+from search_reference import assert_never_worse, even_cut_reference
 
 SEQ = 1024
 SPEC = resolve_model("tiny-moe").model_copy(update={"mtp_depth": 1})  # one dense layer, 5 MoE, MTP
@@ -103,24 +104,6 @@ def test_seq1f1b_blocking_sends_hold_each_segment(k):
     assert sum(p.time_breakdown_s.values()) == pytest.approx(p.step_time_s, rel=1e-12)
 
 
-def _brute_force(model, batch, seq, space):
-    """Every candidate of the space with even cuts, in each recompute mode on every rank."""
-    best = math.inf
-    for c in candidates(SPEC, model.cluster, batch, seq, space):
-        if c.empty_ends:
-            continue
-        for mode in RECOMPUTE_MODES:
-            layout = Layout(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, vpp=c.vpp, mbs=c.mbs, num_microbatches=c.num_microbatches,
-                            schedule=c.schedule, recompute=(mode,) * c.pp, sequence_parallel=c.sequence_parallel,
-                            zero_stage=c.zero_stage, segments=c.segments, ep=c.ep, etp=c.etp,
-                            stage_layers=even_stage_layers(SPEC.num_layers, c.pp, c.vpp, c.schedule))
-            check_layout(layout, SPEC, model.cluster, batch, seq)
-            p = predict(model, layout, batch, seq)
-            if p.peak_memory_bytes <= model.cluster.memory_limit_bytes:
-                best = min(best, p.step_time_s)
-    return best
-
-
 @pytest.mark.parametrize("limit", [80.0, 1.3, 1.25])
 @pytest.mark.parametrize("p2p_mode", ["overlapped", "blocking"])
 def test_search_with_chimera_and_seq1f1b_on_an_moe_model_is_never_worse_than_brute_force(limit, p2p_mode):
@@ -130,10 +113,6 @@ def test_search_with_chimera_and_seq1f1b_on_an_moe_model_is_never_worse_than_bru
     space = SearchSpace(tp=(1, 2), pp=(2,), cp=(1,), mbs=(1, 2), schedules=("chimera", "seq1f1b", "1f1b"),
                         segments=(2, 4), sequence_parallel=(True,), zero=(1,), ep=(1, 2, 4), etp=(1,))
     result = search(model, 64, SEQ, space, top=3)
-    reference = _brute_force(model, 64, SEQ, space)
+    reference = even_cut_reference(model, 64, SEQ, space)
     assert result.plans and math.isfinite(reference)
-    best = result.plans[0]
-    assert best.prediction.step_time_s <= reference * (1 + 1e-12)
-    again = predict(model, best.layout, 64, SEQ)
-    assert again.step_time_s == best.prediction.step_time_s
-    assert again.peak_memory_bytes <= model.cluster.memory_limit_bytes
+    assert_never_worse(model, result, reference, 64, SEQ)

@@ -12,9 +12,8 @@ from planner.cost import memory
 from planner.cost.model import CostModel
 from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs, segment_shard
 from planner.cost.shapes import Shard
-from planner.layout import Layout, check_layout, even_stage_layers
+from planner.layout import Layout, even_stage_layers
 from planner.pipeline import ChunkCosts
-from planner.plan import RECOMPUTE_MODES
 from planner.predict import chunk_costs, predict
 from planner.schedule import StageCosts, compile_schedule, simulate
 from planner.schedule.seq1f1b import causal_segment_scales, weighted_inflight
@@ -22,6 +21,8 @@ from planner.search.bounds import layout_bound
 from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
+
+from search_reference import assert_never_worse, even_cut_reference
 
 SEQ = 4096
 
@@ -148,24 +149,6 @@ def test_layout_bound_never_exceeds_the_simulated_step(name, data):
     assert layout_bound(costs, m, False, after, bidirectional=chimera) <= ends * (1 + 1e-9)
 
 
-def _brute_force(model, batch, seq, space):
-    """Every candidate of the space with even cuts, in each recompute mode on every rank."""
-    spec, best = model.spec, math.inf
-    for c in candidates(spec, model.cluster, batch, seq, space):
-        if c.empty_ends:
-            continue
-        for mode in RECOMPUTE_MODES:
-            layout = Layout(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, vpp=c.vpp, mbs=c.mbs, num_microbatches=c.num_microbatches,
-                            schedule=c.schedule, recompute=(mode,) * c.pp, sequence_parallel=c.sequence_parallel,
-                            zero_stage=c.zero_stage, segments=c.segments,
-                            stage_layers=even_stage_layers(spec.num_layers, c.pp, c.vpp, c.schedule))
-            check_layout(layout, spec, model.cluster, batch, seq)
-            p = predict(model, layout, batch, seq)
-            if p.peak_memory_bytes <= model.cluster.memory_limit_bytes:
-                best = min(best, p.step_time_s)
-    return best
-
-
 @pytest.mark.parametrize(("schedules", "limit", "seq"), [
     (("chimera", "seq1f1b"), 40.0, 4096),
     (("chimera", "seq1f1b", "1f1b", "zbv"), 30.0, 8192),
@@ -175,13 +158,9 @@ def test_search_is_never_worse_than_brute_force(schedules, limit, seq):
     space = SearchSpace(tp=(1, 2, 4), pp=(2, 4, 8), cp=(1,), mbs=(1, 2), schedules=schedules, segments=(2, 4),
                         sequence_parallel=(True,), zero=(1,))
     result = search(model, 64, seq, space, top=3)
-    reference = _brute_force(model, 64, seq, space)
+    reference = even_cut_reference(model, 64, seq, space)
     assert result.plans and math.isfinite(reference)
-    best = result.plans[0]
-    assert best.prediction.step_time_s <= reference * (1 + 1e-12)
-    again = predict(model, best.layout, 64, seq)
-    assert again.step_time_s == best.prediction.step_time_s
-    assert again.peak_memory_bytes <= model.cluster.memory_limit_bytes
+    assert_never_worse(model, result, reference, 64, seq)
 
 
 def test_seq1f1b_candidates_carry_segments_that_split_the_sequence():
