@@ -376,13 +376,21 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
 def after_backward_times(model: CostModel, layout: Layout, params: list[float],
                          expert_params: list[float] | None = None) -> dict[str, float]:
     """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
-    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py),
-    over the parameters each GPU owns (routed experts' sharded over EDP)."""
+    each: where the runtime has them, the DDP's copies of the gradients around the all-reduce
+    and the cast of 16-bit gradients into fp32 main gradients; fp16's loss-scale check, the
+    gradient norm, the Adam step (planner/cost/step.py), over the parameters each GPU owns
+    (routed experts' sharded over EDP)."""
     compute, net, shape = model.analytic, model.network, (layout.tp, layout.cp, layout.dp, layout.pp)
     experts = expert_params or [0.0] * len(params)
     edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
     most = max(dp_equivalent_params(layout.zero_stage, _dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
+    opts = model.options
     return {
+        **({"ddp_grad_copies": step_costs.ddp_grad_copy_time(compute, most, opts.grad_reduce_bytes,
+                                                             opts.ddp_grad_copy_passes)}
+           if opts.ddp_grad_copy_passes else {}),
+        **({"main_grad_cast": step_costs.main_grad_cast_time(compute, most, layout.zero_stage, _dp_shards(layout))}
+           if opts.main_grad_cast else {}),
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,
