@@ -17,6 +17,7 @@ from typing import Literal, Protocol, get_args
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
+from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
@@ -90,6 +91,11 @@ class CostOptions:
     local DDP without --use-contiguous-buffers-in-ddp (`allreduce_gradients`:
     `_flatten_dense_tensors`, `coalesced /= world_size`, `buf.copy_(synced)`); 0 for a DDP
     that reduces its gradient buffer in place (Megatron's contiguous buffers)."""
+    wgrad_accumulation: WgradAccumulation = "fused"
+    """How weight gradients accumulate over a step's micro-batches (planner/cost/grad_accum.py):
+    inside the weight-gradient GEMM ("fused": Megatron-LM's --gradient-accumulation-fusion,
+    2022+, Transformer Engine), or by autograd adding each micro-batch's new gradient into
+    `param.grad` ("autograd": Megatron-LM before 2022, Megatron-DeepSpeed's 2021 engine)."""
     eager_swiglu: bool = False
     """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
     memory.ActivationOptions.eager_swiglu)."""
@@ -162,7 +168,8 @@ class CostOptions:
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
                               ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
-                              ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES)):
+                              ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
+                              ("wgrad_accumulation", WGRAD_ACCUMULATION)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 

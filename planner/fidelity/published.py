@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.memory import CrossEntropy, SelectivePolicy
+from planner.cost.grad_accum import WgradAccumulation
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.shapes import LossPasses, model_flops_per_token
 from planner.cost.step import OptimizerKernels
@@ -135,6 +136,9 @@ class PublishedRun(BaseModel):
     ddp_grad_copy_passes: int = Field(default=0, ge=0, le=3)
     """The DDP's read-and-write passes over the gradients around the all-reduce (CostOptions):
     2 for torch DDP, 3 for Megatron-LM's 2021 local DDP without contiguous buffers."""
+    wgrad_accumulation: WgradAccumulation = "fused"
+    """How weight gradients accumulate over micro-batches (CostOptions): "autograd" where the
+    runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022)."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -309,6 +313,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         loss_passes=run.loss_passes,
         main_grad_cast=run.main_grad_cast,
         ddp_grad_copy_passes=run.ddp_grad_copy_passes,
+        wgrad_accumulation=run.wgrad_accumulation,
         optimizer_kernels=run.optimizer_kernels,
         fsdp2=run.fsdp2,
         sac_fused_qkv=run.sac_fused_qkv,
