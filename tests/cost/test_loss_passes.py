@@ -66,7 +66,6 @@ def measured_bytes_per_logit(tokens: int = 64, vocab: int = 512) -> tuple[float,
 def test_vocab_parallel_loss_bytes_match_megatrons_own_ops():
     forward, backward = measured_bytes_per_logit()
     assert (forward, backward) == (VOCAB_PARALLEL_CE_BYTES[0], VOCAB_PARALLEL_CE_BYTES[1])
-    assert forward > 3 * FUSED_CE_BYTES[0]
 
 
 @pytest.mark.parametrize("tp", [1, 8])
