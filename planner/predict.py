@@ -26,6 +26,7 @@ from functools import partial
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
+from planner.cost.grad_accum import autograd_accumulation_s
 from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
@@ -116,7 +117,8 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     parameters, and the p2p time (held inside the sending chunks' times when the runtime's
     pipeline sends block). Each chunk's blocks are costed as what they are (an MoE model's
     dense-MLP layers apart); the multi-token-prediction modules ride with the head (with each
-    head under chimera)."""
+    head under chimera). Where autograd accumulates the weight gradients, each chunk's
+    backward-weight time carries its mean per-micro-batch add (planner/cost/grad_accum.py)."""
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
@@ -174,6 +176,11 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     if spec.mtp_depth and last_rank == 0 and not _two_replicas(layout):
         params[0] -= embedding.param_count  # the MTP modules share the first rank's embedding
         chunk_params[0][vpp - 1] -= embedding.param_count
+    if model.options.wgrad_accumulation == "autograd":
+        for rank, row in enumerate(chunk_params):
+            for chunk, held in enumerate(row):
+                bwd_w[rank][chunk] += autograd_accumulation_s(
+                    model.analytic, held, model.dtype_bytes, layout.num_microbatches) / k
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
@@ -376,13 +383,21 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
 def after_backward_times(model: CostModel, layout: Layout, params: list[float],
                          expert_params: list[float] | None = None) -> dict[str, float]:
     """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
-    each: fp16's loss-scale check, the gradient norm, the Adam step (planner/cost/step.py),
-    over the parameters each GPU owns (routed experts' sharded over EDP)."""
+    each: where the runtime has them, the DDP's copies of the gradients around the all-reduce
+    and the cast of 16-bit gradients into fp32 main gradients; fp16's loss-scale check, the
+    gradient norm, the Adam step (planner/cost/step.py), over the parameters each GPU owns
+    (routed experts' sharded over EDP)."""
     compute, net, shape = model.analytic, model.network, (layout.tp, layout.cp, layout.dp, layout.pp)
     experts = expert_params or [0.0] * len(params)
     edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
     most = max(dp_equivalent_params(layout.zero_stage, _dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
+    opts = model.options
     return {
+        **({"ddp_grad_copies": step_costs.ddp_grad_copy_time(compute, most, opts.grad_reduce_bytes,
+                                                             opts.ddp_grad_copy_passes)}
+           if opts.ddp_grad_copy_passes else {}),
+        **({"main_grad_cast": step_costs.main_grad_cast_time(compute, most, layout.zero_stage, _dp_shards(layout))}
+           if opts.main_grad_cast else {}),
         "loss_scale_check": step_costs.loss_scale_time(
             compute, net, model.options.dtype, most, *shape, layout.zero_stage),
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,

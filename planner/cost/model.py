@@ -17,10 +17,11 @@ from typing import Literal, Protocol, get_args
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
+from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import Gemm, Shard, layer_work, separate_matmuls
+from planner.cost.shapes import LOSS_PASSES, Gemm, LossPasses, Shard, layer_work, separate_matmuls
 from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
@@ -71,6 +72,30 @@ class CostOptions:
     """How the loss is computed over the logits (memory.loss_transient_bytes): Megatron-LM's fused
     vocab-parallel cross-entropy, or eager `F.cross_entropy(logits.float(), ...)` (torchtitan),
     whose backward allocates two more fp32 buffers of the logits' size."""
+    loss_passes: LossPasses = "fused"
+    """The loss's time over the logits (planner/cost/shapes.py): one fused pass each way, or
+    Megatron-LM's `_VocabParallelCrossEntropy` op by op on `logits.float()`
+    ("vocab_parallel_fp32": 38 B forward and 14 B backward per logit element, the 2021-2022
+    Megatron-LM and Megatron-DeepSpeed loss, and today's without --cross-entropy-loss-fusion)."""
+    main_grad_cast: bool = False
+    """Megatron-LM's Float16OptimizerWithFloat16Params casts each 16-bit model gradient into a
+    new fp32 main gradient before its step (`_copy_model_grads_to_main_grads`:
+    `main_param.grad = model_param.grad.float()`, megatron/optimizer/optimizer.py 2021), read
+    2 B and write 4 B per parameter; without --accumulate-allreduce-grads-in-fp32 the gradients
+    are 16-bit (with it, the fp32 main_grad's `.float()` is a no-op)."""
+    ddp_grad_copy_passes: int = 0
+    """Read-and-write passes over every gradient, in its reduction dtype, that the DDP
+    implementation makes on the compute stream around the all-reduce: 2 for torch DDP without
+    gradient_as_bucket_view (torch 1.8 reducer: the copy into the bucket view in
+    `mark_variable_ready_dense`, `copy_bucket_to_grad` after it); 3 for Megatron-LM's 2021
+    local DDP without --use-contiguous-buffers-in-ddp (`allreduce_gradients`:
+    `_flatten_dense_tensors`, `coalesced /= world_size`, `buf.copy_(synced)`); 0 for a DDP
+    that reduces its gradient buffer in place (Megatron's contiguous buffers)."""
+    wgrad_accumulation: WgradAccumulation = "fused"
+    """How weight gradients accumulate over a step's micro-batches (planner/cost/grad_accum.py):
+    inside the weight-gradient GEMM ("fused": Megatron-LM's --gradient-accumulation-fusion,
+    2022+, Transformer Engine), or by autograd adding each micro-batch's new gradient into
+    `param.grad` ("autograd": Megatron-LM before 2022, Megatron-DeepSpeed's 2021 engine)."""
     eager_swiglu: bool = False
     """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
     memory.ActivationOptions.eager_swiglu)."""
@@ -136,12 +161,15 @@ class CostOptions:
         return self.attention != "unfused"
 
     def __post_init__(self) -> None:
+        if self.ddp_grad_copy_passes < 0:
+            raise ValueError(f"ddp_grad_copy_passes counts passes, >= 0; got {self.ddp_grad_copy_passes}")
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
                               ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
-                              ("p2p_mode", P2P_MODES)):
+                              ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
+                              ("wgrad_accumulation", WGRAD_ACCUMULATION)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
@@ -204,7 +232,8 @@ class AnalyticSource:
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         opts = self.options
         work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout,
-                          imbalance=imbalance_of(self.spec, shard, opts.moe_imbalance))
+                          imbalance=imbalance_of(self.spec, shard, opts.moe_imbalance),
+                          loss_passes=opts.loss_passes)
         if opts.elementwise_traffic != 1.0:
             work = replace(
                 work,

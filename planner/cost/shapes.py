@@ -11,11 +11,35 @@ section 5.1) generalised to GQA and SwiGLU; a GEMM of (m x k) by (k x n) is 2*m*
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple, get_args
 
 from planner.spec import ModelSpec
 
 LAYER_KINDS = ("embedding", "transformer", "head")
+
+LossPasses = Literal["fused", "vocab_parallel_fp32"]
+LOSS_PASSES: tuple[str, ...] = get_args(LossPasses)
+"""How the head's cross-entropy moves the logits: "fused" (one pass each way over the
+vocab-parallel logits, `FUSED_CE_BYTES`) or "vocab_parallel_fp32" (Megatron-LM's
+`_VocabParallelCrossEntropy` op by op on `logits.float()`, `VOCAB_PARALLEL_CE_BYTES`)."""
+FUSED_CE_BYTES = (2 + 4 + 4, 4 + 2)
+"""Bytes per logit element of a fused cross-entropy: forward reads the 16-bit logits, writes
+and re-reads the fp32 softmax; backward reads the softmax and writes the 16-bit gradient."""
+VOCAB_PARALLEL_CE_BYTES = (6 + 4 + 8 + 8 + 4 + 8, 8 + 6)
+"""Bytes per logit element of Megatron-LM's loss as its code runs it, kernel by kernel:
+`vocab_parallel_cross_entropy(output.float(), labels)` (megatron/model/gpt_model.py
+`post_language_model_processing`, 2021; Megatron-DeepSpeed's `CrossEntropy` runs
+`output.contiguous().float()`), then megatron/mpu/cross_entropy.py
+`_VocabParallelCrossEntropy.forward`: the fp32 cast (read 2, write 4), `torch.max(dim=-1)`
+(read 4), `sub_` of the max (read 4, write 4), `torch.exp(out=)` (read 4, write 4),
+`sum(dim=-1)` (read 4), `div_` by the sum (read 4, write 4): 38 B; backward: `mul_` by the
+loss gradient (read 4, write 4), then the cast's backward to 16 bits (read 4, write 2): 14 B.
+The per-token gathers, masks and the three TP all-reduces of per-token values are left out.
+megatron/core/tensor_parallel/cross_entropy.py runs the same passes today unless
+`--cross-entropy-loss-fusion`."""
+VOCAB_PARALLEL_CE_KERNELS = 14
+"""Kernels of that loss, forward (the six passes above and eight per-token ops: target masks,
+masked target, arange, gather, clone, masked fill, log, subtract)."""
 
 
 class Gemm(NamedTuple):
@@ -188,16 +212,17 @@ def attention_passes(spec: ModelSpec, shard: Shard, dropout: bool) -> tuple[tupl
 
 
 def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "flash2",
-               dropout: bool = False, imbalance: float = 1.0) -> LayerWork:
+               dropout: bool = False, imbalance: float = 1.0, loss_passes: LossPasses = "fused") -> LayerWork:
     """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`, its
     attention core run by `attention` (fused kernels, or "unfused") with or without dropout;
-    an MoE block's on its busiest expert-parallel rank (`imbalance` x the mean tokens)."""
+    an MoE block's on its busiest expert-parallel rank (`imbalance` x the mean tokens); the
+    head's loss as `loss_passes` runs it."""
     if kind == "transformer":
         return _transformer_work(spec, shard, attention, dropout, imbalance)
     if kind == "embedding":
         return _embedding_work(spec, shard)
     if kind == "head":
-        return _head_work(spec, shard)
+        return _head_work(spec, shard, loss_passes)
     raise ValueError(f"unknown layer kind {kind!r}; expected one of {LAYER_KINDS}")
 
 
@@ -252,21 +277,23 @@ def _embedding_work(spec: ModelSpec, shard: Shard) -> LayerWork:
     )
 
 
-def _head_work(spec: ModelSpec, shard: Shard) -> LayerWork:
+def _head_work(spec: ModelSpec, shard: Shard, loss_passes: LossPasses = "fused") -> LayerWork:
     h, tokens = spec.hidden_size, shard.local_tokens
     vocab_shard = spec.vocab_size / shard.tp
-    # final norm, then cross-entropy over the vocab-parallel logits: read bf16 logits,
-    # write and re-read the fp32 softmax (forward); read softmax, write bf16 grad (backward).
+    # final norm, then cross-entropy over the vocab-parallel logits (FUSED_CE_BYTES or
+    # VOCAB_PARALLEL_CE_BYTES per logit element).
     norm = 2 * shard.elementwise_tokens * h * 2
-    ce_fwd = tokens * vocab_shard * (2 + 4 + 4)
-    ce_bwd = tokens * vocab_shard * (4 + 2)
+    if loss_passes not in LOSS_PASSES:
+        raise ValueError(f"loss_passes must be one of {LOSS_PASSES}, got {loss_passes!r}")
+    op_by_op = loss_passes == "vocab_parallel_fp32"
+    ce_fwd, ce_bwd = VOCAB_PARALLEL_CE_BYTES if op_by_op else FUSED_CE_BYTES
     return LayerWork(
         gemms=(Gemm("lm_head", tokens, int(vocab_shard), h),),
         attention_flops=0.0,
         attention_seq=shard.seq // shard.cp,
-        elementwise_bytes_fwd=norm + ce_fwd,
-        elementwise_bytes_bwd=2 * norm + ce_bwd,
-        kernels_fwd=6,
+        elementwise_bytes_fwd=norm + tokens * vocab_shard * ce_fwd,
+        elementwise_bytes_bwd=2 * norm + tokens * vocab_shard * ce_bwd,
+        kernels_fwd=2 + VOCAB_PARALLEL_CE_KERNELS if op_by_op else 6,
     )
 
 

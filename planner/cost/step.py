@@ -69,6 +69,9 @@ CLIP_GRAD_NORM_BYTES_PER_PARAM = 12.0
 multiply by the coefficient clamped to 1 is unconditional, unlike Megatron's."""
 UNSCALE_BYTES_PER_PARAM = 8.0
 """`_amp_foreach_non_finite_check_and_unscale_` reads and writes each fp32 main grad."""
+MAIN_GRAD_CAST_BYTES_PER_PARAM = 6.0
+"""Megatron-LM's `_copy_model_grads_to_main_grads` with 16-bit gradients: `.float()` reads the
+16-bit gradient (2 B) and writes the fp32 main gradient (4 B)."""
 SCALAR_BYTES = 4
 """The norm (fp32) or found_inf flag all-reduced across ranks."""
 
@@ -100,6 +103,18 @@ def adam_time(compute: AnalyticCompute, params: float, zero_stage: int, dp_shard
     if zero_stage < 3:
         step += multi_tensor_time(compute, owned, PARAM_COPY_BYTES_PER_PARAM)
     return step
+
+
+def main_grad_cast_time(compute: AnalyticCompute, params: float, zero_stage: int, dp_shards: int) -> float:
+    """Seconds of casting the owned 16-bit gradients into fp32 main gradients before the step
+    (one `.float()` per parameter tensor; their per-tensor launches are not counted)."""
+    return compute.elementwise_time(owned_params(params, zero_stage, dp_shards) * MAIN_GRAD_CAST_BYTES_PER_PARAM, 0)
+
+
+def ddp_grad_copy_time(compute: AnalyticCompute, params: float, grad_bytes: int, passes: int) -> float:
+    """Seconds of a DDP implementation's `passes` read-and-write copies over the rank's
+    `params` gradients of `grad_bytes` each, around the data-parallel all-reduce."""
+    return compute.elementwise_time(params * passes * 2 * grad_bytes, 0)
 
 
 def grad_stats_all_reduce(net: Network, tp: int, cp: int, dp: int, pp: int, zero_stage: int) -> float:

@@ -36,8 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.memory import CrossEntropy, SelectivePolicy
+from planner.cost.grad_accum import WgradAccumulation
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
-from planner.cost.shapes import model_flops_per_token
+from planner.cost.shapes import LossPasses, model_flops_per_token
 from planner.cost.step import OptimizerKernels
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
@@ -127,6 +128,17 @@ class PublishedRun(BaseModel):
     """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
     cross_entropy: CrossEntropy = "fused"
     """How the loss is computed (CostOptions): torchtitan's eager `cross_entropy(pred.float(), ...)` is "eager_fp32"."""
+    loss_passes: LossPasses = "fused"
+    """The loss's passes over the logits (CostOptions): Megatron-LM's op-by-op
+    `_VocabParallelCrossEntropy` on `logits.float()` is "vocab_parallel_fp32"."""
+    main_grad_cast: bool = False
+    """Megatron-LM's fp16 optimizer casts 16-bit gradients into fp32 main gradients (CostOptions)."""
+    ddp_grad_copy_passes: int = Field(default=0, ge=0, le=3)
+    """The DDP's read-and-write passes over the gradients around the all-reduce (CostOptions):
+    2 for torch DDP, 3 for Megatron-LM's 2021 local DDP without contiguous buffers."""
+    wgrad_accumulation: WgradAccumulation = "fused"
+    """How weight gradients accumulate over micro-batches (CostOptions): "autograd" where the
+    runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022)."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -298,6 +310,10 @@ def cost_options(run: PublishedRun) -> CostOptions:
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,
         cross_entropy=run.cross_entropy,
+        loss_passes=run.loss_passes,
+        main_grad_cast=run.main_grad_cast,
+        ddp_grad_copy_passes=run.ddp_grad_copy_passes,
+        wgrad_accumulation=run.wgrad_accumulation,
         optimizer_kernels=run.optimizer_kernels,
         fsdp2=run.fsdp2,
         sac_fused_qkv=run.sac_fused_qkv,

@@ -33,9 +33,9 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "llama3-2024": 0.18,
     "bigscience-bloom": 0.03,
     "torchtitan": 0.17,
-    "narayanan2021": 0.095,
+    "narayanan2021": 0.075,
     "korthikanti2022": 0.035,
-    "mtnlg2022": 0.25,
+    "mtnlg2022": 0.215,
     "nemotron4-2024": 0.12,
     "mosaic-llmfoundry": 0.16,
     "deepseek-v3-2024": 0.17,
@@ -45,7 +45,9 @@ MEAN_ABS_STEP_ERROR_BOUND = {
 (docs/accuracy_published.md: 17.7, 2.4, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
 korthikanti2022 and mtnlg2022 tightened when blocking pipeline send/recv and DeepSpeed's
 PipelineEngine and BF16_Optimizer came to be charged, torchtitan with FSDP2's root unit, copies
-and loss buffers). Lower a bound as
+and loss buffers; narayanan2021 9.3 -> 7.1% and mtnlg2022 24.4 -> 20.9% with the 2021
+code's autograd gradient accumulation, loss, fp16 optimizer and DDP copies:
+docs/accuracy_published.md section 9). Lower a bound as
 the model improves; never raise one to let a change through. One was raised once, with its
 reason: narayanan2021 (6.1% -> 9.7%) when unfused attention, which these 2021 runs used, came
 to be charged from its kernels (batched GEMMs and softmax/dropout passes, FlashAttention-2
