@@ -86,8 +86,9 @@ class ActivationOptions:
     `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)` ("Discard row-wise data
     since it is not needed in backward pass"), then `saved_inputmat = inputmat`; row-wise instead
     of column-wise when sequence parallelism must all-gather it; one FP8 copy either way.
-    layernorm_linear.py likewise keeps `ln_out` (FP8) beside the norm's bf16 input. TE 1.x saved
-    either `inputmat` or `inputmat_t` (FP8), never both."""
+    layernorm_linear.py likewise keeps `ln_out` (FP8) beside the norm's bf16 input, and
+    grouped_linear.py (the experts' GEMMs) each GEMM's input the same way. TE 1.x saved either
+    `inputmat` or `inputmat_t` (FP8), never both."""
     fp8_swiglu_input: bool = False
     """The SwiGLU input stored in FP8 (Megatron-LM's `activation_func_fp8_input_store`: "Store
     the input of MLP activation function in FP8 for backprop to save memory"; DeepSeek-V3)."""
