@@ -190,3 +190,23 @@ def test_deepseek_v3_published_run_fits_its_80gb_gpus():
     model, layout = build(run)
     assert predict(model, layout, run.global_batch, run.seq).peak_memory_bytes == pytest.approx(
         result.peak_memory_gib * 2**30)
+
+
+def test_pipeline_stage_outputs_are_not_held_as_megatron_deallocates_them():
+    """Megatron-LM's training sets `deallocate_pipeline_outputs = True`
+    (megatron/training/argument_utils.py) and `deallocate_output_tensor` frees a stage's output
+    once sent; Llama 3 (section 3.3.2) deallocates stage inputs and outputs it will not use. A
+    middle 1F1B rank r of P then holds P - r micro-batches of its layers' saved tensors and
+    nothing per micro-batch beyond them (its input is its first norm's saved input)."""
+    spec = resolve_model("llama3-8b")
+    cluster = Cluster.of(resolve_gpu("h100"), 32)
+    model = CostModel(spec, cluster, CostOptions())
+    pp = 4
+    layout = Layout(tp=1, pp=pp, dp=8, mbs=1, num_microbatches=16, schedule="1f1b",
+                    stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"), recompute=("none",) * pp,
+                    zero_stage=1)
+    memory = predict(model, layout, 128, 4096).memory
+    block = activation_bytes(spec, "transformer", Shard(mbs=1, seq=4096), "none", FLASH)
+    for rank in (1, 2):
+        layers = sum(end - start for start, end in layout.stage_layers[rank])
+        assert memory[rank].activations == pytest.approx((pp - rank) * layers * block, rel=1e-12)
