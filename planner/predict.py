@@ -622,6 +622,10 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     expert parameter (`memory.state_bytes_per_param` over DP x CP and over EDP)."""
     params = costs.params[rank]
     activations = peak_activations + costs.extra_bytes[rank]
+    if model.options.parameter_copies > 1:  # the schedule's further copies of the rank's layers
+        layer_params, layer_experts = _layer_params(model, layout, rank)
+        params += (model.options.parameter_copies - 1) * layer_params
+        expert_params += (model.options.parameter_copies - 1) * layer_experts
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
     if layout.zero_stage == 3:  # unsharded bf16 copies of the block being computed, the one
@@ -643,6 +647,22 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
         other=memory.other_bytes(tensors, outside),
         outside_allocator=outside,
     )
+
+
+def _layer_params(model: CostModel, layout: Layout, rank: int) -> tuple[float, float]:
+    """Parameters of the transformer layers on pipeline rank `rank` (one shard), and the routed
+    experts' among them: what `CostOptions.parameter_copies` repeats (the embedding, head and
+    multi-token-prediction modules are not: DualPipe holds them once on each end rank)."""
+    spec, etp = model.spec, layout.expert_tp
+    per_kind = {"transformer": (memory.transformer_param_count(spec, layout.tp, layout.ep, etp),
+                                memory.routed_expert_param_count(spec, layout.ep, etp) if spec.is_moe else 0.0),
+                DENSE_BLOCK: (memory.transformer_param_count(spec, layout.tp, moe=False), 0.0)}
+    params = experts = 0.0
+    for start, end in layout.stage_layers[rank]:
+        for kind, n in _kind_counts(model, start, end):
+            params += n * per_kind[kind][0]
+            experts += n * per_kind[kind][1]
+    return params, experts
 
 
 def fsdp_root_params(model: CostModel, layout: Layout, rank: int) -> float:

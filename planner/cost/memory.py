@@ -28,8 +28,39 @@ class SavedTensor(NamedTuple):
     name: str
     bytes: float
     recompute: str
-    """"keep": saved under no and selective recompute; "attention": part of the unfused
-    attention core, dropped by selective recompute."""
+    """"keep": saved under no and selective recompute; else the Megatron-LM recompute module
+    (`RECOMPUTE_MODULES`) whose selective recompute drops it: "core_attn" (the unfused attention
+    core), "layernorm" (the norms' outputs), "mla_up_proj" (MLA's up-projections and RoPE),
+    "moe_act" (the routed experts' activation output)."""
+
+
+RecomputeModule = Literal["core_attn", "layernorm", "mla_up_proj", "moe_act"]
+RECOMPUTE_MODULES: tuple[str, ...] = get_args(RecomputeModule)
+"""Megatron-LM's `--recompute-modules` that drop saved tensors of the block as the planner
+lists them (megatron/core/transformer/transformer_config.py, `recompute_modules`: "core_attn":
+recompute the core attention part; "layernorm": the input_layernorm and pre_mlp_layernorm;
+"mla_up_proj": the MLA up projection and RoPE applying parts; "moe_act": the MoE MLP activation
+function; default ["core_attn"]). "layernorm", "mla_up_proj" and "moe_act" use output-discarding
+checkpointing (CheckpointWithoutOutput): the module's input stays saved, its output is dropped
+and recomputed before the backward that needs it."""
+
+ActivationStorage = Literal["default", "deepseek_fp8"]
+ACTIVATION_STORAGE: tuple[str, ...] = get_args(ActivationStorage)
+"""How saved activations are stored. "default": bf16, except that under FP8 GEMMs
+(Transformer Engine) every Linear keeps its own FP8 copy of its input (`fp8_linear_inputs`).
+"deepseek_fp8": DeepSeek-V3's (arXiv 2412.19437, section 3.3.3, "Low-Precision Activation"):
+Linear inputs cached in FP8 with one fp32 scale per 1x128 tile; the input of the Linear after
+the attention operator (also the attention backward's output tensor) as one E5M6 tensor; the
+SwiGLU input in FP8; the tokens dispatched to the experts quantised to FP8 before the dispatch
+(section 3.3.3, "Low-Precision Communication")."""
+
+FP8_BYTES = 1
+E5M6_BYTES = 1.5
+"""DeepSeek-V3's customised format for the attention output: 1 sign, 5 exponent, 6 mantissa
+bits, 12 bits an element (section 3.3.3)."""
+TILE_SCALE_BYTES = 4 / 128
+"""DeepSeek-V3's fine-grained quantisation: one fp32 scaling factor per 1x128 tile of an
+activation (section 3.3.2, "Fine-Grained Quantization"), 4/128 bytes an element."""
 
 
 SelectivePolicy = Literal["core_attention", "every_other_matmul"]
@@ -46,6 +77,28 @@ class ActivationOptions:
     selective_policy: SelectivePolicy = "core_attention"
     moe_imbalance: float = 1.0
     """Busiest expert-parallel rank's routed tokens over the mean (planner/cost/moe.py)."""
+    recompute_modules: frozenset[str] = frozenset({"core_attn"})
+    """What selective recompute drops under the core-attention policy (`RECOMPUTE_MODULES`):
+    Megatron-LM's `--recompute-modules`, default core_attn."""
+    fp8_linear_inputs: bool = False
+    """Under FP8 GEMMs each Linear saves its input as an FP8 copy, 1 byte an element, beside any
+    bf16 tensor another op keeps. Transformer Engine 2.x, pytorch/module/linear.py forward:
+    `inputmat.update_usage(rowwise_usage=False, columnwise_usage=True)` ("Discard row-wise data
+    since it is not needed in backward pass"), then `saved_inputmat = inputmat`; row-wise instead
+    of column-wise when sequence parallelism must all-gather it; one FP8 copy either way.
+    layernorm_linear.py likewise keeps `ln_out` (FP8) beside the norm's bf16 input, and
+    grouped_linear.py (the experts' GEMMs) each GEMM's input the same way. TE 1.x saved either
+    `inputmat` or `inputmat_t` (FP8), never both."""
+    fp8_swiglu_input: bool = False
+    """The SwiGLU input stored in FP8 (Megatron-LM's `activation_func_fp8_input_store`: "Store
+    the input of MLP activation function in FP8 for backprop to save memory"; DeepSeek-V3)."""
+    attention_output_bytes: float | None = None
+    """Bytes an element of the attention output when one tensor serves both the attention
+    backward and the output projection's (DeepSeek-V3's E5M6: 1.5); None: the attention keeps
+    its bf16 output and the projection its own input (an FP8 copy under `fp8_linear_inputs`)."""
+    fp8_scale_bytes: float = 0.0
+    """Scale bytes per FP8-stored element (`TILE_SCALE_BYTES` for 1x128 tiles; TE's per-tensor
+    scales are negligible: 0)."""
     sac_fused_qkv: bool = True
     """Under torchtitan's per-op policy the q, k, v projections are one matmul (torchtitan 0.3's
     fused wqkv) or three (wq, wk, wv: torchtitan's Llama of 2024); it decides which outputs the
@@ -85,6 +138,17 @@ def saved_tensors(
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
+def activation_options_for(storage: str, fp8_gemms: bool, **fields) -> ActivationOptions:
+    """The ActivationOptions of a runtime: `storage` (`ACTIVATION_STORAGE`) and whether its
+    GEMMs run in FP8 (then Linear inputs are saved in FP8), with the other `fields` as given."""
+    if storage == "deepseek_fp8":
+        return ActivationOptions(fp8_linear_inputs=True, fp8_swiglu_input=True,
+                                 attention_output_bytes=E5M6_BYTES, fp8_scale_bytes=TILE_SCALE_BYTES, **fields)
+    if storage != "default":
+        raise ValueError(f"activation_storage must be one of {ACTIVATION_STORAGE}, got {storage!r}")
+    return ActivationOptions(fp8_linear_inputs=fp8_gemms, **fields)
+
+
 CrossEntropy = Literal["fused", "eager_fp32"]
 CROSS_ENTROPY: tuple[str, ...] = get_args(CrossEntropy)
 """How the runtime computes the loss over the logits: Megatron-LM's vocab-parallel cross-entropy
@@ -118,60 +182,92 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
     tokens, rep = shard.local_tokens, shard.elementwise_tokens
     heads = spec.num_attention_heads / tp
     kv_heads = max(spec.num_kv_heads / tp, 1)
-    ffn = spec.ffn_hidden_size
-    if spec.is_moe:  # routed copies on the busiest rank, and the shared experts
-        ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * options.moe_imbalance + spec.shared_ffn_width
     bf16 = BYTES_BF16
+    fp8 = FP8_BYTES + options.fp8_scale_bytes
+    linear = fp8 if options.fp8_linear_inputs else bf16  # what a Linear keeps of its input
+    norm_out = "layernorm"  # a norm's output (a Linear's input) is dropped by that recompute module
     saved = [
         SavedTensor("attn_norm_input", bf16 * rep * h, "keep"),
-        SavedTensor("qkv_input", bf16 * rep * h, "keep"),
+        SavedTensor("qkv_input", linear * rep * h, norm_out),
     ]
-    if spec.is_mla:  # the compressed q and kv (replicated over TP), then q, k, v per head
+    if spec.is_mla:  # the compressed q and kv (replicated over TP), normed into the up-projections, then q, k, v
         qk, v = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
         latents = (spec.q_lora_rank or 0) + spec.kv_lora_rank + spec.qk_rope_head_dim
-        saved += [SavedTensor("mla_latents", 2 * bf16 * tokens * latents, "keep"),
-                  SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "keep")]
+        saved += [SavedTensor("mla_latents", bf16 * tokens * latents, "keep"),
+                  SavedTensor("mla_up_proj_inputs", linear * tokens * latents, "mla_up_proj"),
+                  SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "mla_up_proj")]
         d = v  # the attention output's per-head width
     else:
         saved.append(SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"))
+    attn_out = tokens * heads * d
     if options.flash_attention:
-        saved += [
-            SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"),
-            SavedTensor("softmax_lse", BYTES_FP32 * tokens * heads, "keep"),
-        ]
+        saved.append(SavedTensor("softmax_lse", BYTES_FP32 * tokens * heads, "keep"))
     else:
         scores = shard.mbs * heads * (shard.seq / shard.cp) * shard.seq
-        saved.append(SavedTensor("softmax_output", bf16 * scores, "attention"))
+        saved.append(SavedTensor("softmax_output", bf16 * scores, "core_attn"))
         if options.dropout:
             saved += [
-                SavedTensor("softmax_dropout_mask", scores, "attention"),
-                SavedTensor("softmax_dropout_output", bf16 * scores, "attention"),
+                SavedTensor("softmax_dropout_mask", scores, "core_attn"),
+                SavedTensor("softmax_dropout_output", bf16 * scores, "core_attn"),
             ]
-        saved.append(SavedTensor("attn_output", bf16 * tokens * heads * d, "keep"))
+    if options.attention_output_bytes is not None:  # one tensor for both backwards (DeepSeek's E5M6)
+        saved.append(SavedTensor("attn_output", options.attention_output_bytes * attn_out, "keep"))
+    else:
+        saved.append(SavedTensor("attn_output", bf16 * attn_out, "keep"))
+        if options.fp8_linear_inputs:  # the output projection's own FP8 copy of its input
+            saved.append(SavedTensor("proj_input", linear * attn_out, "keep"))
     if options.dropout:
         saved.append(SavedTensor("attn_dropout_mask", rep * h, "keep"))
-    saved += [
-        SavedTensor("mlp_norm_input", bf16 * rep * h, "keep"),
-        SavedTensor("mlp_input", bf16 * rep * h, "keep"),
-    ]
-    if spec.is_moe:  # router logits (fp32), the dispatched copies that enter the experts
-        saved += [SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
-                  SavedTensor("dispatched_tokens", bf16 * tokens * spec.moe_top_k * options.moe_imbalance * h / tp,
-                              "keep")]
-    if spec.activation == "swiglu":
-        saved += [
-            SavedTensor("gate_and_up", 2 * bf16 * tokens * ffn / tp, "keep"),
-            SavedTensor("swiglu_output", bf16 * tokens * ffn / tp, "keep"),
-        ]
-        if options.eager_swiglu:
-            saved.append(SavedTensor("silu_output", bf16 * tokens * ffn / tp, "keep"))
+    saved.append(SavedTensor("mlp_norm_input", bf16 * rep * h, "keep"))
+    swiglu_in = fp8 if options.fp8_swiglu_input else bf16
+    if spec.is_moe:
+        saved += _moe_saved(spec, shard, options, linear, swiglu_in)
     else:
-        saved += [
-            SavedTensor("gelu_input", bf16 * tokens * ffn / tp, "keep"),
-            SavedTensor("gelu_output", bf16 * tokens * ffn / tp, "keep"),
-        ]
+        saved.append(SavedTensor("mlp_input", linear * rep * h, norm_out))
+        saved += _mlp_saved(spec, "", tokens * spec.ffn_hidden_size / tp, options, linear, swiglu_in, "keep")
     if options.dropout:
         saved.append(SavedTensor("mlp_dropout_mask", rep * h, "keep"))
+    return saved
+
+
+def _mlp_saved(spec: ModelSpec, prefix: str, elements: float, options: ActivationOptions, linear: float,
+               swiglu_in: float, output_recompute: str) -> list[SavedTensor]:
+    """What an MLP of `elements` FFN-wide values (tokens x width on this GPU) keeps between its
+    two Linears: the activation's input (fc1's output) and its output (fc2's input, dropped by
+    `output_recompute`)."""
+    if spec.activation == "swiglu":
+        saved = [SavedTensor(f"{prefix}gate_and_up", 2 * swiglu_in * elements, "keep"),
+                 SavedTensor(f"{prefix}swiglu_output", linear * elements, output_recompute)]
+        if options.eager_swiglu:
+            saved.append(SavedTensor(f"{prefix}silu_output", BYTES_BF16 * elements, output_recompute))
+        return saved
+    return [SavedTensor(f"{prefix}gelu_input", BYTES_BF16 * elements, "keep"),
+            SavedTensor(f"{prefix}gelu_output", linear * elements, output_recompute)]
+
+
+def _moe_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions, linear: float,
+               swiglu_in: float) -> list[SavedTensor]:
+    """An MoE layer's saved tensors on the busiest EP rank, as Megatron-Core's alltoall
+    dispatcher and TEGroupedMLP keep them (megatron/core/transformer/moe/): the router's input
+    (the pre-MLP norm's output, held in bf16 by the gating GEMM, `router_gating_linear`) and its
+    fp32 scores; the routed copies that arrive at this rank, saved once as the grouped fc1's
+    input (permute, all-to-all and sort_chunks_by_idxs keep only indices and split sizes); fc1's
+    output, kept by the activation, which also applies the routing probabilities
+    (`weighted_bias_swiglu_impl(..., permuted_probs, ...)` in TEGroupedMLP.forward, so the
+    combine's `unpermute` is called without probs and keeps no expert output); the activation's
+    output as fc2's input (dropped by "moe_act"); the shared experts as a dense MLP."""
+    h, tp, tokens = spec.hidden_size, shard.tp, shard.local_tokens
+    routed = tokens * spec.moe_top_k * options.moe_imbalance  # copies on the busiest rank
+    saved = [SavedTensor("router_input", BYTES_BF16 * shard.elementwise_tokens * h, "layernorm"),
+             SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
+             SavedTensor("dispatched_tokens", linear * routed * h / tp, "keep"),
+             SavedTensor("expert_probs", BYTES_FP32 * routed / tp, "keep")]
+    saved += _mlp_saved(spec, "expert_", routed * spec.expert_ffn_hidden_size / tp, options, linear, swiglu_in,
+                        "moe_act")
+    if spec.shared_ffn_width:
+        if options.fp8_linear_inputs:  # the shared fc1's FP8 copy beside the router's bf16 input
+            saved.append(SavedTensor("shared_input", linear * shard.elementwise_tokens * h, "layernorm"))
+        saved += _mlp_saved(spec, "shared_", tokens * spec.shared_ffn_width / tp, options, linear, swiglu_in, "keep")
     return saved
 
 
@@ -192,7 +288,7 @@ def activation_bytes(
     if kind != "transformer" or recompute == "none":
         return sum(t.bytes for t in saved)
     if recompute == "selective":
-        return sum(t.bytes for t in saved if t.recompute == "keep")
+        return sum(t.bytes for t in saved if t.recompute not in options.recompute_modules)
     if recompute == "full":
         return BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size
     raise ValueError(f"unknown recompute mode {recompute!r}")

@@ -21,7 +21,7 @@ from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import dispatch_bytes, imbalance_of
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import LOSS_PASSES, Gemm, LossPasses, Shard, layer_work, separate_matmuls
+from planner.cost.shapes import LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls
 from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
@@ -155,6 +155,23 @@ class CostOptions:
     prior, not a measurement (planner/cost/moe.py `DEFAULT_IMBALANCE` says where it comes from
     and what would replace it)."""
 
+    # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """What `selective` recompute re-runs under the core-attention policy: Megatron-LM's
+    `--recompute-modules` (memory.RECOMPUTE_MODULES; default ["core_attn"]). DeepSeek-V3's
+    "recompute all RMSNorm operations and MLA up-projections" and SwiGLU output (arXiv
+    2412.19437, sections 3.2.3 and 3.3.3) are ("layernorm", "mla_up_proj", "moe_act")."""
+    activation_storage: memory.ActivationStorage = "default"
+    """How saved activations are stored (memory.ACTIVATION_STORAGE): "default" keeps them in
+    bf16 but for the FP8 copies Transformer Engine's Linears keep of their inputs under FP8
+    precision; "deepseek_fp8" is DeepSeek-V3's FP8 / E5M6 activation caching."""
+    parameter_copies: int = 1
+    """Copies of each pipeline rank's transformer layers (their weights, gradients and optimizer
+    state) the schedule keeps: 2 for DualPipe modelled as DualPipeV ("DualPipe requires keeping
+    two copies of the model parameters", arXiv 2412.19437, section 3.2.1; Table 2: parameters
+    2x per device against DualPipeV's PP/2 devices). Memory only: the copies' gradient
+    all-reduce is not timed."""
+
     @property
     def flash_attention(self) -> bool:
         """A fused attention kernel (anything but "unfused")."""
@@ -165,11 +182,17 @@ class CostOptions:
             raise ValueError(f"ddp_grad_copy_passes counts passes, >= 0; got {self.ddp_grad_copy_passes}")
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
+        if self.parameter_copies < 1:
+            raise ValueError(f"parameter_copies must be >= 1, got {self.parameter_copies}")
+        unknown = set(self.recompute_modules) - set(memory.RECOMPUTE_MODULES)
+        if unknown:
+            raise ValueError(f"recompute_modules must be among {memory.RECOMPUTE_MODULES}, got {sorted(unknown)}")
         for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
                               ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
                               ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
-                              ("wgrad_accumulation", WGRAD_ACCUMULATION)):
+                              ("wgrad_accumulation", WGRAD_ACCUMULATION),
+                              ("activation_storage", memory.ACTIVATION_STORAGE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
@@ -322,10 +345,11 @@ class CostModel:
         if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
             self.analytic.attention_rates(options.attention)
         self.source = source or AnalyticSource(spec, self.analytic, options)
-        self.act_options = memory.ActivationOptions(
+        self.act_options = memory.activation_options_for(
+            options.activation_storage, options.precision == "fp8",
             flash_attention=options.flash_attention, dropout=options.dropout,
             selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
-            sac_fused_qkv=options.sac_fused_qkv,
+            sac_fused_qkv=options.sac_fused_qkv, recompute_modules=frozenset(options.recompute_modules),
         )
         self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
         self.block_kinds = block_kinds(spec)
@@ -464,8 +488,9 @@ class CostModel:
         return measured(kind, shard, recompute)
 
     def _recompute_time(self, kind: str, shard: Shard, recompute: str, times: LayerTimes) -> float:
-        """Full recompute re-runs the block's forward; selective re-runs the attention core
-        or, under the every-other-matmul policy, the 2nd, 4th... matmul and the elementwise ops."""
+        """Full recompute re-runs the block's forward; selective re-runs the modules of
+        `recompute_modules` (the attention core by default) or, under the every-other-matmul
+        policy, the 2nd, 4th... matmul and the elementwise ops."""
         if kind != "transformer" or recompute == "none":
             return 0.0
         if recompute == "full":
@@ -477,7 +502,27 @@ class CostModel:
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
-        return self.analytic.attention_core_times(work, opts.attention)[0]
+        modules = opts.recompute_modules
+        seconds = self.analytic.attention_core_times(work, opts.attention)[0] if "core_attn" in modules else 0.0
+        return seconds + self._module_recompute_time(shard, modules)
+
+    def _module_recompute_time(self, shard: Shard, modules: tuple[str, ...]) -> float:
+        """Seconds the output-discarding recompute modules re-run before the backward: the two
+        norms (read and write the hidden state), MLA's q and kv up-projection GEMMs, the routed
+        experts' SwiGLU (read gate and up, write the product) on the busiest rank."""
+        spec, analytic, seconds = self.spec, self.analytic, 0.0
+        traffic = self.options.elementwise_traffic
+        if "layernorm" in modules:
+            seconds += analytic.elementwise_time(2 * 2 * memory.BYTES_BF16 * shard.elementwise_tokens
+                                                 * spec.hidden_size * traffic, 2)
+        if "mla_up_proj" in modules and spec.is_mla:
+            ups = [g for g in attention_gemms(spec, shard) if g.name in ("q", "q_up", "kv_up")]
+            seconds += sum(g.count * analytic.gemm_time(g.m, g.n, g.k) for g in ups)
+        if "moe_act" in modules and spec.is_moe and spec.activation == "swiglu":
+            routed = (shard.local_tokens * spec.moe_top_k * imbalance_of(spec, shard, self.options.moe_imbalance)
+                      * spec.expert_ffn_hidden_size / shard.tp)
+            seconds += analytic.elementwise_time(3 * memory.BYTES_BF16 * routed * traffic, 1)
+        return seconds
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
         """TP collectives the recomputation re-runs. Full recompute re-runs the block's forward

@@ -35,8 +35,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.memory import CrossEntropy, SelectivePolicy
 from planner.cost.grad_accum import WgradAccumulation
+from planner.cost.memory import ActivationStorage, CrossEntropy, RecomputeModule, SelectivePolicy
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.shapes import LossPasses, model_flops_per_token
 from planner.cost.step import OptimizerKernels
@@ -139,6 +139,13 @@ class PublishedRun(BaseModel):
     wgrad_accumulation: WgradAccumulation = "fused"
     """How weight gradients accumulate over micro-batches (CostOptions): "autograd" where the
     runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022)."""
+    recompute_modules: list[RecomputeModule] = ["core_attn"]
+    """What `selective` recompute re-runs (CostOptions): Megatron-LM's --recompute-modules;
+    DeepSeek-V3's RMSNorm, MLA up-projection and SwiGLU recompute is layernorm, mla_up_proj, moe_act."""
+    activation_storage: ActivationStorage = "default"
+    """How saved activations are stored (CostOptions): DeepSeek-V3's FP8 / E5M6 caching is "deepseek_fp8"."""
+    parameter_copies: int = Field(default=1, ge=1, le=2)
+    """Copies of the transformer layers' training state a rank keeps (CostOptions): 2 for DualPipe."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -321,6 +328,9 @@ def cost_options(run: PublishedRun) -> CostOptions:
         p2p_mode=run.p2p_mode,
         bf16_optimizer=run.bf16_optimizer,
         launch_blocking=run.launch_blocking,
+        recompute_modules=tuple(run.recompute_modules),
+        activation_storage=run.activation_storage,
+        parameter_copies=run.parameter_copies,
     )
 
 
