@@ -116,7 +116,8 @@ class PublishedRun(BaseModel):
     """How pipeline sends and receives run (CostOptions): "blocking" for Megatron-LM's
     batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
     bf16_optimizer: bool = False
-    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
+    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, the flat fp32
+    grads all-reduced cast to the communication dtype (`grad_reduce_bytes`; bf16 by default)."""
     launch_blocking: bool = False
     """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
     cuda_context_mib: float | None = Field(default=None, gt=0)
