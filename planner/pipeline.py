@@ -43,6 +43,10 @@ class ChunkCosts:
     segments: int = 1
     """Units per micro-batch (seq1f1b's sequence segments, of equal cost): with k > 1 every
     time and byte above is one segment's mean, and a micro-batch is k units."""
+    cached_segment_bytes: list[float] | None = None
+    """Per rank, caching-allocator segments reserved for transients requested outside the
+    activation peak that no cached block can hold (DeepSpeed's BF16_Optimizer:
+    planner/cost/memory.py `bf16_optimizer_transients`); None: none."""
 
 
 PipelineTiming = SimResult

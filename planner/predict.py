@@ -181,6 +181,8 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
             for chunk, held in enumerate(row):
                 bwd_w[rank][chunk] += autograd_accumulation_s(
                     model.analytic, held, model.dtype_bytes, layout.num_microbatches) / k
+    if model.options.p2p_mode == "deepspeed" and pp > 1 and k == 1:
+        _add_pipe_engine_buffers(model, layout, shard, act, extra, last_rank)
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
@@ -190,7 +192,37 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         chunk_params=chunk_params, expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
         send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd, segments=k,
+        cached_segment_bytes=_bf16_optimizer_segments(model, layout, shard, params, last_rank),
     )
+
+
+def _add_pipe_engine_buffers(model: CostModel, layout: Layout, shard: Shard, act: list[list[float]],
+                             extra: list[float], last_rank: int) -> None:
+    """Add DeepSpeed PipelineEngine's own buffers (`memory.deepspeed_pipe_buffer_bytes`) to each
+    rank's per-micro-batch activation bytes (its last chunk's) and its transient bytes."""
+    for rank in range(layout.pp):
+        held, fixed = memory.deepspeed_pipe_buffer_bytes(
+            shard, model.spec.hidden_size, model.dtype_bytes, first=rank == 0, last=rank == last_rank)
+        act[rank][-1] += held
+        extra[rank] += fixed
+
+
+def _bf16_optimizer_segments(model: CostModel, layout: Layout, shard: Shard, params: list[float],
+                             last_rank: int) -> list[float] | None:
+    """Per rank, the allocator segments DeepSpeed's BF16_Optimizer's transients add
+    (`memory.bf16_optimizer_transients`, `memory.new_segment_bytes`); None without it."""
+    opts = model.options
+    if not opts.bf16_optimizer or layout.zero_stage > 1:
+        return None
+    spec = model.spec
+    largest_tensor = memory.largest_activation_tensor(spec, shard, opts.flash_attention)
+    segments = []
+    for rank in range(layout.pp):
+        largest = memory.largest_param_count(spec, layout.tp, embedding=rank == 0, head=rank == last_rank)
+        transients = memory.bf16_optimizer_transients(largest, params[rank], opts.grad_reduce_bytes)
+        freed = memory.bf16_optimizer_freed_before(params[rank], _dp_shards(layout), largest_tensor)
+        segments.append(memory.new_segment_bytes(transients, freed))
+    return segments
 
 
 def _block_terms(block: LayerCosts) -> tuple[float, float, float, float, float, float, float, float]:
@@ -374,8 +406,11 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
     if not model.spec.tie_embeddings or last == 0:
         return 0.0
     spec = model.spec
+    # DeepSpeed's BF16_Optimizer all-reduces the fp32 `weight._hp_grad` (pipe/engine.py
+    # `_exec_reduce_tied_grads`), whatever the DP reduction's communication dtype
+    grad_bytes = memory.BYTES_FP32 if model.options.bf16_optimizer else model.options.grad_reduce_bytes
     reduce = step_costs.tied_embedding_time(
-        model.network, spec.vocab_size, spec.hidden_size, model.options.grad_reduce_bytes,
+        model.network, spec.vocab_size, spec.hidden_size, grad_bytes,
         layout.tp, layout.cp, layout.dp, layout.pp)
     return max(done[0], done[last]) + reduce
 
@@ -638,13 +673,15 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations
     outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,
-                                             _in_embedding_group(model, layout, rank))
+                                             _in_embedding_group(model, layout, rank),
+                                             model.options.cuda_context_bytes)
+    segments = costs.cached_segment_bytes[rank] if costs.cached_segment_bytes else 0.0
     return RankMemory(
         weights=weights,
         grads=grads,
         optimizer=optimizer,
         activations=activations,
-        other=memory.other_bytes(tensors, outside),
+        other=memory.other_bytes(tensors, outside) + segments,
         outside_allocator=outside,
     )
 

@@ -493,9 +493,11 @@ def communicator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool
     return collective * NCCL_COLLECTIVE_COMM_BYTES + (NCCL_P2P_COMM_BYTES if pp > 1 else 0.0)
 
 
-def outside_allocator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False) -> float:
-    """Device memory the caching allocator does not report: CUDA context and NCCL buffers."""
-    return CUDA_CONTEXT_BYTES + communicator_bytes(tp, cp, dp, pp, embedding_group)
+def outside_allocator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False,
+                            context_bytes: float = CUDA_CONTEXT_BYTES) -> float:
+    """Device memory the caching allocator does not report: CUDA context (`context_bytes`,
+    CostOptions.cuda_context_bytes) and NCCL buffers."""
+    return context_bytes + communicator_bytes(tp, cp, dp, pp, embedding_group)
 
 
 def allocator_overhead_bytes(tensor_bytes: float) -> float:
@@ -507,3 +509,120 @@ def other_bytes(tensor_bytes: float, outside_allocator: float) -> float:
     """Device memory beyond the tensors the model counts: the allocator's overhead over them
     plus what lies outside it (`outside_allocator_bytes`)."""
     return allocator_overhead_bytes(tensor_bytes) + outside_allocator
+
+
+ALLOCATOR_ROUND_LARGE = 2 * MiB
+"""A request above 10 MiB that no cached block can hold gets a segment of its size rounded up to
+2 MiB (`kRoundLarge`, `get_allocation_size` in c10/cuda/CUDACachingAllocator.cpp, PyTorch 1.10-2.x)."""
+
+
+def segment_bytes(size: float) -> float:
+    """Bytes of the segment cudaMalloc'd for a `size`-byte request above 10 MiB (2 MiB rounding)."""
+    return -(-size // ALLOCATOR_ROUND_LARGE) * ALLOCATOR_ROUND_LARGE
+
+
+def new_segment_bytes(transients: list[float], largest_freed_before: float) -> float:
+    """Bytes the caching allocator reserves for `transients`, requested in this order once
+    everything else of the step is allocated or cached: a request that no free cached block can
+    hold gets a new segment of its own (cudaMalloc succeeds while the GPU has room), which stays
+    reserved after the tensor is freed (nothing calls empty_cache). Blocks never merge across
+    segments and segments are sized by the request that created them (c10/cuda/
+    CUDACachingAllocator.cpp: `get_free_block`, then `alloc_block`; no expandable segments before
+    PyTorch 2.1), so a request larger than every block freed before it cannot reuse one. A
+    smaller one is taken as served from the cache (a lower bound on the growth)."""
+    grown = 0.0
+    largest = largest_freed_before
+    for size in transients:
+        if size > largest:
+            grown += segment_bytes(size)
+            largest = size
+    return grown
+
+
+def largest_param_count(spec: ModelSpec, tp: int, embedding: bool, head: bool) -> float:
+    """Elements of the largest single parameter tensor on a GPU holding transformer blocks and,
+    when told, the (vocab-parallel) word embedding or output head: Megatron's fused QKV, output
+    projection, FFN up (gate and up fused for SwiGLU) and down weights, each split over `tp`."""
+    h = spec.hidden_size
+    q_width = spec.num_attention_heads * spec.kv_channels / tp
+    kv_width = max(spec.num_kv_heads / tp, 1) * spec.kv_channels
+    ffn = (spec.expert_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size) / tp
+    up = 2 if spec.activation == "swiglu" else 1
+    largest = max(h * (q_width + 2 * kv_width), q_width * h, up * ffn * h, ffn * h)
+    if embedding or head:
+        largest = max(largest, spec.vocab_size * h / tp)
+    return largest
+
+
+def bf16_optimizer_transients(largest_param: float, stage_params: float, reduce_bytes: int) -> list[float]:
+    """The two buffers DeepSpeed's BF16_Optimizer and its engine allocate beyond the tensors
+    held at the activation peak, in the order a step requests them (DeepSpeed v0.6.2,
+    #1801 "bf16+pipeline parallelism", 56c5223; unchanged through v0.6.x):
+
+    1. after every micro-batch's backward, `update_hp_grads` adds each bf16 .grad into its
+       fp32 accumulator through an fp32 copy, `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)
+       ...)` (runtime/bf16_optimizer.py): 4 bytes x the largest parameter, one at a time;
+    2. at the end of the step, `_bf16_reduce_grads` passes the optimizer's flat fp32 gradient
+       buffers (`get_grads_for_reduction` returns `fp32_groups_gradients_flat`, one per param
+       group) to `buffered_allreduce_fallback`; a flat buffer alone exceeds
+       MEMORY_OPT_ALLREDUCE_SIZE (5e8 elements), so `allreduce_no_retain` sends it as its own
+       bucket, and `allreduce_bucket` casts it whole to the communication dtype,
+       `tensor_to_allreduce = tensor.to(self.communication_data_type)` (runtime/engine.py), which
+       is bf16 when bf16 is enabled and ZeRO is off and the config names none: `reduce_bytes` x
+       the weight-decay group, Megatron's every weight but the biases and norms (their
+       no-decay group, under 0.1 % of a stage, is neglected): taken as the stage's parameters.
+       With an fp32 communication dtype (`reduce_bytes` = 4) the cast is a no-op and there is
+       no copy."""
+    hp_grad_copy = BYTES_FP32 * largest_param
+    reduce_copy = reduce_bytes * stage_params if reduce_bytes < BYTES_FP32 else 0.0
+    return [hp_grad_copy, reduce_copy]
+
+
+def bf16_optimizer_freed_before(stage_params: float, dp_shards: int, largest_activation: float) -> float:
+    """The largest block freed before the BF16_Optimizer's transients are first requested: the
+    bf16 partition its constructor clones before casting it to fp32
+    (`bf16_dp_partitions[partition_id].clone().float()`: 2 bytes x the stage's parameters over
+    DP) and the largest tensor of a layer's forward or recompute (`largest_activation`)."""
+    return max(BYTES_BF16 * stage_params / dp_shards, largest_activation)
+
+
+def largest_activation_tensor(spec: ModelSpec, shard: Shard, flash_attention: bool) -> float:
+    """Bytes of the largest single tensor a transformer block allocates in its forward: the
+    unfused attention's bf16 score or probability matrix (b x a/t x s/cp x s), else its widest
+    activation (the FFN up-projection's output, b x s x up*ffn/t)."""
+    up = 2 if spec.activation == "swiglu" else 1
+    ffn = spec.expert_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size
+    widest = BYTES_BF16 * shard.local_tokens * up * ffn / shard.tp
+    if flash_attention:
+        return widest
+    heads = spec.num_attention_heads / shard.tp
+    return max(widest, BYTES_BF16 * shard.mbs * heads * (shard.seq / shard.cp) * shard.seq)
+
+
+def deepspeed_pipe_buffer_bytes(shard: Shard, hidden: int, dtype_bytes: int, first: bool,
+                                last: bool) -> tuple[float, float]:
+    """What DeepSpeed's PipelineEngine holds beyond the layers' saved tensors on one stage:
+    (bytes per in-flight micro-batch, bytes at the backward's peak). runtime/pipe/engine.py
+    (v0.5.4 through v0.6.x; `is_pipe_partitioned` and, since #1407 "Big science related
+    changes", `is_grad_partitioned` are both `is_model_parallel`, TP > 1):
+
+    - every stage but the last keeps, per in-flight micro-batch, its output partitioned over TP
+      in `pipe_buffers['outputs']` (`PartitionedTensor(...)`, whose `_partition_tensor` keeps a
+      `.clone()` of its 1/TP slice; `first_output.data = torch.zeros(1)` drops the rest), the
+      whole output without TP;
+    - before its backward such a stage (TP > 1) restores that output whole
+      (`outputs[0].data = part_output.full()`) and gathers the received gradient whole
+      (`part_grad.full()`), both held through the backward (`grad_tensors = None` after it),
+      and keeps the receive buffer `grad_layer` (one 1/TP partition, allocated once);
+    - every stage but the first keeps `pipe_recv_buf`, the activation receive buffer (one 1/TP
+      partition, allocated once).
+    The activation (and so its gradient) is the stage boundary's hidden state, `dtype_bytes`
+    per element; the partition metadata (a few int64) is neglected."""
+    whole = dtype_bytes * shard.local_tokens * hidden
+    part = whole / shard.tp
+    restored = 2 * whole if shard.tp > 1 else 0.0
+    held = 0.0 if last else part
+    fixed = 0.0 if last else restored + part
+    if not first:
+        fixed += part
+    return held, fixed

@@ -141,9 +141,19 @@ class CostOptions:
     """DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed with --bf16 and ZeRO stage 0 in the
     DeepSpeed config, the optimizer sharding master weights and moments itself): it keeps each
     parameter's bf16 .grad (2 B, `update_hp_grads(clear_lp_grads=False)`) beside the unsharded
-    fp32 gradient accumulation buffer, and all-reduces the fp32 grads
-    (`_bf16_reduce_grads` -> buffered_allreduce_fallback) before its sharded step and the bf16
-    parameter all-gather (deepspeed/runtime/bf16_optimizer.py, pipe/engine.py, v0.6.2+)."""
+    fp32 gradient accumulation buffer, and all-reduces the flat fp32 grads
+    (`_bf16_reduce_grads` -> buffered_allreduce_fallback) cast to the engine's communication
+    dtype (`grad_reduce_bytes`: bf16 unless the config names one) before its sharded step and
+    the bf16 parameter all-gather; the tied embedding's fp32 grad is all-reduced as it is
+    (`weight._hp_grad`). Its fp32 copy of each .grad and the cast flat buffer cost allocator
+    segments (planner/cost/memory.py `bf16_optimizer_transients`; deepspeed/runtime/
+    bf16_optimizer.py, engine.py, pipe/engine.py, v0.6.2+)."""
+
+    cuda_context_bytes: float = memory.CUDA_CONTEXT_BYTES
+    """Device memory of the CUDA context and the kernel images loaded with it, outside the
+    caching allocator. The default is a CUDA 12 context with lazy module loading; a CUDA 11
+    stack loads every kernel image of PyTorch's libraries at context creation (lazy loading,
+    CUDA_MODULE_LOADING=LAZY, came with CUDA 11.7), which a run can state here as measured."""
 
     # Mixture of experts and FP8 (issue 14).
     precision: Precision = "bf16"
@@ -180,6 +190,8 @@ class CostOptions:
     def __post_init__(self) -> None:
         if self.ddp_grad_copy_passes < 0:
             raise ValueError(f"ddp_grad_copy_passes counts passes, >= 0; got {self.ddp_grad_copy_passes}")
+        if self.cuda_context_bytes < 0:
+            raise ValueError(f"cuda_context_bytes must be >= 0, got {self.cuda_context_bytes}")
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
         if self.parameter_copies < 1:

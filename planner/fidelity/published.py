@@ -44,7 +44,7 @@ from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
 from planner.predict import Prediction, predict
 from planner.spec import Cluster, ModelSpec, validation_message
-from planner.units import GiB
+from planner.units import GiB, MiB
 
 Convention = Literal["palm", "megatron_hfu"]
 Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
@@ -117,9 +117,13 @@ class PublishedRun(BaseModel):
     """How pipeline sends and receives run (CostOptions): "blocking" for Megatron-LM's
     batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
     bf16_optimizer: bool = False
-    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, fp32 all-reduce."""
+    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, the flat fp32
+    grads all-reduced cast to the communication dtype (`grad_reduce_bytes`; bf16 by default)."""
     launch_blocking: bool = False
     """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
+    cuda_context_mib: float | None = Field(default=None, gt=0)
+    """The CUDA context's device memory as the source measured it on its own stack (MiB,
+    CostOptions.cuda_context_bytes); the cost model's default when absent."""
     optimizer_kernels: OptimizerKernels = "fused"
     """The Adam step and gradient clipping (CostOptions): torchtitan's default torch AdamW is "foreach"."""
     fsdp2: bool = False
@@ -331,6 +335,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         recompute_modules=tuple(run.recompute_modules),
         activation_storage=run.activation_storage,
         parameter_copies=run.parameter_copies,
+        **({} if run.cuda_context_mib is None else {"cuda_context_bytes": run.cuda_context_mib * MiB}),
     )
 
 

@@ -259,7 +259,7 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
     embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
                        and rank in (0, last))
     return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
-        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
+        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group, model.options.cuda_context_bytes)
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:

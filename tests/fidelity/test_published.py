@@ -42,7 +42,7 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "megatron-moe-modelzoo": 0.32,  # raised from 0.28 with MOE_BOUND, for the reason given there
 }
 """Mean |step-time error| per source, just above what the model reaches today
-(docs/accuracy_published.md: 17.7, 2.4, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
+(docs/accuracy_published.md: 17.7, 3.0, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
 korthikanti2022 and mtnlg2022 tightened when blocking pipeline send/recv and DeepSpeed's
 PipelineEngine and BF16_Optimizer came to be charged, torchtitan with FSDP2's root unit, copies
 and loss buffers; narayanan2021 9.3 -> 7.1% and mtnlg2022 24.4 -> 20.9% with the 2021
@@ -52,15 +52,23 @@ the model improves; never raise one to let a change through. One was raised once
 reason: narayanan2021 (6.1% -> 9.7%) when unfused attention, which these 2021 runs used, came
 to be charged from its kernels (batched GEMMs and softmax/dropout passes, FlashAttention-2
 paper rates) instead of at the flash kernel's rate: a component-level correction that made
-these predictions faster, and so more optimistic (docs/accuracy_published.md)."""
+these predictions faster, and so more optimistic (docs/accuracy_published.md). BLOOM's moved
+from 2.4% to 3.0% (within its bound) when its data-parallel all-reduce was read as bf16, DeepSpeed's
+communication dtype under bf16 (runtime/engine.py `communication_data_type`), not fp32."""
 OVERALL_BOUND = 0.12
 """Today 11.3% over 47 runs (12.0% before issue 12's component changes, same runs)."""
 HELD_OUT_BOUND = 0.16
 """Today 15.0% over the 13 held-out runs."""
-MEMORY_BOUND = 0.105
-"""Mean |peak-memory error| over the 8 runs that publish memory: today 10.0% (torchtitan's
+MEMORY_BOUND = 0.045
+"""Mean |peak-memory error| over the 8 runs that publish memory: today 4.1% (torchtitan's
 four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four
-15.5% since DeepSpeed's BF16_Optimizer and the embedding LayerNorm)."""
+3.7%, 15.5% until DeepSpeed's BF16_Optimizer transients took their allocator segments, its
+PipelineEngine buffers and BigScience's measured CUDA context were charged)."""
+BLOOM_MEMORY_BOUND = 0.04
+"""Mean |peak-memory error| of BLOOM's four runs: today 3.7% (+6.6, +1.8, +5.7, +0.7%;
+docs/accuracy_published.md, 'BLOOM's memory')."""
+RUN_MEMORY_BOUND = 0.10
+"""Issue 12's clause: every run that publishes its memory within 10%."""
 WORST_BOUND = 0.345
 """Today's worst run: 33.7% (MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed
 precision was read right, bf16 gradient reduction, which makes it faster still)."""
@@ -198,6 +206,15 @@ def test_step_error_stays_under_recorded_bounds_overall_and_held_out(results):
     assert overall.max_abs <= WORST_BOUND
     assert summarize([r for r in dense if r.run.held_out]).mean_abs <= HELD_OUT_BOUND
     assert overall.memory_runs >= 8 and overall.memory_mean_abs <= MEMORY_BOUND
+
+
+def test_memory_error_stays_within_ten_percent_per_run_and_bloom_s_bound(results):
+    published = [r for r in results if r.memory_error is not None]
+    assert len(published) >= 8
+    for r in published:
+        assert abs(r.memory_error) <= RUN_MEMORY_BOUND, r.run.name
+    bloom = summarize(by_source(results)["bigscience-bloom"])
+    assert bloom.memory_runs == 4 and bloom.memory_mean_abs <= BLOOM_MEMORY_BOUND
 
 
 def test_moe_step_error_stays_under_its_recorded_bounds(results):
