@@ -26,7 +26,7 @@ from functools import partial
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.grad_accum import autograd_accumulation_s
+from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
 from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
@@ -118,7 +118,8 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     pipeline sends block). Each chunk's blocks are costed as what they are (an MoE model's
     dense-MLP layers apart); the multi-token-prediction modules ride with the head (with each
     head under chimera). Where autograd accumulates the weight gradients, each chunk's
-    backward-weight time carries its mean per-micro-batch add (planner/cost/grad_accum.py)."""
+    backward-weight time carries its mean per-micro-batch add, and under DeepSpeed's BF16_Optimizer
+    its add of the bf16 gradients into the fp32 accumulators (planner/cost/grad_accum.py)."""
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
@@ -181,6 +182,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
             for chunk, held in enumerate(row):
                 bwd_w[rank][chunk] += autograd_accumulation_s(
                     model.analytic, held, model.dtype_bytes, layout.num_microbatches) / k
+    if model.options.bf16_optimizer:
+        for rank, row in enumerate(chunk_params):
+            for chunk, held in enumerate(row):
+                bwd_w[rank][chunk] += hp_grad_add_s(model.analytic, held) / k
     if model.options.p2p_mode == "deepspeed" and pp > 1 and k == 1:
         _add_pipe_engine_buffers(model, layout, shard, act, extra, last_rank)
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp

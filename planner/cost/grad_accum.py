@@ -34,3 +34,18 @@ def autograd_accumulation_s(compute: AnalyticCompute, params: float, grad_bytes:
         return 0.0
     total = (microbatches - 1) * params * ACCUMULATE_READS_WRITES * grad_bytes / compute.mem_bw
     return total / microbatches
+
+
+HP_GRAD_ADD_BYTES_PER_PARAM = 18
+"""DeepSpeed's BF16_Optimizer after every micro-batch's backward (`update_hp_grads`,
+runtime/bf16_optimizer.py v0.6.2+: `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype)...)`):
+the cast reads the bf16 gradient (2 B) and writes an fp32 copy (4 B); the add reads the fp32
+accumulator and the copy (4 + 4 B) and writes the accumulator (4 B)."""
+
+
+def hp_grad_add_s(compute: AnalyticCompute, params: float) -> float:
+    """Seconds per micro-batch that DeepSpeed's BF16_Optimizer spends adding the bf16 weight
+    gradients of `params` parameters into their fp32 accumulators. The pipeline engine clears
+    the bf16 `.grad` to None before every backward (`clear_lp_grads`), so autograd adds nothing
+    and every micro-batch, the first included, pays this. Per-tensor launches are not counted."""
+    return params * HP_GRAD_ADD_BYTES_PER_PARAM / compute.mem_bw if params > 0 else 0.0

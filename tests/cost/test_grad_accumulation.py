@@ -1,6 +1,7 @@
-"""Weight-gradient accumulation by autograd (planner/cost/grad_accum.py), against torch's own
-autograd: micro-batches of a linear layer's backward run for real on CPU under a dispatch mode
-that adds the bytes of every non-GEMM op on weight-sized tensors; and its place in `predict`."""
+"""Weight-gradient accumulation by autograd, and DeepSpeed BF16_Optimizer's add of each bf16
+gradient into its fp32 accumulator (planner/cost/grad_accum.py), against torch's own ops:
+micro-batches of a linear layer's backward run for real on CPU under a dispatch mode that adds
+the bytes of every non-GEMM op on weight-sized tensors; and their place in `predict`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
-from planner.cost.grad_accum import autograd_accumulation_s
+from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs, predict
@@ -23,13 +24,13 @@ GEMMS = {"mm", "addmm", "bmm", "matmul", "t", "view", "detach", "_to_copy", "emp
 class WeightTraffic(TorchDispatchMode):
     """Bytes that ops other than GEMMs and views read and write on `numel`-element tensors."""
 
-    def __init__(self, numel: int):
+    def __init__(self, numel: int, ignored: frozenset[str] = frozenset(GEMMS)):
         super().__init__()
-        self.numel, self.nbytes = numel, 0
+        self.numel, self.nbytes, self.ignored = numel, 0, ignored
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func.overloadpacket.__name__ not in GEMMS:
+        if func.overloadpacket.__name__ not in self.ignored:
             for t in tree_leaves((args, kwargs or {})) + tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.numel() == self.numel:
                     self.nbytes += t.numel() * t.element_size()
@@ -51,10 +52,28 @@ def test_autograd_adds_each_later_microbatch_gradient_once(microbatches):
     assert modelled * compute.mem_bw == pytest.approx(traffic.nbytes)
 
 
-def _setup(accumulation, m, pp=2):
+def test_bf16_optimizer_adds_every_microbatch_gradient_into_fp32():
+    """The pipeline engine's per-micro-batch sequence (deepspeed/runtime/pipe/engine.py
+    `_exec_backward_pass`): `clear_lp_grads()` sets the bf16 grads to None, the backward runs,
+    `update_hp_grads` adds `lp.grad.to(fp32)` into the fp32 accumulator."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48, bias=False, dtype=torch.bfloat16)
+    accumulator = torch.zeros(layer.weight.shape, dtype=torch.float32)
+    with WeightTraffic(layer.weight.numel(), frozenset(GEMMS - {"_to_copy"})) as traffic:  # the cast counts
+        layer.weight.grad = None
+        layer(torch.randn(8, 64, dtype=torch.bfloat16)).sum().backward()
+        backward_only = traffic.nbytes
+        accumulator.add_(layer.weight.grad.to(accumulator.dtype))
+    compute = AnalyticCompute(resolve_gpu("a100-80gb"), "bf16")
+    modelled = hp_grad_add_s(compute, layer.weight.numel()) * compute.mem_bw
+    assert modelled == pytest.approx(traffic.nbytes - backward_only)
+
+
+def _setup(accumulation, m, pp=2, bf16_optimizer=False):
     spec = resolve_model("megatron-gpt-1.7b")
     model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), 2 * pp),
-                      CostOptions(dtype="fp16", wgrad_accumulation=accumulation))
+                      CostOptions(dtype="fp16" if not bf16_optimizer else "bf16",
+                                  wgrad_accumulation=accumulation, bf16_optimizer=bf16_optimizer))
     layout = Layout(tp=1, pp=pp, dp=2, vpp=1, mbs=2, num_microbatches=m, schedule="1f1b",
                     recompute=("full",) * pp, sequence_parallel=False, zero_stage=0,
                     stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"))
@@ -75,6 +94,16 @@ def test_each_chunk_carries_its_mean_add_in_the_backward_weight(m, pp):
     slower = predict(autograd_model, layout, 2 * 2 * m, 2048).step_time_s
     base = predict(fused_model, layout, 2 * 2 * m, 2048).step_time_s
     assert (slower > base) if m > 1 else (slower == base)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_bf16_optimizer_charges_its_add_on_every_microbatch(m):
+    plain_model, layout = _setup("fused", m)
+    bf16_model, _ = _setup("fused", m, bf16_optimizer=True)
+    plain, added = chunk_costs(plain_model, layout, 2048), chunk_costs(bf16_model, layout, 2048)
+    for rank in range(layout.pp):
+        extra = added.backward_weight_s[rank][0] - plain.backward_weight_s[rank][0]
+        assert extra == pytest.approx(plain.chunk_params[rank][0] * 18 / bf16_model.analytic.mem_bw, rel=1e-9)
 
 
 def test_unknown_accumulation_is_refused():
