@@ -186,7 +186,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         for rank, row in enumerate(chunk_params):
             for chunk, held in enumerate(row):
                 bwd_w[rank][chunk] += hp_grad_add_s(model.analytic, held) / k
-    if model.options.p2p_mode == "deepspeed" and pp > 1 and k == 1:
+    if model.options.p2p_mode in ("deepspeed", "deepspeed-whole-grads") and pp > 1 and k == 1:
         _add_pipe_engine_buffers(model, layout, shard, act, extra, last_rank)
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
@@ -264,9 +264,11 @@ def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[floa
     "blocking" (Megatron-LM): the send and the matching receive of the opposite direction run
     together (one batch_isend_irecv) with 1/TP of the activation each, then, without sequence
     parallelism, the received part is all-gathered over TP (gather_split_1d_tensor).
-    "deepspeed": send and receive one after the other, the activation as its 1/TP part and
-    the gradient whole; the partitioned activation is all-gathered over TP once on arrival
-    (forward) and once before its backward (the stage output restored in _exec_recv_grads).
+    "deepspeed": send and receive one after the other, the activation and the gradient each as
+    its 1/TP part; the activation is all-gathered over TP on arrival (forward), the stage output
+    and the received gradient before the backward (_exec_backward_pass).
+    "deepspeed-whole-grads" (before v0.5.4): the gradient sent whole, the stage output restored
+    by one all-gather when it arrives (_exec_recv_grads).
     "megatron-lm": "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B (CostOptions)."""
     mode, tp = model.options.p2p_mode, layout.tp
     if mode == "megatron-lm":
@@ -278,6 +280,8 @@ def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[floa
     gather = net.all_gather(p2p_bytes * tp, tp, 1) if tp > 1 and not layout.sequence_parallel else 0.0
     if mode == "blocking":
         return part + gather, part + gather
+    if mode == "deepspeed":
+        return part + part + 2 * gather, part + part + gather
     whole = net.p2p(p2p_bytes * tp, layout.pp, stride)
     return part + whole + gather, whole + part + gather
 

@@ -31,7 +31,7 @@ CpComm = Literal["ring", "all_gather"]
 CP_COMM: tuple[str, ...] = get_args(CpComm)
 Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
-P2pMode = Literal["overlapped", "blocking", "deepspeed", "megatron-lm"]
+P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
 
 
@@ -128,10 +128,14 @@ class CostOptions:
     (megatron/p2p_communication.py 2020-2022, "to protect against race condition when using
     batch_isend_irecv()"; core's batch_p2p_sync), its send and receive in parallel, each 1/TP
     of the activation (scatter-gather), then an all-gather over TP. "deepspeed": DeepSpeed's
-    PipelineEngine (runtime/pipe/engine.py and p2p.py, 2020-2022): blocking dist.send then
-    dist.recv, the activation sent as a 1/TP partition (is_pipe_partitioned) and gathered over
-    TP on arrival and before the backward, the gradient sent whole (is_grad_partitioned False);
-    today's engine still calls p2p.send / p2p.recv without async_op (deepspeed 0.19).
+    PipelineEngine (runtime/pipe/engine.py and p2p.py): blocking dist.send then dist.recv, the
+    activation and its gradient each sent as a 1/TP partition (`is_pipe_partitioned =
+    is_grad_partitioned = is_model_parallel` since v0.5.4, #1407 "Big science related changes",
+    2021-09-29; config `pipeline.grad_partitioned` defaults True through 0.19) and gathered over
+    TP: the activation on arrival, the stage output and the received gradient before the
+    backward; today's engine still calls p2p.send / p2p.recv without async_op (deepspeed 0.19).
+    "deepspeed-whole-grads": the engine before v0.5.4 (`is_grad_partitioned = False`): the
+    gradient sent whole, the stage output gathered when it arrives (_exec_recv_grads).
     "megatron-lm": today's Megatron-LM as its training script configures it: "blocking" for
     plain 1F1B (forward_backward_pipelining_without_interleaving's send_forward_recv_backward
     calls `_communicate` with wait_on_reqs=True) and "overlapped" for interleaved 1F1B

@@ -99,3 +99,37 @@ def test_megatron_lm_mode_blocks_plain_1f1b_and_overlaps_interleaved():
                                                ("deepspeed", "deepspeed")])
 def test_plans_for_a_runtime_are_charged_its_pipeline_exchange(runtime, mode):
     assert runtime_cost_options(runtime).p2p_mode == mode
+
+
+def _deepspeed_holds(mode: str, tp: int) -> tuple[tuple[float, float], CostModel, float]:
+    spec = resolve_model("llama3-8b")
+    layout = Layout(tp=tp, pp=4, dp=1, vpp=1, mbs=1, num_microbatches=8, schedule="1f1b",
+                    recompute=("none",) * 4, sequence_parallel=False, zero_stage=1,
+                    stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"))
+    model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 4 * tp), CostOptions(p2p_mode=mode))
+    part_bytes = model.dtype_bytes * SEQ * spec.hidden_size / tp
+    costs = chunk_costs(model, layout, SEQ)
+    return (costs.send_hold_forward_s, costs.send_hold_backward_s), model, part_bytes
+
+
+def test_deepspeed_engine_partitions_gradients_since_v0_5_4_and_not_before():
+    """Per 1F1B pair, today's engine (is_grad_partitioned = is_model_parallel) moves two 1/TP
+    partitions and gathers three times over TP (the activation on arrival; the stage output and
+    the gradient before the backward); before v0.5.4 the gradient went whole and only the
+    activation and the restored output were gathered."""
+    tp = 8
+    (fwd, bwd), model, part = _deepspeed_holds("deepspeed", tp)
+    net, stride = model.network, tp
+    p2p_part, p2p_whole = net.p2p(part, 4, stride), net.p2p(part * tp, 4, stride)
+    gather = net.all_gather(part * tp, tp, 1)
+    assert (fwd, bwd) == pytest.approx((2 * p2p_part + 2 * gather, 2 * p2p_part + gather), rel=1e-12)
+    (old_fwd, old_bwd), _, _ = _deepspeed_holds("deepspeed-whole-grads", tp)
+    assert (old_fwd, old_bwd) == pytest.approx((p2p_part + p2p_whole + gather,) * 2, rel=1e-12)
+    assert _deepspeed_holds("deepspeed", 1)[0] == _deepspeed_holds("deepspeed-whole-grads", 1)[0]
+
+
+def test_installed_deepspeed_partitions_pipeline_gradients_by_default():
+    """What `--runtime deepspeed` is charged ("deepspeed") is the engine's default config."""
+    config = pytest.importorskip("deepspeed.runtime.config")
+    assert config.get_pipeline_config({})["grad_partitioned"] is True
+    assert config.get_pipeline_config({})["pipe_partitioned"] is True
