@@ -98,3 +98,14 @@ def test_a_calibrated_efficiency_replaces_the_table_on_the_target():
     moved = transfer(fitted, resolve_gpu("h200"))
     assert moved.gemm_table is None and moved.gemm == 0.5
     assert transfer(h100.efficiency, resolve_gpu("h200")).gemm_table == h100.efficiency.gemm_table
+
+
+def test_a100_prior_stays_under_its_measured_gemm_rate():
+    # Horace He, 'Strangely, Matrix Multiplications on GPUs Run Faster When Given "Predictable"
+    # Data!' (thonking.ai, 2024): torch.mm (cuBLAS) 8192 x 8192 x 8192 on an A100 with randn
+    # inputs, 257 TFLOP/s; MAMF finder's A100 SXM best mean, 271.2 TFLOP/s. The A100 keeps its
+    # unmeasured prior (no A100 shape table is at hand): it must not price a GEMM above them.
+    a100 = AnalyticCompute(resolve_gpu("a100-80gb"))
+    assert _compute_rate(a100, 8192, 8192, 8192) <= 257e12
+    shapes = itertools.product((2048, 8192, 65536), (1024, 8192, 28672), (1024, 8192, 16384))
+    assert max(_compute_rate(a100, *s) for s in shapes) <= 271.2e12
