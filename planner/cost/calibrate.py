@@ -132,9 +132,8 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
         raise PlannerError("the profiles have no successful measurements to calibrate on")
     prior = gpu.efficiency
     free_names = identified(items)
+    # a fit of gemm/gemm_half_dim replaces the measured GEMM table: their functional form is what it fits
     fitted_prior = prior.model_copy(update={"gemm_table": None}) if "gemm" in free_names else prior
-    """A fit of `gemm`/`gemm_half_dim` replaces the measured GEMM table (their functional form
-    is what it fits)."""
 
     start = _encode(fitted_prior)
     shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, fitted_prior), items)) / len(items)

@@ -93,11 +93,12 @@ class AnalyticCompute:
     def _saturation(self, x: float) -> float:
         return x / (x + self.eff.gemm_half_dim)
 
-    def _gemm_rate(self, m: int, n: int, k: int, peak: float, table: GemmTable | None) -> float:
-        """Achieved FLOP/s of an (m x k) @ (k x n) GEMM: measured by shape where a table
-        applies, else the peak times e_gemm and the saturation falloff."""
+    def _gemm_rate(self, m: int, n: int, k: int, peak: float, table: GemmTable | None, batch: int = 1) -> float:
+        """Achieved FLOP/s of `batch` (m x k) @ (k x n) GEMMs in one kernel: measured by shape
+        where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
+        its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
-            return table.rate(m, n, k) * self.eff.gemm_table_scale
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale
         return peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
 
     def gemm_time(self, m: int, n: int, k: int) -> float:
@@ -108,7 +109,7 @@ class AnalyticCompute:
 
     def batched_gemm_time(self, g: Gemm) -> float:
         """Seconds for `g.count` independent GEMMs of one shape in one batched kernel."""
-        compute = g.flops / self._gemm_rate(g.m, g.n, g.k, self.peak, self._batched_table)
+        compute = g.flops / self._gemm_rate(g.m, g.n, g.k, self.peak, self._batched_table, g.count)
         memory = 2.0 * g.count * (g.m * g.k + g.k * g.n + g.m * g.n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 

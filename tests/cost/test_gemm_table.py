@@ -17,6 +17,7 @@ from planner.catalog import resolve_gpu
 from planner.cost.calibrate import transfer
 from planner.cost.compute import AnalyticCompute
 from planner.cost.gemm_table import load_gemm_table
+from planner.cost.shapes import Gemm
 
 TABLE_FILE = "gemm_h100_sxm_xla.toml"
 RAW = tomllib.loads(resources.files("planner.presets").joinpath(TABLE_FILE).read_text())
@@ -125,3 +126,10 @@ def test_a100_prior_agrees_with_a_sustained_gemm_measurement():
     a100 = AnalyticCompute(resolve_gpu("a100-80gb"))
     for shape, tflops in AZURE_ND_A100_V4_FP16_TFLOPS.items():
         assert _compute_rate(a100, *shape) == pytest.approx(tflops * 1e12, rel=0.05), shape
+
+
+def test_a_batched_kernel_runs_at_the_tables_batched_measurement():
+    h100 = AnalyticCompute(resolve_gpu("h100"))
+    batched = {(b, m, n, k): tflops * 1e12 for b, m, n, k, tflops in RAW["batched"]}
+    g = Gemm(name="scores", m=4096, n=1024, k=4096, count=4)
+    assert g.flops / (h100.batched_gemm_time(g) - h100.overhead_s) == pytest.approx(batched[(4, 4096, 1024, 4096)])
