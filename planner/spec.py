@@ -164,6 +164,14 @@ class GpuEfficiency(BaseModel):
     """Achieved fraction of peak tensor FLOP/s on a large, well-shaped GEMM."""
     gemm_half_dim: float = Field(gt=0)
     """GEMM dimension at which a GEMM reaches half of `gemm` (small-shape falloff)."""
+    gemm_table: str | None = None
+    """Data file in planner/presets with this GPU's measured GEMM FLOP/s by (m, n, k)
+    (planner/cost/gemm_table.py). When set, GEMMs in the table's dtype (bf16; fp16 runs at
+    the same peak) take their rate from it times `gemm_table_scale`, in place of
+    `gemm` x s(m) s(n) s(k); other dtypes (fp8) and calibration keep `gemm`/`gemm_half_dim`."""
+    gemm_table_scale: float = Field(default=1.0, gt=0)
+    """Factor on `gemm_table`'s rates: below 1 for a part slower than the measured one (e.g.
+    a lower power limit); a calibration from the user's runs may move it."""
     attention_fwd: float = Field(gt=0, le=1)
     attention_bwd: float = Field(gt=0, le=1)
     hbm: float = Field(gt=0, le=1)

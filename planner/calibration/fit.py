@@ -4,7 +4,8 @@ Each run is a layout the cost model can predict (`planner.predict.predict`) and 
 step time: one observation. Three knobs, each a factor on fields of the GPU preset's
 `[efficiency]` table (planner/presets/gpus.toml), tried in this order:
 
-  compute   gemm, attention (FA2, FA3, cuDNN rates), hbm  (the roofline's achieved fractions)
+  compute   gemm (or the measured GEMM table's scale), attention (FA2, FA3, cuDNN rates), hbm
+            (the roofline's achieved fractions)
   comm      intra_node_comm, inter_node_comm        (achieved fractions of link bandwidth)
   overhead  kernel_overhead_us, host_op_us_*          (per-kernel launch, tail and host time)
 
@@ -36,6 +37,7 @@ from planner.spec import Cluster, GpuEfficiency, ModelSpec
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "gemm": (0.3, 0.95),
+    "gemm_table_scale": (0.3, 1.15),
     "attention_fwd": (0.15, 0.95),
     "attention_bwd": (0.15, 0.95),
     "hbm": (0.3, 0.95),
@@ -54,16 +56,19 @@ FlashAttention-3 kernels reach 75-85% of dense peak (Shah et al. 2024, FlashAtte
 table 1), STREAM-like copies 90%+ of HBM bandwidth; nccl-tests bus bandwidth reaches 80-95%
 of the link rate on NVLink and InfiniBand. The lower ends are where a run is broken rather
 than slow. Kernel overhead: a CUDA launch costs ~2-5 us of host time, eager PyTorch
-dispatch adds tens of us per op when the host bounds the step."""
+dispatch adds tens of us per op when the host bounds the step. `gemm_table_scale` multiplies
+measured GEMM rates (planner/presets/gemm_*.toml): down to where a run is broken, up to 15 %
+above the measurement (the H100 table's largest rate, 0.82 of peak, x 1.15 is gemm's 0.95)."""
 
 KNOBS: dict[str, tuple[str, ...]] = {
-    "compute": ("gemm", "attention_fwd", "attention_bwd", "flash3_fwd", "flash3_bwd", "cudnn_fwd",
-                "cudnn_bwd", "hbm"),
+    "compute": ("gemm", "gemm_table_scale", "attention_fwd", "attention_bwd", "flash3_fwd", "flash3_bwd",
+                "cudnn_fwd", "cudnn_bwd", "hbm"),
     "comm": ("intra_node_comm", "inter_node_comm"),
     "overhead": ("kernel_overhead_us", "host_op_us_forward", "host_op_us_backward"),
 }
 """Each knob and the efficiency fields it scales, in the order they are tried (a field the
-GPU preset leaves unset or at zero, e.g. a kernel it has no rate for, is left as it is)."""
+GPU preset leaves unset or at zero, e.g. a kernel it has no rate for, or `gemm_table_scale`
+without a `gemm_table`, is left as it is)."""
 
 MIN_SENSITIVITY = 0.05
 """Smallest norm, over the runs, of a knob's d ln(step time) / d ln(factor) left after the
@@ -136,7 +141,7 @@ def knob_bounds(name: str, prior: GpuEfficiency) -> tuple[float, float]:
     lows, highs = [], []
     for field in KNOBS[name]:
         value, (low, high) = getattr(prior, field), BOUNDS[field]
-        if not value:
+        if not _in_use(prior.model_dump(), field):
             continue
         lows.append(low / value)
         highs.append(high / value)
@@ -149,11 +154,17 @@ def apply(prior: GpuEfficiency, factors: dict[str, float], source: str = "") -> 
     fields = prior.model_dump()
     for name, factor in factors.items():
         for field in KNOBS[name]:
-            if fields[field]:
+            if _in_use(fields, field):
                 fields[field] = fields[field] * factor
     if source:
         fields["source"] = source
     return GpuEfficiency.model_construct(**fields)
+
+
+def _in_use(fields: dict, field: str) -> bool:
+    """Whether an efficiency field enters the cost model (set, non-zero, and for the table's
+    scale, a table to scale)."""
+    return bool(fields[field]) and (field != "gemm_table_scale" or fields["gemm_table"] is not None)
 
 
 def predict_run(run: Run, efficiency: GpuEfficiency) -> Prediction:

@@ -337,5 +337,7 @@ def _error_table(result: Calibration, gpu: str) -> Table:
 def _toml(gpu: str, efficiency: GpuEfficiency) -> str:
     lines = [f"[{gpu}.efficiency]"]
     for name, value in efficiency.model_dump().items():
+        if value is None:  # TOML has no null: an absent key is the field's default, None
+            continue
         lines.append(f"{name} = {json.dumps(value) if isinstance(value, str) else f'{value:.4g}'}")
     return "\n".join(lines) + "\n"

@@ -131,12 +131,15 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
     if not items:
         raise PlannerError("the profiles have no successful measurements to calibrate on")
     prior = gpu.efficiency
+    free_names = identified(items)
+    # a fit of gemm/gemm_half_dim replaces the measured GEMM table: their functional form is what it fits
+    fitted_prior = prior.model_copy(update={"gemm_table": None}) if "gemm" in free_names else prior
 
-    start = _encode(prior)
-    shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, prior), items)) / len(items)
+    start = _encode(fitted_prior)
+    shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, fitted_prior), items)) / len(items)
     start = [v + (shift if name in _FRACTIONS else -shift if name == "kernel_overhead_us" else 0.0)
              for name, v in zip(FITTED, start)]
-    free = [i for i, name in enumerate(FITTED) if name in identified(items)]
+    free = [i for i, name in enumerate(FITTED) if name in free_names]
 
     def point(y: list[float]) -> list[float]:
         x = list(start)
@@ -145,11 +148,11 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
         return x
 
     def loss(y: list[float]) -> float:
-        predicted = predict(items, gpu, _decode(point(y), prior))
+        predicted = predict(items, gpu, _decode(point(y), fitted_prior))
         return sum(math.log(p / s.measured_s) ** 2 for p, s in zip(predicted, items)) / len(items)
 
     best = point(_nelder_mead(loss, [start[i] for i in free]))
-    fields = {**prior.model_dump(), **_decode(best, prior).model_dump(include=set(FITTED))}
+    fields = {**fitted_prior.model_dump(), **_decode(best, fitted_prior).model_dump(include=set(FITTED))}
     fields["source"] = source or "fitted by planner calibrate"
     efficiency = GpuEfficiency(**fields)
     before, after = predict(items, gpu, prior), predict(items, gpu, efficiency)
@@ -178,8 +181,11 @@ def identified(items: list[Sample]) -> set[str]:
 def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> GpuEfficiency:
     """`efficiency` (fitted on one GPU) for `target`: the fractions of peak and the
     shape/overhead terms carry over unchanged, the target keeps its own (unfitted)
-    communication efficiencies."""
+    communication efficiencies. Its GEMMs follow the fitted `gemm`/`gemm_half_dim` (the
+    target's measured GEMM table is dropped) unless `efficiency` itself runs on a table."""
     fields = {**target.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
+    if efficiency.gemm_table is None:
+        fields["gemm_table"] = None
     fields["source"] = source or f"transferred as fractions of peak ({efficiency.source})"
     return GpuEfficiency(**fields)
 
@@ -204,7 +210,7 @@ def fitted_gpu(gpu: GpuSpec, efficiency: GpuEfficiency, profile_dtype: str, dtyp
     FLOP/s fractions are rescaled by the ratio of the two peaks (capped at 1), as measured
     times are used whatever dtype is planned."""
     ratio = gpu.peak_flops(profile_dtype) / gpu.peak_flops(dtype)
-    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
+    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED) | {"gemm_table"})}
     for name in _PEAK_FRACTIONS:
         fields[name] = min(1.0, fields[name] * ratio)
     fields["source"] = efficiency.source

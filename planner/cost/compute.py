@@ -20,7 +20,11 @@ dropout as memory-bound passes over the b * a * s^2 scores (`shapes.attention_pa
 (m, k, n), charged to backward-input (I), and a weight-gradient GEMM (k, n, m), charged to
 backward-weight (W), as the zero-bubble schedules split them (Qi et al. 2024).
 
-The efficiencies are per-GPU data (presets/gpus.toml); `planner profile` measurements fit them.
+Where a GPU has a measured GEMM table (`gemm_table` in presets/gpus.toml, read by
+planner/cost/gemm_table.py), its bf16/fp16 GEMMs take peak * e_gemm * s(m) s(n) s(k) from the
+table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
+and c stay. The efficiencies are per-GPU data (presets/gpus.toml); `planner profile`
+measurements fit them.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from planner.cost.gemm_table import GemmTable, load_gemm_table
 from planner.cost.shapes import Gemm, LayerWork
 from planner.errors import PlannerError
 from planner.spec import GpuEfficiency, GpuSpec
 
 AttentionImpl = Literal["flash2", "flash3", "cudnn", "unfused"]
 ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
+
+TABLE_DTYPES = ("bf16", "fp16")
+"""Dtypes a bf16 GEMM table applies to (the same tensor-core peak on every GPU here)."""
 
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 """Flash attention's backward executes 5 matmuls per 2 of the forward (it recomputes QK^T)."""
@@ -72,21 +80,36 @@ class AnalyticCompute:
         Engine runs the linears in fp8; attention, norms, softmax and the optimizer stay bf16/fp32)."""
         self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm
         self.overhead_s = self.eff.kernel_overhead_us * 1e-6
+        self._gemm_table = self._table(gemm_dtype or dtype)
+        self._batched_table = self._table(dtype)
+
+    def _table(self, dtype: str) -> GemmTable | None:
+        """The GPU's measured GEMM table where it applies to `dtype`, else None."""
+        if self.eff.gemm_table is None or dtype not in TABLE_DTYPES:
+            return None
+        table = load_gemm_table(self.eff.gemm_table)
+        return table if table.dtype in TABLE_DTYPES else None
 
     def _saturation(self, x: float) -> float:
         return x / (x + self.eff.gemm_half_dim)
 
+    def _gemm_rate(self, m: int, n: int, k: int, peak: float, table: GemmTable | None, batch: int = 1) -> float:
+        """Achieved FLOP/s of `batch` (m x k) @ (k x n) GEMMs in one kernel: measured by shape
+        where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
+        its batched entries), else the peak times e_gemm and the saturation falloff."""
+        if table is not None:
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale
+        return peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
+
     def gemm_time(self, m: int, n: int, k: int) -> float:
         """Seconds for one (m x k) @ (k x n) GEMM."""
-        sat = self._saturation(m) * self._saturation(n) * self._saturation(k)
-        compute = 2.0 * m * n * k / (self.gemm_peak * self.eff.gemm * sat)
+        compute = 2.0 * m * n * k / self._gemm_rate(m, n, k, self.gemm_peak, self._gemm_table)
         memory = 2.0 * (m * k + k * n + m * n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 
     def batched_gemm_time(self, g: Gemm) -> float:
         """Seconds for `g.count` independent GEMMs of one shape in one batched kernel."""
-        sat = self._saturation(g.m) * self._saturation(g.n) * self._saturation(g.k)
-        compute = g.flops / (self.peak * self.eff.gemm * sat)
+        compute = g.flops / self._gemm_rate(g.m, g.n, g.k, self.peak, self._batched_table, g.count)
         memory = 2.0 * g.count * (g.m * g.k + g.k * g.n + g.m * g.n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 

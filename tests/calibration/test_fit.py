@@ -158,7 +158,7 @@ def test_synthetic_logs_recover_the_knob_through_the_parser(fmt):
 def test_a_gemm_only_slowdown_is_absorbed_by_the_compute_factor():
     # Only gemm x 0.8 in the truth: one run cannot tell gemm from attention or HBM, so the one
     # compute factor lands between 0.8 (all GEMM time) and 1 (no GEMM time) and matches the run.
-    truth = PRIOR.model_copy(update={"gemm": PRIOR.gemm * 0.8})
+    truth = PRIOR.model_copy(update={"gemm": PRIOR.gemm * 0.8, "gemm_table_scale": PRIOR.gemm_table_scale * 0.8})
     run = replace(COMPUTE_BOUND, measured_step_time_s=predict_run(COMPUTE_BOUND, truth).step_time_s)
     result = fit([run], PRIOR)
     factor = _knobs(result)["compute"].value

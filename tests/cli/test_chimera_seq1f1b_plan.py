@@ -34,7 +34,8 @@ def test_the_70b_request_compares_chimera_seq1f1b_and_zbv(cli):
 
 def test_plans_carry_segments_and_run_on_no_runtime(cli, tmp_path):
     path = tmp_path / "plan.json"
-    code, out, err = cli("plan", *BASE, "--schedules", "chimera,seq1f1b", "--pp", "2,4", "--top", "4", "--json",
+    # top 6: the two schedules' best layouts are within 0.2 % of each other, their order is not the point
+    code, out, err = cli("plan", *BASE, "--schedules", "chimera,seq1f1b", "--pp", "2,4", "--top", "6", "--json",
                          "-o", str(path))
     assert code == 0, err
     plans = json.loads(out)["plans"]

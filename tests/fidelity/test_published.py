@@ -30,16 +30,16 @@ from planner.fidelity.published_report import markdown_report
 DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
 MEAN_ABS_STEP_ERROR_BOUND = {
-    "llama3-2024": 0.18,
-    "bigscience-bloom": 0.03,
-    "torchtitan": 0.17,
+    "llama3-2024": 0.23,  # raised from 0.18 with the measured H100 GEMM table, reason below
+    "bigscience-bloom": 0.025,
+    "torchtitan": 0.215,  # raised from 0.17, the same reason
     "narayanan2021": 0.075,
     "korthikanti2022": 0.035,
     "mtnlg2022": 0.215,
-    "nemotron4-2024": 0.12,
-    "mosaic-llmfoundry": 0.16,
+    "nemotron4-2024": 0.185,  # raised from 0.12, the same reason
+    "mosaic-llmfoundry": 0.18,  # raised from 0.16, the same reason
     "deepseek-v3-2024": 0.13,  # 16.5% -> 12.5% with the run's own recompute modules (no core-attention recompute)
-    "megatron-moe-modelzoo": 0.32,  # raised from 0.28 with MOE_BOUND, for the reason given there
+    "megatron-moe-modelzoo": 0.29,  # raised from 0.28 with MOE_BOUND, for the reason given there; 28.8% today
 }
 """Mean |step-time error| per source, just above what the model reaches today
 (docs/accuracy_published.md: 17.7, 3.0, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
@@ -56,11 +56,21 @@ these predictions faster, and so more optimistic (docs/accuracy_published.md). B
 from 2.4% to 3.0% (within its bound) when its data-parallel all-reduce was read as bf16, DeepSpeed's
 communication dtype under bf16 (runtime/engine.py `communication_data_type`), not fp32, and to
 2.7% (now pessimistic, +2.7% signed) when BF16_Optimizer's add of every micro-batch's bf16
-gradients into its fp32 accumulators (`update_hp_grads`, 18 B/parameter) came to be charged."""
-OVERALL_BOUND = 0.12
-"""Today 11.3% over 47 runs (12.0% before issue 12's component changes, same runs)."""
-HELD_OUT_BOUND = 0.16
-"""Today 15.0% over the 13 held-out runs."""
+gradients into its fp32 accumulators (`update_hp_grads`, 18 B/parameter) came to be charged, and
+to 2.3% (-1.8% signed) when today's PipelineEngine was read to send gradients as 1/TP partitions
+(`is_grad_partitioned`, v0.5.4+). Four were raised together, with their reason: llama3-2024
+(17.7% -> 22.5%), torchtitan (16.7% -> 21.1%), nemotron4-2024 (11.9% -> 18.0%) and
+mosaic-llmfoundry (15.2% -> 17.7%, its H100 rows) when the H100 family's bf16 GEMMs came to be
+charged at a measured rate by shape (OpenXLA's sm_90 matmul table,
+planner/presets/gemm_h100_sxm_xla.toml, agreeing with the MAMF finder's independent 794.5
+TFLOP/s) instead of the unmeasured prior 0.75 x s(m)s(n)s(k): the measurements are 5-12% faster
+than the prior at training shapes, so these runs, already optimistic, became more so
+(docs/h100_rates.md)."""
+OVERALL_BOUND = 0.125
+"""Today 12.3% over 47 runs (11.3% before the measured H100 GEMM table and 12.0% before issue
+12's component changes, same runs)."""
+HELD_OUT_BOUND = 0.145
+"""Today 14.3% over the 13 held-out runs."""
 MEMORY_BOUND = 0.045
 """Mean |peak-memory error| over the 8 runs that publish memory: today 4.1% (torchtitan's
 four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four
@@ -71,22 +81,25 @@ BLOOM_MEMORY_BOUND = 0.04
 docs/accuracy_published.md, 'BLOOM's memory')."""
 RUN_MEMORY_BOUND = 0.10
 """Issue 12's clause: every run that publishes its memory within 10%."""
-WORST_BOUND = 0.345
-"""Today's worst run: 33.7% (MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed
-precision was read right, bf16 gradient reduction, which makes it faster still)."""
+WORST_BOUND = 0.395
+"""Today's worst run: 39.0% (MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed
+precision was read right, bf16 gradient reduction, which makes it faster still; 33.7% until the
+measured H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
 """Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
-MOE_BOUND = 0.27
-"""Mean |step error| over the 4 MoE runs: today 26.4% (DeepSeek-V3 +12.5%, Qwen3-235B
-+39.3%, +14.5% and, held out, -39.2%; 27.7% before the runs' stated recompute modules were
-encoded: DeepSeek-V3's RMSNorm / MLA up-projection / SwiGLU, the ModelZoo's "recompute norm and act"). Raised once, with its reason, from 0.25 (24.6%): ZeRO-3's
+MOE_BOUND = 0.25
+"""Mean |step error| over the 4 MoE runs: today 24.8% (DeepSeek-V3 +12.5%, Qwen3-235B
++35.6%, +13.4% and, held out, -37.5%; 27.7% before the runs' stated recompute modules were
+encoded (DeepSeek-V3's RMSNorm / MLA up-projection / SwiGLU, the ModelZoo's "recompute norm and
+act") and the measured H100 GEMM table). Raised once, with its reason, from 0.25 (24.6%): ZeRO-3's
 gathers and reduce-scatters in every micro-batch (FSDP frees the gathered weights after each
 forward and backward and cannot accumulate unsharded gradients), a mechanism read from the
 FSDP and composer sources, moved the Qwen3-235B FSDP row from +2.0% to +14.5%."""
-MOE_WORST_BOUND = 0.40
-"""Today's worst MoE run: 39.3% (Qwen3-235B, TP2 EP32 PP8 V4 on 256 H100s; 40.6% before its
-"recompute norm and act" was encoded as those modules rather than core-attention recompute)."""
+MOE_WORST_BOUND = 0.38
+"""Today's worst MoE run: 37.5% (Qwen3-235B, TP4 EP8 PP8 V4 on 256 H100s, held out, -37.5%; the
+TP2 EP32 run is +35.6%, 40.6% before its "recompute norm and act" was encoded as those modules
+rather than core-attention recompute and before the measured H100 GEMM table)."""
 
 
 @pytest.fixture(scope="module")

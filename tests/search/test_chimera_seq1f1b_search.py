@@ -97,10 +97,12 @@ def test_computation_wise_partition_gives_segments_of_equal_cost(k, a):
 
 
 def test_a_segment_costs_its_tokens_gemms_and_the_mean_causal_attention():
-    """A segment's GEMM work is 1/k of the micro-batch's at a smaller shape (never faster per
-    token); its attention, on average, 1/k of the whole sequence's causal attention, which an
-    s/k-token sequence alone does only 1/k^2 of: the segments together cost at least the
-    micro-batch, and more attention-bound layers (longer sequences) weigh more."""
+    """A segment's GEMM work is 1/k of the micro-batch's at a smaller shape (not faster per
+    token beyond measurement noise); its attention, on average, 1/k of the whole sequence's
+    causal attention, which an s/k-token sequence alone does only 1/k^2 of: the segments
+    together cost at least the micro-batch, and more attention-bound layers (longer sequences)
+    weigh more. The H100's measured GEMM table is not monotone in m within 2 % (4096^3 GEMMs:
+    807.7 TFLOP/s as 2 x 4096 rows, 793.1 as 4 x 4096, planner/presets/gemm_h100_sxm_xla.toml)."""
     model = _model()
     shard = Shard(mbs=1, seq=32768)
     whole = model.layer_costs("transformer", shard)
@@ -108,7 +110,7 @@ def test_a_segment_costs_its_tokens_gemms_and_the_mean_causal_attention():
         mean = segment_layer_costs(model, "transformer", shard, "none", False, k)
         alone = model.layer_costs("transformer", segment_shard(shard, k))
         assert mean.forward_s > alone.forward_s and mean.backward_input_s > alone.backward_input_s
-        assert k * mean.forward_s >= whole.forward_s * (1 - 1e-9)
+        assert k * mean.forward_s >= whole.forward_s * (1 - 0.02)
         assert mean.activation_bytes * k == pytest.approx(whole.activation_bytes, rel=1e-9)
         share = attention_share(model, shard, "none", k)
         scales = causal_segment_scales(k, share)
