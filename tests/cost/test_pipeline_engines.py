@@ -62,18 +62,31 @@ def test_megatron_blocking_with_sequence_parallelism_sends_the_shard_without_gat
     assert costs.send_hold_forward_s == pytest.approx(model.network.p2p(shard, layout.pp, layout.tp * layout.dp))
 
 
-def test_deepspeed_adds_the_whole_gradient_to_each_hold():
-    """DeepSpeed sends the activation as its TP partition but the gradient whole, each a
-    separate blocking call: its hold exceeds Megatron's by one full-activation transfer."""
+def test_deepspeed_before_v0_5_4_adds_the_whole_gradient_to_each_hold():
+    """DeepSpeed before v0.5.4 sends the activation as its TP partition but the gradient whole,
+    each a separate blocking call: its hold exceeds Megatron's by one full-activation transfer."""
     blocking = chunk_costs(*_setup("blocking"), SEQ)
-    model, layout = _setup("deepspeed")
+    model, layout = _setup("deepspeed-whole-grads")
     deepspeed = chunk_costs(model, layout, SEQ)
     whole = model.network.p2p(_activation_bytes(model, layout), layout.pp, layout.tp * layout.dp)
     for attr in ("send_hold_forward_s", "send_hold_backward_s"):
         assert getattr(deepspeed, attr) - getattr(blocking, attr) == pytest.approx(whole)
 
 
-@pytest.mark.parametrize("mode", ["blocking", "deepspeed"])
+def test_deepspeed_today_adds_a_partition_and_the_gradient_gather():
+    """Today's engine sends the gradient as its TP partition too: over Megatron's exchange, one
+    more partition transfer each way, and the gradient's all-gather before the backward."""
+    blocking = chunk_costs(*_setup("blocking"), SEQ)
+    model, layout = _setup("deepspeed")
+    deepspeed = chunk_costs(model, layout, SEQ)
+    full = _activation_bytes(model, layout)
+    part = model.network.p2p(full / layout.tp, layout.pp, layout.tp * layout.dp)
+    gather = model.network.all_gather(full, layout.tp, 1)
+    assert deepspeed.send_hold_forward_s - blocking.send_hold_forward_s == pytest.approx(part + gather)
+    assert deepspeed.send_hold_backward_s - blocking.send_hold_backward_s == pytest.approx(part)
+
+
+@pytest.mark.parametrize("mode", ["blocking", "deepspeed", "deepspeed-whole-grads"])
 def test_blocked_time_is_its_own_step_term(mode):
     """The holds lengthen the step, appear as pp_p2p_blocked (the critical rank's holds:
     2M of them on an inner rank), and the breakdown still adds up to the step."""
