@@ -44,6 +44,21 @@ and overlap each one's MoE all-to-all with the other's compute (DeepSeek-V3 repo
 3.2.1: DualPipe's computation-communication overlap)."""
 
 
+def pairs_moe_comm(model: CostModel, layout: Layout) -> bool:
+    """Whether the layout's schedule hides each micro-batch's MoE all-to-all behind another's
+    compute: DualPipeV with a pipeline, or Megatron's combined 1F1B where the run enables it
+    (`CostOptions.moe_ep_overlap`) and Megatron-core runs it: without a pipeline
+    (forward_backward_no_pipelining -> combined_1f1b_schedule_for_no_pipelining) or with an
+    interleaved one (forward_backward_pipelining_with_interleaving ->
+    combined_1f1b_schedule_for_interleaved_pipelining); TransformerConfig refuses the overlap
+    with PP > 1 and no virtual stages, and with full recompute."""
+    if layout.schedule in PAIRED_SCHEDULES:
+        return layout.pp > 1
+    if not (model.options.moe_ep_overlap and model.spec.is_moe) or "full" in layout.recompute:
+        return False
+    return layout.pp == 1 or layout.schedule == "interleaved_1f1b"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankMemory:
     """Bytes on one pipeline rank at its peak."""
@@ -123,7 +138,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
-    paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
+    paired = pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
     blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired))
               for kind in set(model.block_kinds) for mode in set(layout.recompute)}
@@ -315,7 +330,7 @@ def layout_shard(layout: Layout, seq: int) -> Shard:
 def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
     """Per pipeline rank, the sum of its transformer layers' `field` in the rank's mode (and
     of its multi-token-prediction modules'), per unit (a mean segment under seq1f1b)."""
-    shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
+    shard, paired = layout_shard(layout, seq), pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
     mtp_ranks = [rank for rank, _ in mtp_places(model, layout)]
     out = []
