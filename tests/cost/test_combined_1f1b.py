@@ -131,3 +131,25 @@ def test_the_overlap_hides_the_all_to_all_of_the_published_layout_but_for_its_sl
     share = model.cluster.gpu.efficiency.comm_sm_fraction
     # each of the four all-to-alls fits beside the compute node Megatron pairs it with here
     assert paired == pytest.approx(share * serial)
+
+
+@pytest.mark.parametrize("pp, vpp, microbatches", [(8, 4, 128), (4, 2, 16), (4, 3, 5), (2, 2, 2)])
+def test_unpaired_passes_are_megatron_cores_warmup(pp, vpp, microbatches):
+    from planner.predict import unpaired_share
+
+    model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
+    layout = replace(layout, pp=pp, vpp=vpp, num_microbatches=microbatches)
+    for rank in range(pp):
+        group = SimpleNamespace(size=lambda: pp, rank=lambda r=rank: r)
+        communicator = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
+        total, _, warmup, _ = schedules.get_pp_rank_microbatches(
+            microbatches, vpp, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=communicator)
+        assert unpaired_share(model, layout, rank) == pytest.approx(warmup / total)
+
+
+def test_without_a_pipeline_only_the_first_forward_and_last_backward_run_alone():
+    from planner.predict import unpaired_share
+
+    model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
+    flat = replace(layout, pp=1, vpp=1, schedule="1f1b", num_microbatches=16)
+    assert unpaired_share(model, flat, 0) == pytest.approx(1 / 16)
