@@ -174,10 +174,13 @@ class CostOptions:
     (`--moe-token-dispatcher-type flex --moe-enable-deepep`), one copy per destination node
     across nodes or rank inside one, at DeepEP's measured bandwidths (planner/cost/moe.py)."""
     moe_ep_overlap: bool = False
-    """Megatron's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`): 1F1B and
-    interleaved 1F1B run one micro-batch's forward beside another's backward layer by layer
-    (combined_1f1b.py, TransformerLayerSchedulePlan.run), hiding each one's dispatch and combine
-    behind the other's compute, as DualPipeV does (`layer_costs(..., paired=True)`)."""
+    """Megatron's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`; default off):
+    interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
+    another's backward layer by layer (combined_1f1b.py, TransformerLayerSchedulePlan.run),
+    hiding each one's dispatch and combine behind the other's compute nodes in that order
+    (planner/cost/overlap.py `combined_1f1b_period`; `predict.pairs_moe_comm` says where it
+    applies). Paired layers (`layer_costs(..., paired=True)`) then follow that per-layer order
+    instead of DualPipeV's whole-pass overlap."""
 
     # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
     recompute_modules: tuple[str, ...] = ("core_attn",)
