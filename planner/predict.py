@@ -44,6 +44,38 @@ and overlap each one's MoE all-to-all with the other's compute (DeepSeek-V3 repo
 3.2.1: DualPipe's computation-communication overlap)."""
 
 
+def pairs_moe_comm(model: CostModel, layout: Layout) -> bool:
+    """Whether the layout's schedule hides each micro-batch's MoE all-to-all behind another's
+    compute: DualPipeV with a pipeline, or Megatron's combined 1F1B where the run enables it
+    (`CostOptions.moe_ep_overlap`) and Megatron-core runs it: without a pipeline
+    (forward_backward_no_pipelining -> combined_1f1b_schedule_for_no_pipelining) or with an
+    interleaved one (forward_backward_pipelining_with_interleaving ->
+    combined_1f1b_schedule_for_interleaved_pipelining); TransformerConfig refuses the overlap
+    with PP > 1 and no virtual stages, and with full recompute."""
+    if layout.schedule in PAIRED_SCHEDULES:
+        return layout.pp > 1
+    if not (model.options.moe_ep_overlap and model.spec.is_moe) or "full" in layout.recompute:
+        return False
+    return layout.pp == 1 or layout.schedule == "interleaved_1f1b"
+
+
+def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
+    """Share of a rank's micro-batch passes that Megatron's combined 1F1B runs alone, their
+    all-to-all exposed: the warm-up forwards (and as many cool-down backwards) of
+    schedules.get_pp_rank_microbatches, 2 (PP - rank - 1) + (V - 1) x PP + 1 of M x V with
+    interleaving (microbatch_group_size_per_vp_stage defaults to PP; the + 1 is the extra forward
+    the overlap schedules "to ensure the forward and backward computations are independent"),
+    and without a pipeline the first forward and the last backward (1 of M). 0 where nothing is
+    paired, and under DualPipeV (charged paired throughout)."""
+    if not pairs_moe_comm(model, layout) or layout.schedule in PAIRED_SCHEDULES:
+        return 0.0
+    total = layout.num_microbatches * layout.vpp
+    if layout.pp == 1:
+        return min(1.0, 1 / layout.num_microbatches)
+    warmup = 2 * (layout.pp - rank - 1) + (layout.vpp - 1) * layout.pp + 1
+    return min(1.0, warmup / total)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankMemory:
     """Bytes on one pipeline rank at its peak."""
@@ -123,15 +155,20 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     spec = model.spec
     shard = layout_shard(layout, seq)
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
-    paired = layout.schedule in PAIRED_SCHEDULES and pp > 1
+    paired = pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
-    blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired))
-              for kind in set(model.block_kinds) for mode in set(layout.recompute)}
+    paired_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired))
+                     for kind in set(model.block_kinds) for mode in set(layout.recompute)}
+    alone_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, False))
+                    for kind, mode in paired_blocks} if paired else paired_blocks
     embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
     extra, params, tp_comm, experts = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
         mode = layout.recompute[rank]
+        alone = unpaired_share(model, layout, rank) if paired else 0.0
+        blocks = ({key: _blend(terms, alone_blocks[key], alone) for key, terms in paired_blocks.items()}
+                  if alone else paired_blocks)
         row_fwd, row_in, row_w, row_act, row_params = [], [], [], [], []
         for start, end in per_rank:
             f = b = w = a = held = 0.0
@@ -230,6 +267,11 @@ def _bf16_optimizer_segments(model: CostModel, layout: Layout, shard: Shard, par
     return segments
 
 
+def _blend(paired: tuple[float, ...], alone: tuple[float, ...], alone_share: float) -> tuple[float, ...]:
+    """Per-layer terms when `alone_share` of the passes run unpaired."""
+    return tuple(p + alone_share * (a - p) for p, a in zip(paired, alone))
+
+
 def _block_terms(block: LayerCosts) -> tuple[float, float, float, float, float, float, float, float]:
     """What `chunk_costs` adds per layer of a block: forward and backward-input seconds with
     their TP/CP communication, backward-weight seconds, activation bytes, parameters, routed
@@ -315,14 +357,18 @@ def layout_shard(layout: Layout, seq: int) -> Shard:
 def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> list[float]:
     """Per pipeline rank, the sum of its transformer layers' `field` in the rank's mode (and
     of its multi-token-prediction modules'), per unit (a mean segment under seq1f1b)."""
-    shard, paired = layout_shard(layout, seq), layout.schedule in PAIRED_SCHEDULES and layout.pp > 1
+    shard, paired = layout_shard(layout, seq), pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
     mtp_ranks = [rank for rank, _ in mtp_places(model, layout)]
     out = []
     for rank, per_rank in enumerate(layout.stage_layers):
-        mode = layout.recompute[rank]
-        total = sum(n * getattr(layer_costs(kind, shard, mode, paired), field)
-                    for start, end in per_rank for kind, n in _kind_counts(model, start, end))
+        mode, alone = layout.recompute[rank], unpaired_share(model, layout, rank) if paired else 0.0
+
+        def term(kind: str) -> float:
+            value = getattr(layer_costs(kind, shard, mode, paired), field)
+            return value + alone * (getattr(layer_costs(kind, shard, mode, False), field) - value) if alone else value
+
+        total = sum(n * term(kind) for start, end in per_rank for kind, n in _kind_counts(model, start, end))
         if rank in mtp_ranks:
             total += mtp_ranks.count(rank) * getattr(layer_costs("mtp", shard, mode, paired), field)
         out.append(total)

@@ -19,8 +19,8 @@ from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
-from planner.cost.moe import dispatch_bytes, imbalance_of
-from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
+from planner.cost.moe import MOE_DISPATCHERS, MoeDispatcher, deepep_times, dispatch_bytes, imbalance_of, moe_gemms
+from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls
 from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
 from planner.spec import Cluster, GpuSpec, ModelSpec
@@ -168,6 +168,19 @@ class CostOptions:
     """Busiest expert-parallel rank's tokens over the mean under dropless routing: a labelled
     prior, not a measurement (planner/cost/moe.py `DEFAULT_IMBALANCE` says where it comes from
     and what would replace it)."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How tokens reach their experts: "alltoall", NCCL all-to-all of every routed copy
+    (Megatron's `--moe-token-dispatcher-type alltoall`); "deepep", DeepEP's normal kernels
+    (`--moe-token-dispatcher-type flex --moe-enable-deepep`), one copy per destination node
+    across nodes or rank inside one, at DeepEP's measured bandwidths (planner/cost/moe.py)."""
+    moe_ep_overlap: bool = False
+    """Megatron's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`; default off):
+    interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
+    another's backward layer by layer (combined_1f1b.py, TransformerLayerSchedulePlan.run),
+    hiding each one's dispatch and combine behind the other's compute nodes in that order
+    (planner/cost/overlap.py `combined_1f1b_period`; `predict.pairs_moe_comm` says where it
+    applies). Paired layers (`layer_costs(..., paired=True)`) then follow that per-layer order
+    instead of DualPipeV's whole-pass overlap."""
 
     # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
     recompute_modules: tuple[str, ...] = ("core_attn",)
@@ -207,6 +220,7 @@ class CostOptions:
                               ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
                               ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
+                              ("moe_dispatcher", MOE_DISPATCHERS),
                               ("wgrad_accumulation", WGRAD_ACCUMULATION),
                               ("activation_storage", memory.ACTIVATION_STORAGE)):
             if getattr(self, name) not in allowed:
@@ -479,18 +493,44 @@ class CostModel:
         if kind != "transformer" or not spec.is_moe:
             return 0.0, 0.0
         etp = shard.etp or shard.tp
-        sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance_of(spec, shard, self.options.moe_imbalance)
-        one_way = self.network.all_to_all(sent, shard.ep, etp)
+        imbalance = imbalance_of(spec, shard, self.options.moe_imbalance)
+        sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance
+        if self.options.moe_dispatcher == "deepep" and shard.ep > 1:
+            fabric = self.network.fabric
+            dispatch, combine = deepep_times(spec, shard, self.dtype_bytes, imbalance, self.network.gpus_per_node,
+                                             fabric.nvlink_busbw, fabric.nic_busbw)
+            one_way = (dispatch + combine) / 2 + fabric.launch_us * 1e-6
+        else:
+            one_way = self.network.all_to_all(sent, shard.ep, etp)
         if etp > 1:
             one_way += self.network.all_gather(sent * etp, etp, 1)
         fwd, bwd = 2 * one_way, 2 * one_way
         if recompute == "full":
             bwd += fwd
+        if paired and self.options.moe_ep_overlap:
+            sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+            half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), sm_share) / 2
+            return half, half
         if paired:
             sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
             fwd, bwd = (overlapped_extra_time(fwd, times.backward_s, sm_share),
                         overlapped_extra_time(bwd, times.forward_s, sm_share))
         return fwd, bwd
+
+    def _split_layer(self, shard: Shard, times: LayerTimes, one_way: float) -> SplitLayer:
+        """The block's compute split as Megatron's combined 1F1B schedules it: the routed and
+        shared experts' GEMMs on the busiest rank (analytic, at most the block's own times) as
+        the MLP node, the rest (attention, norms, router, elementwise) as pre-dispatch; each
+        all-to-all (dispatch or combine) `one_way` seconds."""
+        imbalance = imbalance_of(self.spec, shard, self.options.moe_imbalance)
+        gemms = [g for g in moe_gemms(self.spec, shard, imbalance) if g.name != "router"]
+        gemm = self.analytic.gemm_time
+        mlp = min(times.forward_s, sum(g.count * gemm(g.m, g.n, g.k) for g in gemms))
+        mlp_dgrad = min(times.backward_input_s, sum(g.count * gemm(g.m, g.k, g.n) for g in gemms))
+        mlp_wgrad = min(times.backward_weight_s, sum(g.count * gemm(g.k, g.n, g.m) for g in gemms))
+        return SplitLayer(pre=times.forward_s - mlp, mlp=mlp, pre_dgrad=times.backward_input_s - mlp_dgrad,
+                          pre_wgrad=times.backward_weight_s - mlp_wgrad, mlp_dgrad=mlp_dgrad,
+                          mlp_wgrad=mlp_wgrad, dispatch=one_way, combine=one_way)
 
     def _measured_activation_bytes(self, kind: str, shard: Shard, recompute: str) -> float | None:
         """Saved bytes from a measured profile of the same dtype, where it has them (the

@@ -25,6 +25,9 @@ that factor; dropless routing takes `CostOptions.moe_imbalance`.
 
 from __future__ import annotations
 
+from math import comb
+from typing import Literal, get_args
+
 from planner.cost.shapes import Gemm, Shard
 from planner.spec import ModelSpec
 
@@ -110,3 +113,60 @@ def dispatch_bytes(spec: ModelSpec, shard: Shard, dtype_bytes: int) -> float:
     """Bytes one GPU sends in one dispatch (and receives back in the combine): its tokens'
     top-k copies of the hidden state."""
     return tokens_per_gpu(shard) * spec.moe_top_k * spec.hidden_size * dtype_bytes
+
+
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
+
+DEEPEP_NVLINK_FRACTION = (153.0 / 164.8, 158.0 / 164.8)
+"""DeepEP's intranode normal kernels (dispatch, combine) as a share of the NVLink's bus
+bandwidth: DeepEP README (deepseek-ai/DeepEP, commit 567632d, 2026-02-03, "Normal kernels with
+NVLink and RDMA forwarding"), H800, EP 8: 153 GB/s dispatch, 158 GB/s combine, over the H800's
+NVLink as planner/presets/networks.toml has it (8 links x 20.6 GB/s = 164.8). The bytes are what
+a rank receives (tests/test_internode.py and test_intranode.py: `recv_x.numel() * 2`, one copy
+per token and destination rank). Cross-check: 337 GB/s measured by test_intranode.py on an
+18-link H20 (DeepEP issue #16), 0.91 of 18 x 20.6 against 0.93 here."""
+
+DEEPEP_RDMA_GBPS = {16: (43.0, 43.0), 32: (58.0, 57.0), 64: (51.0, 50.0)}
+"""DeepEP's internode normal kernels' RDMA "bottleneck bandwidth" (dispatch, combine) in GB/s
+per GPU by EP size, same README table: H800, one CX7 400 Gb/s NIC per GPU (~50 GB/s), 4096
+tokens, hidden 7168, top-8. The bytes are "logical": one copy per token and destination *node*,
+the token's own node included (test_internode.py: `num_rdma_token_sent * hidden * 2`,
+`rdma_idx = topk_idx // (num_experts // num_nodes)` made unique per token), which is why 58
+exceeds the NIC's 50. Sizes outside the table take the nearest measured one."""
+
+DEEPEP_NIC_GBPS = 50.0 * 0.96
+"""The NIC the RDMA table was measured on, as the planner's fabric sees a 50 GB/s NIC
+(`nic_fraction` 0.96 of networks.toml): the table scales by a cluster's NIC over this."""
+
+
+def expected_groups_hit(num_experts: int, top_k: int, groups: int) -> float:
+    """Mean number of the `groups` equal groups of experts (ranks, nodes) one token's top-k
+    distinct experts fall in, routing uniform over the experts (DeepEP's benchmark draws random
+    scores): groups x (1 - C(E - E/groups, k) / C(E, k))."""
+    if groups <= 1:
+        return 1.0
+    per_group = num_experts // groups
+    missed = comb(num_experts - per_group, top_k) / comb(num_experts, top_k)
+    return groups * (1.0 - missed)
+
+
+def deepep_times(spec: ModelSpec, shard: Shard, dtype_bytes: int, imbalance: float, gpus_per_node: int,
+                 nvlink_busbw: float, nic_busbw: float) -> tuple[float, float]:
+    """Seconds of one DeepEP normal-kernel dispatch and one combine on the busiest rank
+    (Megatron's `--moe-token-dispatcher-type flex --moe-enable-deepep`): each token goes once to
+    each node (across nodes, RDMA then NVLink forwarding) or rank (inside one node) holding one
+    of its experts, at DeepEP's measured bandwidths above."""
+    ep = shard.ep
+    etp = expert_tp(shard)
+    token_bytes = tokens_per_gpu(shard) * spec.hidden_size * dtype_bytes * imbalance
+    ranks_per_node = max(1, gpus_per_node // etp)
+    if ep <= ranks_per_node:
+        copies = expected_groups_hit(spec.num_experts, spec.moe_top_k, ep)
+        dispatch, combine = (nvlink_busbw * f for f in DEEPEP_NVLINK_FRACTION)
+    else:
+        copies = expected_groups_hit(spec.num_experts, spec.moe_top_k, ep // ranks_per_node)
+        nearest = min(DEEPEP_RDMA_GBPS, key=lambda size: abs(size - ep))
+        dispatch, combine = (bw * nic_busbw / DEEPEP_NIC_GBPS for bw in DEEPEP_RDMA_GBPS[nearest])
+    moved = token_bytes * copies
+    return moved / (dispatch * 1e9), moved / (combine * 1e9)

@@ -38,6 +38,7 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.grad_accum import WgradAccumulation
 from planner.cost.memory import ActivationStorage, CrossEntropy, RecomputeModule, SelectivePolicy
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
+from planner.cost.moe import MoeDispatcher
 from planner.cost.shapes import LossPasses, model_flops_per_token
 from planner.cost.step import OptimizerKernels
 from planner.errors import ConfigError
@@ -150,6 +151,10 @@ class PublishedRun(BaseModel):
     """How saved activations are stored (CostOptions): DeepSeek-V3's FP8 / E5M6 caching is "deepseek_fp8"."""
     parameter_copies: int = Field(default=1, ge=1, le=2)
     """Copies of the transformer layers' training state a rank keeps (CostOptions): 2 for DualPipe."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """The MoE token dispatcher (CostOptions): "deepep" for Megatron's flex dispatcher on DeepEP."""
+    moe_ep_overlap: bool = False
+    """Megatron's --overlap-moe-expert-parallel-comm, combined 1F1B (CostOptions)."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -335,6 +340,8 @@ def cost_options(run: PublishedRun) -> CostOptions:
         recompute_modules=tuple(run.recompute_modules),
         activation_storage=run.activation_storage,
         parameter_copies=run.parameter_copies,
+        moe_dispatcher=run.moe_dispatcher,
+        moe_ep_overlap=run.moe_ep_overlap,
         **({} if run.cuda_context_mib is None else {"cuda_context_bytes": run.cuda_context_mib * MiB}),
     )
 
