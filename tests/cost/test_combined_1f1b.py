@@ -119,7 +119,7 @@ def test_the_option_pairs_only_what_megatron_core_runs_as_combined_1f1b():
     assert pairs_moe_comm(model, replace(layout, schedule="1f1b", pp=1, vpp=1))
 
 
-def test_the_overlap_hides_the_all_to_all_of_the_published_layout_but_for_its_slowdown():
+def test_the_overlap_hides_most_of_the_all_to_all_of_the_published_layout():
     from planner.cost.model import CostModel
     from planner.predict import layout_shard
 
@@ -129,8 +129,9 @@ def test_the_overlap_hides_the_all_to_all_of_the_published_layout_but_for_its_sl
     serial = off.layer_costs("transformer", shard, "selective", False).moe_comm_s
     paired = model.layer_costs("transformer", shard, "selective", True).moe_comm_s
     share = model.cluster.gpu.efficiency.comm_sm_fraction
-    # each of the four all-to-alls fits beside the compute node Megatron pairs it with here
-    assert paired == pytest.approx(share * serial)
+    # the overlap leaves at most what does not fit beside the compute node Megatron pairs each
+    # all-to-all with, plus the slowdown of the hidden rest (exactly that slowdown when all fit)
+    assert share * serial * (1 - 1e-9) <= paired < 0.5 * serial
 
 
 @pytest.mark.parametrize("pp, vpp, microbatches", [(8, 4, 128), (4, 2, 16), (4, 3, 5), (2, 2, 2)])
