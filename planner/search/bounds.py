@@ -44,6 +44,18 @@ def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, p
     return c * work_s / (1.0 - (1.0 - c / m) ** pp)
 
 
+def round_trip_bound(forward_s: float, backward_s: float, num_units: int, stages: int) -> float:
+    """Least step time of `num_units` micro-batches (seq1f1b: segments) over `stages`
+    virtual stages whatever the cuts, when one of them takes `forward_s` through all stages
+    and `backward_s` (input-gradient part of a split backward) back: the round trip plus
+    (M - 1) times the mean stage's forward or backward, the larger.
+
+    `sequencing_bound`'s sets of one stage s give round trip + (M - 1) f_s and round trip +
+    (M - 1) b_s; the largest stage holds at least the mean share. Tight where the chain
+    bound is weakest: few micro-batches on many virtual stages."""
+    return forward_s + backward_s + (num_units - 1) * max(forward_s, backward_s) / stages
+
+
 def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
                  after_s: list[float] | None = None, bidirectional: bool = False) -> float:
     """The chain bound of one layout (cut points known), pipeline part only. With `after_s`,

@@ -6,13 +6,14 @@
    candidates over the memory limit go.
 2. Visit the rest in order of their step floor. Once `top` plans are known, a candidate
    whose floor is not below the slowest of them cannot enter, and neither can any later one:
-   the search stops there.
+   the search stops there. A candidate whose round-trip floor (few micro-batches on many
+   virtual stages) is not below it is passed over.
 3. For a visited candidate, the cut solver gives the cuts and per-rank recompute modes that
    minimise the slowest rank's time within memory; the even cuts of `planner evaluate` in
    each recompute mode are tried too, so the answer is never worse than evaluating every
    layout of the space with even cuts. Each layout's memory floor and chain bound (cut
-   points known) are checked before its schedule is simulated by `planner.predict`, whose
-   memory figure has the last word on fitting.
+   points known) are checked, then, when it fits, its sequencing bound, before its schedule
+   is simulated by `planner.predict`, whose memory figure has the last word on fitting.
 
 Nothing is lost by the bounds: each is a lower bound of the simulated step time or memory.
 """
@@ -49,6 +50,7 @@ from planner.search.costing import (
     memory_floor,
     parts_of,
     rank_costs,
+    round_trip_floor,
     solved_layout,
     step_floor,
 )
@@ -157,6 +159,9 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
         if floor >= run.threshold():
             stats.pruned_bound += total - visited
             break
+        if round_trip_floor(model, candidate, parts) >= run.threshold():
+            stats.pruned_bound += 1
+            continue
         run.visit(index, candidate, parts)
     if progress is not None:
         progress(total, total)
