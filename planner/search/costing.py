@@ -133,8 +133,10 @@ def state_bytes(candidate: Candidate) -> float:
 
 
 def _expert_dp_shards(candidate: Candidate) -> int:
-    return memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                   candidate.etp or candidate.tp)
+    return _expert_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep, candidate.etp or candidate.tp)
+
+
+_expert_shards = lru_cache(maxsize=4096)(memory.expert_dp_shards)
 
 
 def block_state_bytes(candidate: Candidate, block: LayerCosts) -> float:
@@ -199,11 +201,12 @@ def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: 
                   layers: int, layer_state: float, least_saved: float) -> float:
     """The continuous relaxation of `memory_floor` for `layers` layers (over all ranks) of
     `layer_state` state and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
-    pp, vpp = candidate.pp, candidate.vpp
+    vpp = candidate.vpp
     slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
+    no_layer_activations = (0, last) if candidate.empty_ends else ()
     inverse_sum = weighted_sum = 0.0
-    for rank in range(pp):
-        per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
+    for rank, held in enumerate(inflight):
+        per_layer_act = 0.0 if rank in no_layer_activations else held * least_saved
         fixed = fixed_state[rank] - per_layer_act * slack
         per_layer = layer_state + per_layer_act / vpp
         inverse_sum += 1.0 / per_layer
@@ -258,8 +261,12 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
                        and rank in (0, last))
-    return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
-        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
+    return _outside_tensor_bytes(candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
+
+
+@lru_cache(maxsize=4096)
+def _outside_tensor_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool) -> float:
+    return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(tp, cp, dp, pp, embedding_group)
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:
