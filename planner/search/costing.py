@@ -261,12 +261,8 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
                        and rank in (0, last))
-    return _outside_tensor_bytes(candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
-
-
-@lru_cache(maxsize=4096)
-def _outside_tensor_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool) -> float:
-    return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(tp, cp, dp, pp, embedding_group)
+    return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
+        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group)
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:

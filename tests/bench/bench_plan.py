@@ -34,7 +34,7 @@ REQUESTS = [
 def _clear_caches() -> None:
     compile_schedule.cache_clear()
     for cached in (generated_order, v_schedules._zbv_padded, costing.held_counts, costing._inflight,
-                   registry.head_rank, costing._outside_tensor_bytes, costing._expert_shards):
+                   registry.head_rank, costing._expert_shards):
         cached.cache_clear()
 
 
