@@ -8,6 +8,7 @@ no class; such schedules run in torch from the CSV of `actions.to_csv`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.errors import ScheduleError
 from planner.schedule.actions import stage_to_rank
@@ -98,8 +99,10 @@ def schedule_info(name: str) -> ScheduleInfo:
         ) from None
 
 
+@lru_cache(maxsize=4096)
 def head_rank(name: str, pp: int, vpp: int) -> int:
-    """The pipeline rank that runs the last virtual stage (head and loss) of schedule `name`."""
+    """The pipeline rank that runs the last virtual stage (head and loss) of schedule `name`
+    (cached: the search asks it for every candidate)."""
     return stage_to_rank(pp * vpp - 1, pp, vpp, schedule_info(name).placement)
 
 

@@ -243,13 +243,17 @@ def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipelin
     for k in slot_of:
         slot_counts[k] += 1
     until_w, until_i = _inflight_peaks(codes, offset)
-    sends = _sends(flat, info, pipeline_starts)
+    # an action's input from another rank: it crosses a link (p2p_s) and its producer sends
+    remote, sends = bytearray(n), bytearray(n)
+    for g, d in enumerate(dep):
+        if d >= 0 and rank_of[d] != rank_of[g]:
+            remote[g] = sends[d] = 1
     return CompiledSchedule(
         info=info,
         rank_actions=tuple(tuple(order[r]) for r in range(num_ranks)),
         rank=array("i", [rank_of[g] for g in topo]),
         dep=array("i", [position[dep[g]] if dep[g] >= 0 else -1 for g in topo]),
-        remote=array("b", [1 if dep[g] >= 0 and rank_of[dep[g]] != rank_of[g] else 0 for g in topo]),
+        remote=array("b", [remote[g] for g in topo]),
         slot=array("i", [slot_of[g] for g in topo]),
         slot_counts=tuple(slot_counts),
         rank_positions=tuple(array("i", position[offset[r]:offset[r + 1]]) for r in range(num_ranks)),
@@ -258,23 +262,6 @@ def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipelin
         unit=array("i", [flat[g][2] for g in topo]),
         sends=array("b", [sends[g] for g in topo]),
     )
-
-
-def _sends(flat: list[Action], info: OrderInfo, pipeline_starts: frozenset[int]) -> list[int]:
-    """1 for each action whose output another rank consumes: F(s) feeding stage s+1, a B or I
-    of stage s feeding stage s-1, when that stage lives on another rank (a stage in
-    `pipeline_starts` takes no input from the stage before it)."""
-    last, rank_of = info.num_stages - 1, info.stage_rank
-    out = []
-    for stage, kind, _ in flat:
-        if kind == F:
-            peer = stage + 1 if stage < last and stage + 1 not in pipeline_starts else -1
-        elif kind != W:
-            peer = stage - 1 if stage > 0 and stage not in pipeline_starts else -1
-        else:
-            peer = -1
-        out.append(1 if peer >= 0 and rank_of[peer] != rank_of[stage] else 0)
-    return out
 
 
 @lru_cache(maxsize=128)

@@ -22,14 +22,16 @@ optimal makespan. Meant for small P x M (P <= 4, M <= 6 solve in seconds).
 
 from __future__ import annotations
 
-import pulp
+from typing import TYPE_CHECKING
 
 from planner.errors import ScheduleError
-from planner.milp import mip_solver
 from planner.schedule.actions import F, I, W, Action, PipelineOrder
 from planner.schedule.auto_zb import auto_zero_bubble, check_problem, stage_times
 from planner.schedule.costs import StageCosts
 from planner.schedule.simulate import simulate
+
+if TYPE_CHECKING:  # pulp (and numpy under highspy) load when a program is solved, not at CLI start
+    import pulp
 
 _PAIRS = ((0, 1), (0, 2), (1, 2))
 """(kind of micro-batch j, kind of micro-batch k < j) pairs whose order is free: F/I, F/W, I/W."""
@@ -38,7 +40,7 @@ Key = tuple[int, int, int]
 
 
 def _variable(prob: pulp.LpProblem, name: str, low: float, up: float,
-              cat: str = pulp.LpContinuous) -> pulp.LpVariable:
+              cat: str = "Continuous") -> pulp.LpVariable:
     """A variable of `prob` (pulp 3.3's `add_variable`; the bare constructor is deprecated)."""
     return prob.add_variable(name, low, up, cat=cat)
 
@@ -83,6 +85,10 @@ def optimal_schedule(
     `solver` is given; ScheduleError if no optimum is proven within
     `time_limit_s` (shrink P x M, or use `auto_zero_bubble`).
     """
+    import pulp
+
+    from planner.milp import mip_solver
+
     check_problem(costs, num_microbatches, memory_limit)
     times, pp, m, p2p = stage_times(costs), costs.num_ranks, num_microbatches, costs.p2p_s
     incumbent = auto_zero_bubble(costs, m, memory_limit)

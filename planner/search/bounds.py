@@ -44,6 +44,18 @@ def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, p
     return c * work_s / (1.0 - (1.0 - c / m) ** pp)
 
 
+def round_trip_bound(forward_s: float, backward_s: float, num_units: int, stages: int) -> float:
+    """Least step time of `num_units` micro-batches (seq1f1b: segments) over `stages`
+    virtual stages whatever the cuts, when one of them takes `forward_s` through all stages
+    and `backward_s` (input-gradient part of a split backward) back: the round trip plus
+    (M - 1) times the mean stage's forward or backward, the larger.
+
+    `sequencing_bound`'s sets of one stage s give round trip + (M - 1) f_s and round trip +
+    (M - 1) b_s; the largest stage holds at least the mean share. Tight where the chain
+    bound is weakest: few micro-batches on many virtual stages."""
+    return forward_s + backward_s + (num_units - 1) * max(forward_s, backward_s) / stages
+
+
 def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
                  after_s: list[float] | None = None, bidirectional: bool = False) -> float:
     """The chain bound of one layout (cut points known), pipeline part only. With `after_s`,
@@ -87,4 +99,76 @@ def _bidirectional_bound(costs: ChunkCosts, per_direction: int, after_s: list[fl
         busy = sum(costs.forward_s[rank]) + sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank])
         end = min(down[rank], up[rank]) + per_direction * busy
         best = max(best, end + (after_s[rank] if after_s is not None else 0.0))
+    return best
+
+
+def sequencing_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
+                     v_shaped: bool = False, after_s: list[float] | None = None) -> float:
+    """A lower bound of the pipeline's end (with `after_s`, of each rank's end plus what it runs
+    after its last action) under any order of the actions, cut points known; at least the
+    chain bound of `layout_bound` and much closer to the simulated step when M is small
+    against P x V.
+
+    Single-machine argument. The actions of a set X on rank r run one at a time, so the last
+    of them ends no earlier than the earliest start any of them can have (its head) plus
+    their total time, and the step after that plus the least path any of them still heads
+    (its tail). Heads and tails are dependency paths of one micro-batch through stages
+    s = 0 .. S-1 (S = P V, model order; p the p2p time where consecutive stages are on
+    different ranks; b_s = I of a split backward, I + W of a full one B):
+
+        head of F(s): sum_{s'<s} (f_s' + p)            tail of I/B(s): sum_{s'<s} (b_s' + p) + w_0
+        head of I/B(s): forward to S-1, then b of S-1 .. s+1     tail of F(s): the rest of the
+        forward, then every backward to stage 0 (the tails end on rank 0: W(m, 0) or B(m, 0))
+
+    With stages s_a < .. < s_b the chunks a .. b of rank r, the sets are: all actions of
+    chunks >= a (tail 0, rank r's own end); the forwards and backwards (I or B) of chunks
+    >= a (head F(s_a), tail of the backward on s_a: an I(m, s_a) needs every F and I of m
+    on rank r first); the forwards of chunks a .. b (head F(s_a), tail F(s_b)); the
+    backwards of chunks a .. b (head of the backward on s_b, tail of the one on s_a).
+    Under seq1f1b the units are the kM equal-cost segments. Not for chimera (two pipelines)."""
+    pp, vpp = len(costs.forward_s), len(costs.forward_s[0])
+    m = num_microbatches * costs.segments
+    if v_shaped:
+        where = [(r, 0) for r in range(pp)] + [(r, 1) for r in range(pp - 1, -1, -1)]
+        rank_stages = [(r, 2 * pp - 1 - r) for r in range(pp)]
+    else:
+        where = [(s % pp, s // pp) for s in range(pp * vpp)]
+        rank_stages = [tuple(range(r, pp * vpp, pp)) for r in range(pp)]
+    fwd, bwd_in, bwd_w = costs.forward_s, costs.backward_input_s, costs.backward_weight_s
+    f = [fwd[r][c] for r, c in where]
+    w = [bwd_w[r][c] for r, c in where] if split_backward else [0.0] * len(where)
+    b = [bwd_in[r][c] if split_backward else bwd_in[r][c] + bwd_w[r][c] for r, c in where]
+    hop = [0.0] + [costs.p2p_s if where[s - 1][0] != where[s][0] else 0.0 for s in range(1, len(where))]
+    """hop[s]: the link between stages s-1 and s."""
+    stages = len(where)
+    head_f = [0.0] * stages
+    tail_b = [0.0] * stages
+    tail_b[0] = w[0]
+    for s in range(1, stages):
+        head_f[s] = head_f[s - 1] + f[s - 1] + hop[s]
+        tail_b[s] = tail_b[s - 1] + b[s - 1] + hop[s]
+    head_b = [0.0] * stages
+    tail_f = [0.0] * stages
+    head_b[-1] = head_f[-1] + f[-1]
+    tail_f[-1] = b[-1] + tail_b[-1]
+    for s in range(stages - 2, -1, -1):
+        head_b[s] = head_b[s + 1] + b[s + 1] + hop[s + 1]
+        tail_f[s] = tail_f[s + 1] + f[s + 1] + hop[s + 1]
+    own_after = after_s if after_s is not None else [0.0] * pp
+    first_after = own_after[0]
+    best = 0.0
+    for rank, mine in enumerate(rank_stages):
+        work = both = 0.0
+        for s in reversed(mine):
+            work += f[s] + b[s] + w[s]
+            both += f[s] + b[s]
+            best = max(best, head_f[s] + m * work + own_after[rank],
+                       head_f[s] + m * both + tail_b[s] + first_after)
+        for a, low in enumerate(mine):
+            forwards = backwards = 0.0
+            for high in mine[a:]:
+                forwards += f[high]
+                backwards += b[high]
+                best = max(best, head_f[low] + m * forwards + tail_f[high] + first_after,
+                           head_b[high] + m * backwards + tail_b[low] + first_after)
     return best

@@ -29,7 +29,7 @@ from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memor
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
-from planner.search.bounds import FIRST_CHUNK_SHARE, work_bound
+from planner.search.bounds import FIRST_CHUNK_SHARE, round_trip_bound, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
 from planner.search.space import Candidate
 
@@ -53,7 +53,7 @@ class Parts:
     step_terms: dict = field(init=False, compare=False, repr=False)
     least_saved: tuple[float, ...] = field(init=False)
     """Per kind (main, dense), the least activation bytes over the modes."""
-    """`step_floor`'s per-mode work and forward share, filled on first use."""
+    """The floors' per-mode terms (`_step_terms`), filled on first use."""
 
     def __post_init__(self) -> None:
         kinds = self.kinds(0)
@@ -133,8 +133,10 @@ def state_bytes(candidate: Candidate) -> float:
 
 
 def _expert_dp_shards(candidate: Candidate) -> int:
-    return memory.expert_dp_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep,
-                                   candidate.etp or candidate.tp)
+    return _expert_shards(candidate.tp, candidate.cp, candidate.dp, candidate.ep, candidate.etp or candidate.tp)
+
+
+_expert_shards = lru_cache(maxsize=4096)(memory.expert_dp_shards)
 
 
 def block_state_bytes(candidate: Candidate, block: LayerCosts) -> float:
@@ -199,11 +201,12 @@ def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: 
                   layers: int, layer_state: float, least_saved: float) -> float:
     """The continuous relaxation of `memory_floor` for `layers` layers (over all ranks) of
     `layer_state` state and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
-    pp, vpp = candidate.pp, candidate.vpp
+    vpp = candidate.vpp
     slack = (vpp - 1) / vpp  # floor(n / V) >= n / V - slack
+    no_layer_activations = (0, last) if candidate.empty_ends else ()
     inverse_sum = weighted_sum = 0.0
-    for rank in range(pp):
-        per_layer_act = 0.0 if candidate.empty_ends and rank in (0, last) else inflight[rank] * least_saved
+    for rank, held in enumerate(inflight):
+        per_layer_act = 0.0 if rank in no_layer_activations else held * least_saved
         fixed = fixed_state[rank] - per_layer_act * slack
         per_layer = layer_state + per_layer_act / vpp
         inverse_sum += 1.0 / per_layer
@@ -297,15 +300,7 @@ def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, 
 def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None = None) -> float:
     """Seconds the step takes at least, whatever the cuts (the chain bound plus the Adam step);
     with `mode`, for layouts running that recompute mode (an index into candidate.modes) everywhere."""
-    terms = parts.step_terms.get(mode)
-    if terms is None:
-        modes = range(len(parts.blocks)) if mode is None else (mode,)
-        per_kind = [min(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0)))]
-        work = sum(n * t for n, t in zip(parts.counts, per_kind)) + total_s(parts.embedding)
-        least_share = min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
-        experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
-        terms = parts.step_terms[mode] = (work, least_share, total_params(model, parts), experts)
-    work, least_share, params, experts = terms
+    work, least_share = _step_terms(model, parts, mode)[:2]
     split = SCHEDULES[candidate.schedule].split_backward if candidate.pp > 1 else False
     share = FIRST_CHUNK_SHARE / candidate.vpp
     if split:
@@ -314,11 +309,54 @@ def step_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int |
         share = 0.0
     units = candidate.num_microbatches * candidate.segments
     pipeline = work_bound(work, share, units, candidate.pp, candidate.empty_ends)
+    return pipeline + _optimizer_floor(model, candidate, parts, mode)
+
+
+def round_trip_floor(model: CostModel, candidate: Candidate, parts: Parts) -> float:
+    """Seconds the step takes at least, whatever the cuts and recompute modes: the round
+    trip bound (planner/search/bounds.py) of the whole model's forward and backward (each
+    layer in its quickest mode) plus the Adam step; 0 under chimera (two pipelines)."""
+    if replicas(candidate) == 2:
+        return 0.0
+    forward, input_grad, weight_grad = _step_terms(model, parts, None)[4]
+    split = SCHEDULES[candidate.schedule].split_backward
+    backward = input_grad if split else weight_grad
+    units = candidate.num_microbatches * candidate.segments
+    return (round_trip_bound(forward, backward, units, candidate.pp * candidate.vpp)
+            + _optimizer_floor(model, candidate, parts, None))
+
+
+def _step_terms(model: CostModel, parts: Parts, mode: int | None) -> tuple:
+    """The floors' per-mode terms of a candidate's layers (with `mode` None, each layer's
+    least over the modes), cached on `parts`: the work of one micro-batch, the least forward
+    share, the parameters and routed-expert parameters of one TP shard, and the whole
+    model's (forward, backward-input, full backward) seconds of one micro-batch."""
+    terms = parts.step_terms.get(mode)
+    if terms is None:
+        modes = range(len(parts.blocks)) if mode is None else (mode,)
+        per_kind = [min(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0)))]
+        work = sum(n * t for n, t in zip(parts.counts, per_kind)) + total_s(parts.embedding)
+        least_share = min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
+        experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
+        options = [[parts.kinds(m)[k] for m in modes] for k in range(len(parts.kinds(0)))]
+        counts = list(parts.counts[:len(options)])
+        options += [[parts.embedding], [parts.head]] + ([[parts.mtp[m] for m in modes]] if parts.mtp else [])
+        counts += [1] * (len(options) - len(counts))
+        trip = tuple(sum(n * min(part(x) for x in blocks) for n, blocks in zip(counts, options)) for part in (
+            lambda x: x.forward_s + x.comm_forward_s,
+            lambda x: x.backward_input_s + x.comm_backward_s,
+            lambda x: x.backward_input_s + x.backward_weight_s + x.comm_backward_s))
+        terms = parts.step_terms[mode] = (work, least_share, total_params(model, parts), experts, trip)
+    return terms
+
+
+def _optimizer_floor(model: CostModel, candidate: Candidate, parts: Parts, mode: int | None) -> float:
+    """The Adam step over the mean rank's owned parameters."""
+    _, _, params, experts, _ = _step_terms(model, parts, mode)
     edp = _expert_dp_shards(candidate) if experts else 1
     owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
-    optimizer = optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                               replicas(candidate) * owned_like / candidate.pp)
-    return pipeline + optimizer
+    return optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
+                          replicas(candidate) * owned_like / candidate.pp)
 
 
 def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],

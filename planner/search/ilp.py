@@ -14,14 +14,15 @@ runs mode m and n[r,m] its layers in that mode,
 
 from __future__ import annotations
 
-import pulp
-
-from planner.milp import mip_solver
 from planner.search.partition import Cuts, RankCosts
 
 
 def ilp_cuts(costs: RankCosts, num_layers: int, time_limit_s: float = 30.0) -> Cuts | None:
     """Optimal cuts and modes by MILP; None when the program is infeasible."""
+    import pulp  # with numpy under highspy: loaded when a program is solved, not at CLI start
+
+    from planner.milp import mip_solver
+
     ranks, modes = range(costs.num_ranks), range(len(costs.modes))
     problem = pulp.LpProblem("stage_cuts", pulp.LpMinimize)
     bottleneck = problem.add_variable("T", lowBound=0)

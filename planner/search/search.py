@@ -6,13 +6,14 @@
    candidates over the memory limit go.
 2. Visit the rest in order of their step floor. Once `top` plans are known, a candidate
    whose floor is not below the slowest of them cannot enter, and neither can any later one:
-   the search stops there.
+   the search stops there. A candidate whose round-trip floor (few micro-batches on many
+   virtual stages) is not below it is passed over.
 3. For a visited candidate, the cut solver gives the cuts and per-rank recompute modes that
    minimise the slowest rank's time within memory; the even cuts of `planner evaluate` in
    each recompute mode are tried too, so the answer is never worse than evaluating every
    layout of the space with even cuts. Each layout's memory floor and chain bound (cut
-   points known) are checked before its schedule is simulated by `planner.predict`, whose
-   memory figure has the last word on fitting.
+   points known) are checked, then, when it fits, its sequencing bound, before its schedule
+   is simulated by `planner.predict`, whose memory figure has the last word on fitting.
 
 Nothing is lost by the bounds: each is a lower bound of the simulated step time or memory.
 """
@@ -38,7 +39,8 @@ from planner.predict import (
     replica_sync_times,
 )
 from planner.schedule import SCHEDULES
-from planner.search.bounds import layout_bound
+from planner.plan import V_SHAPED_SCHEDULES
+from planner.search.bounds import layout_bound, sequencing_bound
 from planner.search.costing import (
     Parts,
     even_layouts,
@@ -48,6 +50,7 @@ from planner.search.costing import (
     memory_floor,
     parts_of,
     rank_costs,
+    round_trip_floor,
     solved_layout,
     step_floor,
 )
@@ -156,6 +159,9 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
         if floor >= run.threshold():
             stats.pruned_bound += total - visited
             break
+        if round_trip_floor(model, candidate, parts) >= run.threshold():
+            stats.pruned_bound += 1
+            continue
         run.visit(index, candidate, parts)
     if progress is not None:
         progress(total, total)
@@ -217,7 +223,8 @@ class _Run:
             self.note_need(floor, layout)
             return floor
         costs = chunk_costs(self.model, layout, self.seq)
-        if _bound(self.model, layout, costs, self.threshold()) >= self.threshold():
+        bounds = _LayoutBounds(self.model, layout, costs)
+        if bounds.chain(self.threshold()) >= self.threshold():
             stats.pruned_bound += 1
             return None
         need = excess_memory(self.model, layout, costs)
@@ -225,6 +232,10 @@ class _Run:
             stats.out_of_memory += 1
             self.note_need(need, layout)
             return need
+        # fits: before simulating, the bound of any action order (tighter, dearer to compute)
+        if bounds.sequencing() >= self.threshold():
+            stats.pruned_bound += 1
+            return None
         prediction = predict(self.model, layout, self.global_batch, self.seq, costs)
         stats.simulated += 1
         peak = prediction.peak_memory_bytes
@@ -250,17 +261,56 @@ class _Run:
 
 
 def _bound(model: CostModel, layout: Layout, costs: ChunkCosts, threshold: float = float("inf")) -> float:
-    """Chain bound of the layout with each rank's exposed DP communication, plus the step's
-    tail after the backward (loss-scale check, gradient norm, Adam step). When the bound
-    without the DP terms already reaches `threshold` that one is returned: it is no larger
-    (`layout_bound` grows with each rank's time after its last action) and prunes the layout
-    all the same, without costing the DP collectives of every rank."""
-    split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
-    bidirectional = layout.schedule == "chimera" and layout.pp > 1
-    tail = sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())
-    without_dp = layout_bound(costs, layout.num_microbatches, split, bidirectional=bidirectional) + tail
-    if without_dp >= threshold:
-        return without_dp
-    after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
-                                           replica_sync_times(model, layout, costs))]
-    return layout_bound(costs, layout.num_microbatches, split, after, bidirectional=bidirectional) + tail
+    """`_LayoutBounds.chain` of the layout."""
+    return _LayoutBounds(model, layout, costs).chain(threshold)
+
+
+class _LayoutBounds:
+    """Lower bounds of one layout's predicted step (cut points known), each costing the
+    exposed DP communication and the step's tail once."""
+
+    def __init__(self, model: CostModel, layout: Layout, costs: ChunkCosts):
+        self.model, self.layout, self.costs = model, layout, costs
+        self._after: list[float] | None = None
+        self.tail = sum(after_backward_times(model, layout, costs.params, costs.expert_params).values())
+        """The step's tail after the backward: loss-scale check, gradient norm, Adam step."""
+
+    def after(self) -> list[float]:
+        """Per rank, what it runs after its last action: exposed DP communication (and
+        chimera's replica gradient sync)."""
+        if self._after is None:
+            model, layout, costs = self.model, self.layout, self.costs
+            self._after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
+                                                         replica_sync_times(model, layout, costs))]
+        return self._after
+
+    def chain(self, threshold: float = float("inf")) -> float:
+        """Chain bound of the layout with each rank's exposed DP communication, plus the
+        step's tail. When the bound without the DP terms already reaches `threshold` that
+        one is returned: it is no larger (`layout_bound` grows with each rank's time after
+        its last action) and prunes the layout all the same, without costing the DP
+        collectives of every rank."""
+        layout, costs = self.layout, self.costs
+        split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
+        bidirectional = layout.schedule == "chimera" and layout.pp > 1
+        without_dp = layout_bound(costs, layout.num_microbatches, split, bidirectional=bidirectional) + self.tail
+        if without_dp >= threshold:
+            return without_dp
+        return layout_bound(costs, layout.num_microbatches, split, self.after(),
+                            bidirectional=bidirectional) + self.tail
+
+    def sequencing(self) -> float:
+        """`sequencing_bound` with each rank's exposed DP communication, plus the step's
+        tail, shaved by a relative 1e-9 against rounding (its paths sum the simulator's
+        terms in another order, and may equal its step); the chain bound under chimera."""
+        layout = self.layout
+        if layout.schedule == "chimera" and layout.pp > 1:
+            return self.chain()
+        bound = sequencing_bound(self.costs, layout.num_microbatches, SCHEDULES[layout.schedule].split_backward,
+                                 layout.schedule in V_SHAPED_SCHEDULES, self.after())
+        return (bound + self.tail) * (1 - ROUNDING_MARGIN)
+
+
+ROUNDING_MARGIN = 1e-9
+"""Relative share `_LayoutBounds.sequencing` gives up so that float rounding cannot lift it
+over the step it bounds."""

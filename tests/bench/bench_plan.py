@@ -3,20 +3,21 @@
     taskset -c 0 python tests/bench/bench_plan.py            # one core, as the README's figures
     python tests/bench/bench_plan.py --repeats 3 --json
 
-Prints per request the wall time (best of --repeats, each in a fresh process state: the
-cost model's and the schedule caches are cleared), the candidates considered and what
-happened to them, and the best plan.
+Prints per request the wall time (best and median of --repeats, each in a fresh process
+state: the cost model's and the schedule and search caches are cleared), the candidates
+considered and what happened to them, and the best plan.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
-from planner.schedule import v_schedules
+from planner.schedule import registry, v_schedules
 from planner.schedule.simulate import compile_schedule, generated_order
 from planner.search import costing
 from planner.search.search import search
@@ -32,26 +33,27 @@ REQUESTS = [
 
 def _clear_caches() -> None:
     compile_schedule.cache_clear()
-    for cached in (generated_order, v_schedules._zbv_padded, costing.held_counts, costing._inflight):
+    for cached in (generated_order, v_schedules._zbv_padded, costing.held_counts, costing._inflight,
+                   registry.head_rank, costing._expert_shards):
         cached.cache_clear()
 
 
 def run(repeats: int) -> list[dict]:
-    """Time each request; the best of `repeats` cold runs."""
+    """Time each request; the best and the median of `repeats` cold runs."""
     rows = []
     for name, gpus, batch, seq, target in REQUESTS:
-        best_time, result = float("inf"), None
+        times, result = [], None
         for _ in range(repeats):
             _clear_caches()
             model = CostModel(resolve_model(name), Cluster.of(resolve_gpu("h100"), gpus))
             started = time.perf_counter()
             result = search(model, batch, seq)
-            best_time = min(best_time, time.perf_counter() - started)
+            times.append(time.perf_counter() - started)
         top = result.plans[0]
         s = result.stats
         rows.append({
             "request": f"{name} {gpus} x h100, batch {batch} x seq {seq}",
-            "seconds": round(best_time, 2), "target_s": target,
+            "seconds": round(min(times), 2), "median_s": round(statistics.median(times), 2), "target_s": target,
             "candidates": s.candidates, "pruned_memory": s.pruned_memory, "pruned_bound": s.pruned_bound,
             "layouts_over_memory": s.out_of_memory, "simulated": s.simulated,
             "best": f"tp{top.layout.tp} pp{top.layout.pp} dp{top.layout.dp} {top.layout.schedule} "
@@ -71,7 +73,8 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     for row in rows:
-        print(f"{row['request']}: {row['seconds']:.2f} s (target {row['target_s']:.0f} s), "
+        print(f"{row['request']}: {row['seconds']:.2f} s best, {row['median_s']:.2f} s median "
+              f"(target {row['target_s']:.0f} s), "
               f"{row['candidates']:,} candidates: {row['pruned_memory']:,} over memory by state, "
               f"{row['pruned_bound']:,} cut by the bound, {row['layouts_over_memory']:,} layouts over memory, "
               f"{row['simulated']:,} simulated; best {row['best']} MFU {row['best_mfu']:.1%}")

@@ -15,8 +15,16 @@ from planner.layout import stage_layers_from_counts
 from planner.pipeline import ChunkCosts
 from planner.predict import predict
 from planner.schedule import SCHEDULES, StageCosts, check_shape, compile_schedule, generate, peak_held_counts, simulate
-from planner.search.bounds import FIRST_CHUNK_SHARE, layout_bound, work_bound
-from planner.search.costing import inflight_of, layout_memory_floor, layout_of, memory_floor, parts_of
+from planner.plan import V_SHAPED_SCHEDULES
+from planner.search.bounds import FIRST_CHUNK_SHARE, layout_bound, round_trip_bound, sequencing_bound, work_bound
+from planner.search.costing import (
+    inflight_of,
+    layout_memory_floor,
+    layout_of,
+    memory_floor,
+    parts_of,
+    round_trip_floor,
+)
 from planner.search.space import Candidate, SearchSpace, candidates
 from planner.spec import Cluster
 
@@ -65,6 +73,84 @@ def test_layout_bound_never_exceeds_the_simulated_step(shape, data):
         peak = max(sum(n * b for n, b in zip(v, acts[r])) for v in held[r])
         assert math.isclose(peak, sim.peak_activation_bytes[r], rel_tol=1e-9)
         assert max(sum(v) for v in held[r]) == sim.peak_inflight[r]
+
+
+@st.composite
+def shapes_with_segments(draw):
+    """A searched schedule's shape, or seq1f1b's with k segments per micro-batch."""
+    if draw(st.booleans()):
+        return (*draw(shapes()), 1)
+    pp, m, k = draw(st.integers(1, 5)), draw(st.integers(1, 8)), draw(st.integers(1, 4))
+    return "seq1f1b", pp, max(m, pp), 1, k
+
+
+@settings(max_examples=300, deadline=None)
+@given(shapes_with_segments(), st.data())
+def test_sequencing_bound_never_exceeds_the_simulated_step(shape, data):
+    """Any costs (empty chunks included), p2p and work after each rank's last action: at
+    most the simulated end, and at least the chain bound."""
+    name, pp, m, vpp, k = shape
+    draw = data.draw
+    f, i, w = (_table(draw, pp, vpp, 0.0, 3.0) for _ in range(3))
+    p2p = draw(st.floats(0.0, 0.5))
+    sim = simulate(compile_schedule(name, pp, m, vpp, k),
+                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p))
+    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
+                       backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
+                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p, segments=k)
+    split, v_shaped = SCHEDULES[name].split_backward, name in V_SHAPED_SCHEDULES
+    bound = sequencing_bound(costs, m, split, v_shaped)
+    assert bound <= sim.step_time_s * (1 + 1e-9)
+    assert bound >= layout_bound(costs, m, split and pp > 1) * (1 - 1e-9)
+    after = [draw(st.floats(0.0, 5.0)) for _ in range(pp)]
+    ends = max(sim.step_time_s, *(sim.finish_s[r] + after[r] for r in range(pp)))
+    with_after = sequencing_bound(costs, m, split, v_shaped, after)
+    assert with_after <= ends * (1 + 1e-9)
+    assert with_after >= layout_bound(costs, m, split and pp > 1, after) * (1 - 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs"]), st.integers(2, 5),
+       st.integers(1, 3), st.data())
+def test_sequencing_bound_of_one_micro_batch_is_its_round_trip(name, pp, vpp, data):
+    """With one micro-batch every schedule runs it through all P x V stages and back, one
+    action at a time: the bound is exactly that sum (the chain bound holds only the first
+    chunk of each rank)."""
+    vpp = 1 if name in ("gpipe", "1f1b") else max(vpp, 2) if name == "interleaved_1f1b" else vpp
+    draw = data.draw
+    f, i, w = (_table(draw, pp, vpp, 0.1, 3.0) for _ in range(3))
+    p2p = draw(st.floats(0.0, 0.5))
+    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
+                       backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
+                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p)
+    round_trip = sum(map(sum, f)) + sum(map(sum, i)) + sum(map(sum, w)) + 2 * (pp * vpp - 1) * p2p
+    bound = sequencing_bound(costs, 1, False)
+    assert math.isclose(bound, round_trip, rel_tol=1e-12)
+    if vpp > 1:
+        assert layout_bound(costs, 1, False) < bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(shapes_with_segments(), st.data())
+def test_round_trip_bound_never_exceeds_the_simulated_step(shape, data):
+    """Whatever the per-chunk costs: the whole model's forward and backward (input-gradient
+    part when split) of one micro-batch give a floor of the simulated step."""
+    name, pp, m, vpp, k = shape
+    draw = data.draw
+    f, i, w = (_table(draw, pp, vpp, 0.0, 3.0) for _ in range(3))
+    sim = simulate(compile_schedule(name, pp, m, vpp, k),
+                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=draw(st.floats(0.0, 0.5))))
+    forward, backward = sum(map(sum, f)), sum(map(sum, i))
+    if not SCHEDULES[name].split_backward:
+        backward += sum(map(sum, w))
+    assert round_trip_bound(forward, backward, m * k, pp * vpp) <= sim.step_time_s * (1 + 1e-9)
+
+
+def test_round_trip_bound_of_one_micro_batch_is_the_simulated_step():
+    """One micro-batch runs its round trip and nothing else: 4 stages x (1 + 2 + 0.5) s."""
+    sim = simulate(compile_schedule("gpipe", 4, 1, 1), StageCosts.uniform(4, 1, 1.0, 2.0, 0.5))
+    assert sim.step_time_s == 14.0
+    assert round_trip_bound(4 * 1.0, 4 * 2.5, 1, 4) == 14.0
 
 
 @settings(max_examples=150, deadline=None)
@@ -137,11 +223,36 @@ def test_layout_step_bound_with_dp_and_tail_never_exceeds_the_predicted_step(dat
     """The search's per-layout bound (chain bound with each rank's exposed DP communication,
     plus the loss-scale check, gradient norm and Adam step) is at most `predict`'s step."""
     from planner.predict import chunk_costs
-    from planner.search.search import _bound
+    from planner.search.search import _bound, _LayoutBounds
     model = _small_model()
     _, layout = _draw_layout(data, model)
     step = predict(model, layout, BATCH, SEQ).step_time_s
     assert _bound(model, layout, chunk_costs(model, layout, SEQ)) <= step * (1 + 1e-9)
+    assert _LayoutBounds(model, layout, chunk_costs(model, layout, SEQ)).sequencing() <= step
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_layout_sequencing_bound_with_dp_and_tail_never_exceeds_the_predicted_step(data):
+    """The search's bound before it simulates a layout that fits: at most `predict`'s step
+    (its rounding margin taken, no tolerance)."""
+    from planner.predict import chunk_costs
+    from planner.search.search import _LayoutBounds
+    model = _small_model()
+    _, layout = _draw_layout(data, model)
+    step = predict(model, layout, BATCH, SEQ).step_time_s
+    bounds = _LayoutBounds(model, layout, chunk_costs(model, layout, SEQ))
+    assert bounds.chain() * (1 - 2e-9) <= bounds.sequencing() <= step
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_round_trip_floor_never_exceeds_the_predicted_step(data):
+    """The floor that passes over a candidate: at most `predict`'s step of any of its layouts."""
+    model = _small_model()
+    candidate, layout = _draw_layout(data, model)
+    step = predict(model, layout, BATCH, SEQ).step_time_s
+    assert round_trip_floor(model, candidate, parts_of(model, candidate, SEQ)) <= step * (1 + 1e-9)
 
 
 def _draw_layout(data, model: CostModel):
