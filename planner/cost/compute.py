@@ -29,6 +29,7 @@ measurements fit them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -155,14 +156,21 @@ class AnalyticCompute:
         """Seconds for memory-bound kernels moving nbytes in `kernels` launches."""
         return nbytes / self.mem_bw + kernels * self.overhead_s
 
-    def layer_times(self, work: LayerWork, attention: str = "flash2") -> LayerTimes:
-        """Forward, backward-input and backward-weight time of a layer's work, its attention
-        core run by `attention`."""
+    def gemms_times(self, gemms: Iterable[Gemm]) -> LayerTimes:
+        """Forward, backward-input (data-gradient GEMMs) and backward-weight (weight-gradient
+        GEMMs) seconds of `gemms`."""
         forward = backward_input = backward_weight = 0.0
-        for g in work.gemms:
+        for g in gemms:
             forward += g.count * self.gemm_time(g.m, g.n, g.k)
             backward_input += g.count * self.gemm_time(g.m, g.k, g.n)
             backward_weight += g.count * self.gemm_time(g.k, g.n, g.m)
+        return LayerTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=backward_weight)
+
+    def layer_times(self, work: LayerWork, attention: str = "flash2") -> LayerTimes:
+        """Forward, backward-input and backward-weight time of a layer's work, its attention
+        core run by `attention`."""
+        gemms = self.gemms_times(work.gemms)
+        forward, backward_input, backward_weight = gemms.forward_s, gemms.backward_input_s, gemms.backward_weight_s
         attention_fwd, attention_bwd = self.attention_core_times(work, attention)
         forward += attention_fwd
         backward_input += attention_bwd

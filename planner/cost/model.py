@@ -523,11 +523,10 @@ class CostModel:
         the MLP node, the rest (attention, norms, router, elementwise) as pre-dispatch; each
         all-to-all (dispatch or combine) `one_way` seconds."""
         imbalance = imbalance_of(self.spec, shard, self.options.moe_imbalance)
-        gemms = [g for g in moe_gemms(self.spec, shard, imbalance) if g.name != "router"]
-        gemm = self.analytic.gemm_time
-        mlp = min(times.forward_s, sum(g.count * gemm(g.m, g.n, g.k) for g in gemms))
-        mlp_dgrad = min(times.backward_input_s, sum(g.count * gemm(g.m, g.k, g.n) for g in gemms))
-        mlp_wgrad = min(times.backward_weight_s, sum(g.count * gemm(g.k, g.n, g.m) for g in gemms))
+        experts = self.analytic.gemms_times(g for g in moe_gemms(self.spec, shard, imbalance) if g.name != "router")
+        mlp = min(times.forward_s, experts.forward_s)
+        mlp_dgrad = min(times.backward_input_s, experts.backward_input_s)
+        mlp_wgrad = min(times.backward_weight_s, experts.backward_weight_s)
         return SplitLayer(pre=times.forward_s - mlp, mlp=mlp, pre_dgrad=times.backward_input_s - mlp_dgrad,
                           pre_wgrad=times.backward_weight_s - mlp_wgrad, mlp_dgrad=mlp_dgrad,
                           mlp_wgrad=mlp_wgrad, dispatch=one_way, combine=one_way)
