@@ -214,15 +214,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     if spec.mtp_depth and last_rank == 0 and not _two_replicas(layout):
         params[0] -= embedding.param_count  # the MTP modules share the first rank's embedding
         chunk_params[0][vpp - 1] -= embedding.param_count
-    if model.options.wgrad_accumulation == "autograd":
+    if model.options.wgrad_accumulation == "autograd" or model.options.bf16_optimizer:
         for rank, row in enumerate(chunk_params):
             for chunk, held in enumerate(row):
-                bwd_w[rank][chunk] += autograd_accumulation_s(
-                    model.analytic, held, model.dtype_bytes, layout.num_microbatches) / k
-    if model.options.bf16_optimizer:
-        for rank, row in enumerate(chunk_params):
-            for chunk, held in enumerate(row):
-                bwd_w[rank][chunk] += hp_grad_add_s(model.analytic, held) / k
+                bwd_w[rank][chunk] += _grad_accumulation_s(model, held, layout.num_microbatches) / k
     if model.options.p2p_mode in ("deepspeed", "deepspeed-whole-grads") and pp > 1 and k == 1:
         _add_pipe_engine_buffers(model, layout, shard, act, extra, last_rank)
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
@@ -236,6 +231,18 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd, segments=k,
         cached_segment_bytes=_bf16_optimizer_segments(model, layout, shard, params, last_rank),
     )
+
+
+def _grad_accumulation_s(model: CostModel, params: float, microbatches: int) -> float:
+    """Mean seconds per micro-batch the runtime spends accumulating the weight gradients of
+    `params` parameters outside the GEMMs: autograd's add into `.grad`, and DeepSpeed's
+    BF16_Optimizer's add into its fp32 accumulators (planner/cost/grad_accum.py)."""
+    opts, seconds = model.options, 0.0
+    if opts.wgrad_accumulation == "autograd":
+        seconds += autograd_accumulation_s(model.analytic, params, model.dtype_bytes, microbatches)
+    if opts.bf16_optimizer:
+        seconds += hp_grad_add_s(model.analytic, params)
+    return seconds
 
 
 def _add_pipe_engine_buffers(model: CostModel, layout: Layout, shard: Shard, act: list[list[float]],
