@@ -199,6 +199,10 @@ class GpuEfficiency(BaseModel):
     comm_sm_fraction: float = Field(default=0.0, ge=0, lt=1)
     """Fraction of the GPU's SMs a collective's kernels occupy while they run beside compute."""
     overlap_source: str = ""
+    layer_scale: float = Field(default=1.0, gt=0, le=1.5)
+    """Factor on every compute rate above (GEMMs, attention, HBM): the ratio of a whole layer
+    measured on this GPU to what its component rates predict for it (1: no such measurement)."""
+    layer_scale_source: str = ""
 
 
 class GpuSpec(BaseModel):

@@ -44,6 +44,8 @@ _PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
 
 FITTED = ("gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us")
 _FRACTIONS = {"gemm", "attention_fwd", "attention_bwd", "hbm"}
+_FIT_UNDER = {"layer_scale", "layer_scale_source"}
+"""Fields the fitted fractions were fitted under (they multiply them): they travel with them."""
 _MIN_OVERHEAD_US = 1e-3
 _MAX_LOG = 200.0
 PARTS = ("forward", "backward_input", "backward_weight", "backward")
@@ -183,7 +185,7 @@ def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> Gp
     shape/overhead terms carry over unchanged, the target keeps its own (unfitted)
     communication efficiencies. Its GEMMs follow the fitted `gemm`/`gemm_half_dim` (the
     target's measured GEMM table is dropped) unless `efficiency` itself runs on a table."""
-    fields = {**target.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED))}
+    fields = {**target.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED) | _FIT_UNDER)}
     if efficiency.gemm_table is None:
         fields["gemm_table"] = None
     fields["source"] = source or f"transferred as fractions of peak ({efficiency.source})"

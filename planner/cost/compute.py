@@ -23,8 +23,10 @@ backward-weight (W), as the zero-bubble schedules split them (Qi et al. 2024).
 Where a GPU has a measured GEMM table (`gemm_table` in presets/gpus.toml, read by
 planner/cost/gemm_table.py), its bf16/fp16 GEMMs take peak * e_gemm * s(m) s(n) s(k) from the
 table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
-and c stay. The efficiencies are per-GPU data (presets/gpus.toml); `planner profile`
-measurements fit them.
+and c stay. Every rate (peak, table, HBM) is multiplied by the GPU's `layer_scale`: the
+ratio of a layer measured on that GPU to what these component rates predict for it (1 where
+no layer was measured). The efficiencies are per-GPU data (presets/gpus.toml); `planner
+profile` measurements fit them.
 """
 
 from __future__ import annotations
@@ -75,11 +77,13 @@ class AnalyticCompute:
                  gemm_dtype: str | None = None):
         self.gpu = gpu
         self.eff = efficiency or gpu.efficiency
-        self.peak = gpu.peak_flops(dtype)
-        self.gemm_peak = gpu.peak_flops(gemm_dtype) if gemm_dtype else self.peak
+        scale = self.eff.layer_scale
+        self.peak = gpu.peak_flops(dtype) * scale
+        """Peak FLOP/s times the GPU's `layer_scale` (as every rate below)."""
+        self.gemm_peak = gpu.peak_flops(gemm_dtype) * scale if gemm_dtype else self.peak
         """Peak of the linear layers' GEMMs: the fp8 rate under FP8 training (Transformer
         Engine runs the linears in fp8; attention, norms, softmax and the optimizer stay bf16/fp32)."""
-        self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm
+        self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm * scale
         self.overhead_s = self.eff.kernel_overhead_us * 1e-6
         self._gemm_table = self._table(gemm_dtype or dtype)
         self._batched_table = self._table(dtype)
@@ -99,7 +103,7 @@ class AnalyticCompute:
         where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
         its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
-            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale
         return peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
 
     def gemm_time(self, m: int, n: int, k: int) -> float:
