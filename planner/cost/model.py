@@ -675,8 +675,10 @@ class CostModel:
                            + backward_collectives(attention, sp, not spec.is_mla))
             if not spec.is_moe:
                 gemms = transformer_gemms(spec, shard, moe=False)
-        gemm_s = {g.name: (t.backward_input_s, t.backward_weight_s)
-                  for g in gemms for t in (self.analytic.gemms_times((g,)),)}
+        gemm_s = {}
+        for g in gemms:
+            times = self.analytic.gemms_times((g,))
+            gemm_s[g.name] = (times.backward_input_s, times.backward_weight_s)
         comm_s = {"all_gather": net.all_gather(act, tp, 1), "reduce_scatter": net.reduce_scatter(act, tp, 1),
                   "all_reduce": net.all_reduce(act, tp, 1)}
         sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
