@@ -35,6 +35,7 @@ from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
+from planner.schedule.registry import SCHEDULES
 from planner.schedule.seq1f1b import weighted_inflight
 from planner.units import GiB
 
@@ -157,9 +158,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     pp, vpp, k = layout.pp, layout.vpp, layout.segments
     paired = pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
-    paired_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired))
+    split = SCHEDULES[layout.schedule].split_backward and pp > 1
+    paired_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired), split)
                      for kind in set(model.block_kinds) for mode in set(layout.recompute)}
-    alone_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, False))
+    alone_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, False), split)
                     for kind, mode in paired_blocks} if paired else paired_blocks
     embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
@@ -199,14 +201,15 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     ends += [(layer_costs("mtp", shard, layout.recompute[rank], paired), rank, chunk)
              for rank, chunk in mtp_places(model, layout)]
     for costs, rank, chunk in ends:
+        comm_backward = costs.comm_backward_s + (costs.split_backward_comm_s if split else 0.0)
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
-        bwd_in[rank][chunk] += costs.backward_input_s + costs.comm_backward_s
+        bwd_in[rank][chunk] += costs.backward_input_s + comm_backward
         bwd_w[rank][chunk] += costs.backward_weight_s
         act[rank][chunk] += costs.activation_bytes
         params[rank] += costs.param_count
         chunk_params[rank][chunk] += costs.param_count
         experts[rank] += costs.expert_param_count
-        tp_comm[rank] += costs.comm_forward_s + costs.comm_backward_s
+        tp_comm[rank] += costs.comm_forward_s + comm_backward
         extra[rank] = max(extra[rank], costs.peak_extra_bytes)
     if spec.tie_embeddings and last_rank == 0 and not _two_replicas(layout):
         params[0] -= spec.vocab_size * spec.hidden_size / layout.tp
@@ -279,13 +282,15 @@ def _blend(paired: tuple[float, ...], alone: tuple[float, ...], alone_share: flo
     return tuple(p + alone_share * (a - p) for p, a in zip(paired, alone))
 
 
-def _block_terms(block: LayerCosts) -> tuple[float, float, float, float, float, float, float, float]:
+def _block_terms(block: LayerCosts, split: bool) -> tuple[float, float, float, float, float, float, float, float]:
     """What `chunk_costs` adds per layer of a block: forward and backward-input seconds with
-    their TP/CP communication, backward-weight seconds, activation bytes, parameters, routed
-    expert parameters, TP/CP communication seconds and transient bytes."""
-    return (block.forward_s + block.comm_forward_s, block.backward_input_s + block.comm_backward_s,
+    their TP/CP communication (with the weight gradients a pass of their own when `split`),
+    backward-weight seconds, activation bytes, parameters, routed expert parameters, TP/CP
+    communication seconds and transient bytes."""
+    comm_backward = block.comm_backward_s + (block.split_backward_comm_s if split else 0.0)
+    return (block.forward_s + block.comm_forward_s, block.backward_input_s + comm_backward,
             block.backward_weight_s, block.activation_bytes, block.param_count, block.expert_param_count,
-            block.comm_forward_s + block.comm_backward_s, block.peak_extra_bytes)
+            block.comm_forward_s + comm_backward, block.peak_extra_bytes)
 
 
 def unit_layer_costs(model: CostModel, layout: Layout):

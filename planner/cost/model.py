@@ -21,8 +21,10 @@ from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
 from planner.cost.moe import MOE_DISPATCHERS, MoeDispatcher, deepep_times, dispatch_bytes, imbalance_of, moe_gemms
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls
+from planner.cost.shapes import (LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls,
+                                 transformer_gemms)
 from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
+from planner.cost.tp_backward import TP_BACKWARD, Parallel, TpBackward, backward_collectives, backward_comm_seconds
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
@@ -46,7 +48,19 @@ class CostOptions:
     overlap_param_gather: bool = True
     """The distributed optimizer's parameter all-gather overlaps the first forward."""
     tp_comm_overlap: float = 0.0
-    """Fraction of tensor-parallel communication hidden behind GEMMs (0: none)."""
+    """Fraction of tensor-parallel communication hidden behind GEMMs (0: none); in the backward,
+    of what `tp_backward_overlap` leaves exposed."""
+    tp_backward_overlap: TpBackward = "async"
+    """How the backward's TP collectives run beside the linears' GEMMs (planner/cost/tp_backward.py):
+    "async", Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication (default since
+    2021-09, `--no-async-tensor-model-parallel-allreduce` turns it off) and Transformer Engine's
+    linears: a column-parallel linear's input-gradient all-reduce / reduce-scatter beside its
+    weight-gradient GEMM and, under sequence parallelism, its input all-gathered again beside
+    its data-gradient GEMM; "async_delayed_wgrad", the same with Megatron's
+    `--delay-wgrad-compute` (Transformer Engine stores the weight-gradient GEMM for later, so
+    the input gradient's reduction has nothing to hide behind); "none", every collective
+    exposed, none gathered again (Megatron-LM before 2021-09, Megatron-DeepSpeed, torch
+    DTensor TP)."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
     cp_comm: CpComm = "ring"
@@ -220,7 +234,7 @@ class CostOptions:
                               ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
                               ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
                               ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
-                              ("moe_dispatcher", MOE_DISPATCHERS),
+                              ("moe_dispatcher", MOE_DISPATCHERS), ("tp_backward_overlap", TP_BACKWARD),
                               ("wgrad_accumulation", WGRAD_ACCUMULATION),
                               ("activation_storage", memory.ACTIVATION_STORAGE)):
             if getattr(self, name) not in allowed:
@@ -350,6 +364,10 @@ class LayerCosts:
     """Exposed all-to-all (dispatch and combine, forward and backward): part of comm_*_s."""
     expert_param_count: float = 0.0
     """Part of param_count that are routed experts (their optimizer shards over EDP)."""
+    split_backward_comm_s: float = 0.0
+    """Exposed seconds the backward-input pass gains when the schedule runs the weight gradients
+    as a pass of their own (zero-bubble W): the TP reductions that otherwise hide behind the
+    weight-gradient GEMMs (`CostOptions.tp_backward_overlap` "async")."""
 
     @property
     def backward_s(self) -> float:
@@ -403,7 +421,7 @@ class CostModel:
         if kind == "mtp":
             return self._mtp_costs(shard, recompute, paired)
         times = self.source.layer_times(kind, shard)
-        comm_fwd, comm_bwd = self._tp_cp_comm(kind, shard)
+        comm_fwd, comm_bwd, deferred = self._tp_cp_comm(kind, shard)
         moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
         comm_fwd, comm_bwd = comm_fwd + moe_fwd, comm_bwd + moe_bwd
         comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd - moe_fwd)
@@ -442,6 +460,7 @@ class CostModel:
             param_count=params,
             moe_comm_s=moe_fwd + moe_bwd,
             expert_param_count=experts,
+            split_backward_comm_s=deferred * hidden,
         )
 
     def _mtp_costs(self, shard: Shard, recompute: str, paired: bool) -> LayerCosts:
@@ -475,6 +494,7 @@ class CostModel:
             param_count=depth * (block.param_count + projection_params) + embedding.param_count,
             moe_comm_s=depth * block.moe_comm_s,
             expert_param_count=depth * block.expert_param_count,
+            split_backward_comm_s=depth * sum(p.split_backward_comm_s for p in parts),
         )
 
     def _act_options(self, shard: Shard) -> memory.ActivationOptions:
@@ -595,13 +615,15 @@ class CostModel:
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
 
-    def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float]:
-        """Forward and backward communication of the layer inside its TP and CP groups:
+    def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float, float]:
+        """Forward and backward communication of the layer inside its TP and CP groups, and
+        what the backward's gains when the weight gradients run as a pass of their own:
         a block all-reduces its output twice per pass (attention and MLP; all-gather plus
         reduce-scatter under sequence parallelism, same volume); the vocab-parallel
         embedding reduces its output; the head gathers its input and reduces the loss
-        statistics. Ring attention passes K and V around the CP ring (dK, dV back too),
-        hidden behind the attention core where it is shorter."""
+        statistics. The backward's TP collectives as `tp_backward_overlap` runs them
+        (`_async_tp_backward`). Ring attention passes K and V around the CP ring (dK, dV back
+        too), hidden behind the attention core where it is shorter."""
         net, tp = self.network, shard.tp
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         if tp > 1 and shard.sequence_parallel:
@@ -610,17 +632,61 @@ class CostModel:
         else:
             collective = net.all_reduce(act, tp, 1)
             one_way = collective
+        asynchronous = tp > 1 and self.options.tp_backward_overlap != "none"
         if kind == "embedding":
-            return (one_way, one_way if shard.sequence_parallel else 0.0) if tp > 1 else (0, 0)
+            return (one_way, one_way if shard.sequence_parallel else 0.0, 0.0) if tp > 1 else (0, 0, 0)
         if kind == "head":
+            if tp == 1:
+                return 0, 0, 0
             stats = net.all_reduce(3 * 4 * shard.local_tokens, tp, 1)
-            return (stats + (one_way if shard.sequence_parallel else 0.0), one_way) if tp > 1 else (0, 0)
+            fwd = stats + (one_way if shard.sequence_parallel else 0.0)
+            return (fwd, *self._async_tp_backward(kind, shard)) if asynchronous else (fwd, one_way, 0.0)
         fwd = bwd = 2 * collective if tp > 1 else 0.0
+        deferred = 0.0
+        if asynchronous:
+            bwd, deferred = self._async_tp_backward(kind, shard)
         if shard.cp > 1:
             cp_comm = self._gathered_kv_comm if self.options.cp_comm == "all_gather" else self._ring_attention_comm
             fwd_cp, bwd_cp = cp_comm(shard)
             fwd, bwd = fwd + fwd_cp, bwd + bwd_cp
-        return fwd, bwd
+        return fwd, bwd, deferred
+
+    def _async_tp_backward(self, kind: str, shard: Shard) -> tuple[float, float]:
+        """Seconds the backward's TP collectives add to it under Megatron-LM's / Transformer
+        Engine's asynchronous column-parallel backward (planner/cost/tp_backward.py), with the
+        weight-gradient GEMMs in the same pass (under "async_delayed_wgrad" without them), and the
+        more it takes when a split-backward schedule defers them.
+        The overlapped collectives hide behind the linear's analytic GEMM times. Column- and
+        row-parallel linears: the head's output layer; a block's fused QKV and output
+        projection, and its MLP's up and down projections. Latent attention (its replicated
+        down-projections) and an MoE block's MLP (tokens gathered and scattered by the
+        dispatcher's own autograd functions) keep their synchronous collectives."""
+        spec, net, tp = self.spec, self.network, shard.tp
+        act = self.dtype_bytes * shard.local_tokens * spec.hidden_size
+        sp = shard.sequence_parallel
+        if kind == "head":
+            gemms = layer_work(spec, "head", shard).gemms
+            collectives = backward_collectives((("lm_head", "column"),), sp, True)
+        else:
+            gemms = attention_gemms(spec, shard)
+            attention: tuple[tuple[str, Parallel], ...] = (("qkv", "column"), ("attn_out", "row"))
+            mlp: tuple[tuple[str, Parallel], ...] = (("mlp_up", "column"), ("mlp_down", "row"))
+            collectives = (backward_collectives(mlp, sp, not spec.is_moe)
+                           + backward_collectives(attention, sp, not spec.is_mla))
+            if not spec.is_moe:
+                gemms = transformer_gemms(spec, shard, moe=False)
+        gemm_s = {}
+        for g in gemms:
+            times = self.analytic.gemms_times((g,))
+            gemm_s[g.name] = (times.backward_input_s, times.backward_weight_s)
+        comm_s = {"all_gather": net.all_gather(act, tp, 1), "reduce_scatter": net.reduce_scatter(act, tp, 1),
+                  "all_reduce": net.all_reduce(act, tp, 1)}
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+        together = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share)
+        deferred = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share, wgrad_deferred=True)
+        if self.options.tp_backward_overlap == "async_delayed_wgrad":
+            return deferred, 0.0
+        return together, deferred - together
 
     def _kv_bytes(self, shard: Shard) -> float:
         """K and V of one GPU's tokens (its CP and TP shard)."""

@@ -41,6 +41,7 @@ from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
 from planner.cost.moe import MoeDispatcher
 from planner.cost.shapes import LossPasses, model_flops_per_token
 from planner.cost.step import OptimizerKernels
+from planner.cost.tp_backward import TpBackward
 from planner.errors import ConfigError
 from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
 from planner.predict import Prediction, predict
@@ -107,6 +108,10 @@ class PublishedRun(BaseModel):
     overlap_grad_reduce: bool
     overlap_param_gather: bool
     tp_comm_overlap: float = Field(ge=0, le=1)
+    tp_backward_overlap: TpBackward = "none"
+    """How the backward's TP collectives run (CostOptions): "async" for Megatron-LM since
+    2021-09 and Transformer Engine's linears, "async_delayed_wgrad" with --delay-wgrad-compute;
+    "none" (every collective exposed) where the runtime has no such path or it is unknown."""
     grad_reduce_bytes: int = Field(ge=2, le=4)
     elementwise_traffic: float = Field(default=1.0, ge=1.0)
     """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
@@ -322,6 +327,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         overlap_grad_reduce=run.overlap_grad_reduce,
         overlap_param_gather=run.overlap_param_gather,
         tp_comm_overlap=run.tp_comm_overlap,
+        tp_backward_overlap=run.tp_backward_overlap,
         grad_reduce_bytes=run.grad_reduce_bytes,
         elementwise_traffic=run.elementwise_traffic,
         selective_policy=run.selective_policy,

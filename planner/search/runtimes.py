@@ -32,7 +32,9 @@ RUNTIME_RULES: dict[str, dict] = {
 
 RUNTIME_COSTS: dict[str, dict] = {
     "megatron": {"p2p_mode": "megatron-lm"},
-    "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True},
+    "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
+                   "tp_backward_overlap": "none"},
+    "torch": {"tp_backward_overlap": "none"},
     "deepspeed": {"p2p_mode": "deepspeed"},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
@@ -42,7 +44,10 @@ tests/profile/test_blocks.py), and it shards data-parallel weights with FSDP2's 
 whose copy kernels run on the compute stream (planner/cost/step.py `fsdp2_copy_time`).
 Megatron-LM blocks on its pipeline exchange in plain 1F1B and overlaps it in interleaved 1F1B;
 DeepSpeed's PipelineEngine blocks on every send and receive (CostOptions.p2p_mode). Without a
-runtime, sends overlap compute, as torch.distributed.pipelining's isend / irecv do."""
+runtime, sends overlap compute, as torch.distributed.pipelining's isend / irecv do. torchtitan
+and torch tensor parallelism is DTensor's: each backward collective is its own autograd op,
+waited on before the next GEMM, with no re-gather (CostOptions.tp_backward_overlap "none");
+Megatron-LM and no runtime keep Megatron's asynchronous column-parallel backward ("async")."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:
