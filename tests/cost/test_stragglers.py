@@ -174,3 +174,19 @@ def test_options_default_on_and_replaceable():
     assert compute_slowdown(resolve_gpu("a100-80gb"), replace(options, stragglers=False), 4096) == 1.0
     assert compute_slowdown(resolve_gpu("a100-80gb"), replace(options, speed_spread="a100-ls6-resnet50"), 64) == \
         pytest.approx(builtin_spreads()["a100-ls6-resnet50"].slowdown(64))
+
+
+def test_measured_node_records_collect_into_a_population_the_planner_reads(tmp_path):
+    from planner.fidelity.gpu_speed import collect
+
+    for host, times in (("node-a", (1.00, 1.02)), ("node-b", (0.99, 1.05))):
+        records = [{"host": host, "index": i, "uuid": f"{host}-{i}", "name": "NVIDIA H100 80GB HBM3",
+                    "gemm_size": 8192, "windows": 100, "seconds_per_gemm": t * 1.6e-3, "tflops": 0.0}
+                   for i, t in enumerate(times)]
+        (tmp_path / f"{host}.json").write_text(json.dumps(records))
+    path = tmp_path / "cluster.toml"
+    path.write_text(collect(tmp_path, "my-h100s"))
+    spread = load_speed_spread(str(path))
+    assert spread.name == "my-h100s" and spread.dropped == 0 and len(spread.times) == 4
+    assert "4 GPUs of 2 nodes" in spread.source
+    assert spread.slowdown(4) == pytest.approx(expected_slowest([0.99, 1.0, 1.02, 1.05], 4))
