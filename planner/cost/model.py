@@ -9,6 +9,7 @@ search asks for the same few shapes many times.
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
@@ -299,6 +300,14 @@ class AnalyticSource:
     def __init__(self, spec: ModelSpec, compute: AnalyticCompute, options: CostOptions = CostOptions()):
         self.spec, self.compute, self.options = spec, compute, options
 
+    def at_pace(self, compute_slowdown: float) -> AnalyticSource:
+        """This source with its compute-bound rates at `compute_slowdown` (a job's slowest GPU)."""
+        if compute_slowdown == self.compute.compute_slowdown:
+            return self
+        compute = copy(self.compute)
+        compute.compute_slowdown = compute_slowdown
+        return AnalyticSource(self.spec, compute, self.options)
+
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         opts = self.options
         work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout,
@@ -391,9 +400,14 @@ class CostModel:
         self.analytic = analytic_compute(cluster.gpu, options, cluster.num_gpus)
         if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
             self.analytic.attention_rates(options.attention)
-        self.source = source or AnalyticSource(spec, self.analytic, options)
-        self.source_slowdown = 1.0 if source is None else self.analytic.compute_slowdown
-        """Factor on a given source's layer times (a profile measured on one GPU): the job's
+        slowdown = self.analytic.compute_slowdown
+        if source is None:
+            source = AnalyticSource(spec, self.analytic, options)
+        elif isinstance(source, AnalyticSource):  # another job's analytic source: at this job's pace
+            source = source.at_pace(slowdown)
+        self.source = source
+        self.source_slowdown = 1.0 if isinstance(source, AnalyticSource) else slowdown
+        """Factor on a measured source's layer times (a profile timed on one GPU): the job's
         slowest GPU; the analytic source applies it to its compute-bound rates itself."""
         self.act_options = memory.activation_options_for(
             options.activation_storage, options.precision == "fp8",

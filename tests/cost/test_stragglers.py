@@ -190,3 +190,14 @@ def test_measured_node_records_collect_into_a_population_the_planner_reads(tmp_p
     assert spread.name == "my-h100s" and spread.dropped == 0 and len(spread.times) == 4
     assert "4 GPUs of 2 nodes" in spread.source
     assert spread.slowdown(4) == pytest.approx(expected_slowest([0.99, 1.0, 1.02, 1.05], 4))
+
+
+def test_another_jobs_analytic_source_is_costed_at_this_jobs_pace():
+    """`planner plan`'s hints re-cost a request at other GPU counts with the first model's source."""
+    spec, gpu = resolve_model("llama3-8b"), resolve_gpu("h100")
+    shard = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
+    small = CostModel(spec, Cluster.of(gpu, 8), CostOptions())
+    reused = CostModel(spec, Cluster.of(gpu, 4096), CostOptions(), small.source)
+    fresh = CostModel(spec, Cluster.of(gpu, 4096), CostOptions())
+    assert reused.layer_costs("transformer", shard) == fresh.layer_costs("transformer", shard)
+    assert small.layer_costs("transformer", shard).forward_s < fresh.layer_costs("transformer", shard).forward_s
