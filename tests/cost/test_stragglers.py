@@ -200,4 +200,5 @@ def test_another_jobs_analytic_source_is_costed_at_this_jobs_pace():
     reused = CostModel(spec, Cluster.of(gpu, 4096), CostOptions(), small.source)
     fresh = CostModel(spec, Cluster.of(gpu, 4096), CostOptions())
     assert reused.layer_costs("transformer", shard) == fresh.layer_costs("transformer", shard)
-    assert small.layer_costs("transformer", shard).forward_s < fresh.layer_costs("transformer", shard).forward_s
+    # (this shard's forward is host-bound, the same on any GPU; its backward is not)
+    assert small.layer_costs("transformer", shard).backward_s < fresh.layer_costs("transformer", shard).backward_s
