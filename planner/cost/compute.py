@@ -144,7 +144,8 @@ class AnalyticCompute:
         fwd_rate, bwd_rate = self.attention_rates(attention)
         if backward:
             flops *= FLASH_BACKWARD_FLOP_RATIO
-        return flops * self.compute_slowdown / (self.peak * (bwd_rate if backward else fwd_rate) * self._saturation(seq))
+        rate = bwd_rate if backward else fwd_rate
+        return flops * self.compute_slowdown / (self.peak * rate * self._saturation(seq))
 
     def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
         """Forward and backward seconds of a layer's attention core under `attention`."""
