@@ -207,6 +207,9 @@ class PlanInputs(BaseModel):
     attention: str | None = None
     cuda_graphs: bool = False
     interference: bool = True
+    stragglers: bool = True
+    speed_spread: str | None = None
+    """--gpu-speed-spread as given (a built-in name or a file path)."""
     profile: str | None = None
     """Path of the measured profile (--profile), as given."""
     profile_only: bool = False

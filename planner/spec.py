@@ -226,6 +226,10 @@ class GpuSpec(BaseModel):
     inter_node_latency_us: float = Field(ge=0)
     efficiency: GpuEfficiency
     source: str = ""
+    speed_spread: str | None = None
+    """Measured population of per-GPU compute speed (planner/presets/gpu_speed_spread.toml)
+    whose slowest-of-N sets a job's compute pace (planner/cost/stragglers.py); None: none."""
+    speed_spread_source: str = ""
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; ConfigError if the GPU has no such tensor mode."""

@@ -71,6 +71,8 @@ def evaluate_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    stragglers: bool = opt.STRAGGLERS,
+    speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
@@ -104,9 +106,9 @@ def evaluate_command(
         zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
-    cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance),
-        profile_only)
+    cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
+        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+        precision, moe_imbalance), stragglers, speed_spread), profile_only)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
         raise PlannerError(

@@ -40,6 +40,12 @@ CUDA_GRAPHS = typer.Option(False, "--cuda-graphs", help="The runtime replays CUD
                            "launch time per kernel.")
 INTERFERENCE = typer.Option(True, "--interference/--no-interference", help="Charge the slowdown that "
                             "communication overlapped with compute causes in it.")
+STRAGGLERS = typer.Option(True, "--stragglers/--no-stragglers", help="Charge the job's slowest GPU: compute "
+                          "runs at the expected slowest of the job's GPUs under a measured per-GPU speed spread "
+                          "(docs/stragglers.md).")
+SPEED_SPREAD = typer.Option(None, "--gpu-speed-spread", help="Per-GPU speed population for --stragglers: a "
+                            "built-in name (v100-longhorn-sgemm, a100-ls6-resnet50) or a file from "
+                            "scripts/measure_gpu_speed.py (default: the GPU preset's).")
 
 
 # Mixture of experts and FP8 (issue 14).
@@ -68,6 +74,18 @@ def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float 
     if moe_imbalance is not None:
         changes["moe_imbalance"] = moe_imbalance
     return replace(options, **changes)
+
+
+def straggler_cost_options(options: CostOptions, stragglers: bool, speed_spread: str | None) -> CostOptions:
+    """`options` with the --stragglers and --gpu-speed-spread choices (the spread is read
+    now, so a bad name or file is refused before any search)."""
+    from dataclasses import replace
+
+    from planner.cost.stragglers import load_speed_spread
+
+    if speed_spread is not None:
+        load_speed_spread(speed_spread)
+    return replace(options, stragglers=stragglers, speed_spread=speed_spread)
 
 
 def check_attention(attention: str | None) -> str | None:

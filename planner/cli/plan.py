@@ -119,6 +119,8 @@ def plan_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    stragglers: bool = opt.STRAGGLERS,
+    speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
@@ -139,9 +141,9 @@ def plan_command(
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
                         opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
-    cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
-        runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance),
-        profile_only)
+    cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
+        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+        precision, moe_imbalance), stragglers, speed_spread), profile_only)
     accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
                                opt.profile_check(cost_model, seq, profile_only))
     if runtime and (reason := model_refusal(spec, runtime)) is not None:
@@ -163,7 +165,8 @@ def plan_command(
     document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated))).model_copy(
         update={"inputs": report_cmd.recorded_inputs(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw,
                                                      max_memory_gb, runtime, attention, cuda_graphs, interference,
-                                                     profile, profile_only, calibration)})
+                                                     profile, profile_only, calibration, stragglers,
+                                                     speed_spread)})
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)

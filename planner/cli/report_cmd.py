@@ -68,11 +68,12 @@ def explain_rows(items) -> Table:
 
 def recorded_inputs(gpu: str, gpus: int, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, runtime,
                     attention, cuda_graphs: bool, interference: bool, profile: Path | None, profile_only: bool,
-                    calibration: Path | None) -> PlanInputs:
+                    calibration: Path | None, stragglers: bool = True, speed_spread: str | None = None) -> PlanInputs:
     """What `planner plan` records in the plan file for `planner report` to re-cost it."""
     return PlanInputs(gpu=gpu, num_gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw_gbps=intra_node_bw,
                       inter_node_bw_gbps=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime,
                       attention=attention, cuda_graphs=cuda_graphs, interference=interference,
+                      stragglers=stragglers, speed_spread=speed_spread,
                       profile=None if profile is None else str(profile), profile_only=profile_only,
                       calibration=None if calibration is None else str(calibration),
                       command=["planner", *sys.argv[1:]])
@@ -96,8 +97,9 @@ def cost_model_of(document: PlanFile) -> tuple[CostModel, PlanInputs, list[str]]
     if profile is not None and not profile.exists():
         notes.append(f"the profile {profile} is not here: re-simulated with analytic costs")
         profile = None
-    options = runtime_cost_options(inputs.runtime, cluster.gpu, inputs.attention, inputs.cuda_graphs,
-                                   inputs.interference)
+    options = opt.straggler_cost_options(runtime_cost_options(
+        inputs.runtime, cluster.gpu, inputs.attention, inputs.cuda_graphs, inputs.interference),
+        inputs.stragglers, inputs.speed_spread)
     return opt.build_cost_model(document.model, cluster, profile, options), inputs, notes
 
 

@@ -46,6 +46,8 @@ def sweep_command(
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
     interference: bool = opt.INTERFERENCE,
+    stragglers: bool = opt.STRAGGLERS,
+    speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
     svg: Path | None = typer.Option(None, "--svg", help="Also draw the best plan per value as an SVG "
@@ -74,8 +76,9 @@ def sweep_command(
     for value in points:
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
-        cost_model = opt.build_cost_model(spec, cluster, profile, runtime_cost_options(
-            runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), profile_only)
+        cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(runtime_cost_options(
+            runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), stragglers, speed_spread),
+            profile_only)
         source = opt.cost_source(cost_model, calibrated)
         accept = opt.accept_checks(
             runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None,

@@ -27,6 +27,10 @@ and c stay. Every rate (peak, table, HBM) is multiplied by the GPU's `layer_scal
 ratio of a layer measured on that GPU to what these component rates predict for it (1 where
 no layer was measured). The efficiencies are per-GPU data (presets/gpus.toml); `planner
 profile` measurements fit them.
+
+A job waits for its slowest GPU: `compute_slowdown` (planner/cost/stragglers.py) lowers every
+compute-bound rate (GEMMs, attention) by the expected slowest-of-N factor; HBM-bound terms and c
+keep theirs (the measured spread is in the SM clock under the power limit, the memory clock fixed).
 """
 
 from __future__ import annotations
@@ -74,8 +78,11 @@ class AnalyticCompute:
     """Layer times on one GPU from FLOPs, bytes and the GPU's efficiency curves."""
 
     def __init__(self, gpu: GpuSpec, dtype: str = "bf16", efficiency: GpuEfficiency | None = None,
-                 gemm_dtype: str | None = None):
+                 gemm_dtype: str | None = None, compute_slowdown: float = 1.0):
         self.gpu = gpu
+        self.compute_slowdown = compute_slowdown
+        """Factor on the compute-bound time of GEMMs and attention: the job's slowest GPU
+        (planner/cost/stragglers.py); memory-bound time and per-kernel overhead keep theirs."""
         self.eff = efficiency or gpu.efficiency
         scale = self.eff.layer_scale
         self.peak = gpu.peak_flops(dtype) * scale
@@ -103,8 +110,9 @@ class AnalyticCompute:
         where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
         its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
-            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale
-        return peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale / self.compute_slowdown
+        return (peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
+                / self.compute_slowdown)
 
     def gemm_time(self, m: int, n: int, k: int) -> float:
         """Seconds for one (m x k) @ (k x n) GEMM."""
@@ -139,8 +147,9 @@ class AnalyticCompute:
             return 0.0
         fwd_rate, bwd_rate = self.attention_rates(attention)
         if backward:
-            return FLASH_BACKWARD_FLOP_RATIO * flops / (self.peak * bwd_rate * self._saturation(seq))
-        return flops / (self.peak * fwd_rate * self._saturation(seq))
+            flops *= FLASH_BACKWARD_FLOP_RATIO
+        rate = bwd_rate if backward else fwd_rate
+        return flops * self.compute_slowdown / (self.peak * rate * self._saturation(seq))
 
     def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
         """Forward and backward seconds of a layer's attention core under `attention`."""

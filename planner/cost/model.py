@@ -9,6 +9,7 @@ search asks for the same few shapes many times.
 
 from __future__ import annotations
 
+from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
@@ -24,6 +25,7 @@ from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_f
 from planner.cost.shapes import (LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls,
                                  transformer_gemms)
 from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
+from planner.cost.stragglers import straggler_slowdown
 from planner.cost.tp_backward import TP_BACKWARD, Parallel, TpBackward, backward_collectives, backward_comm_seconds
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
@@ -132,6 +134,12 @@ class CostOptions:
     tr11-176B-ml.slurm exports it to avoid hangs on Jean Zay)."""
     interference: bool = True
     """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
+    stragglers: bool = True
+    """The job's compute-bound kernels run at its slowest GPU's pace: the expected slowest of
+    the job's GPUs drawn from a measured per-GPU speed population (planner/cost/stragglers.py)."""
+    speed_spread: str | None = None
+    """That population: a name in planner/presets/gpu_speed_spread.toml or a file in its format
+    (scripts/measure_gpu_speed.py writes one); None: the GPU preset's `speed_spread`."""
 
     # Pipeline engines (issue 12, point 5).
     p2p_mode: P2pMode = "overlapped"
@@ -241,9 +249,19 @@ class CostOptions:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
-def analytic_compute(gpu: GpuSpec, options: CostOptions) -> AnalyticCompute:
-    """The analytic roofline for `options`: its dtype, and fp8 GEMMs under FP8 precision."""
-    return AnalyticCompute(gpu, options.dtype, gemm_dtype="fp8" if options.precision == "fp8" else None)
+def analytic_compute(gpu: GpuSpec, options: CostOptions, num_gpus: int = 1) -> AnalyticCompute:
+    """The analytic roofline for `options`: its dtype, fp8 GEMMs under FP8 precision, and the
+    compute pace of the slowest of a job's `num_gpus` GPUs (`compute_slowdown`)."""
+    return AnalyticCompute(gpu, options.dtype, gemm_dtype="fp8" if options.precision == "fp8" else None,
+                           compute_slowdown=compute_slowdown(gpu, options, num_gpus))
+
+
+def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float:
+    """Expected compute slowdown of a job on `num_gpus` `gpu`s waiting for its slowest one
+    (1.0 with stragglers off or no speed population for the GPU)."""
+    if not options.stragglers:
+        return 1.0
+    return straggler_slowdown(options.speed_spread or gpu.speed_spread, num_gpus)
 
 
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
@@ -295,6 +313,14 @@ class AnalyticSource:
 
     def __init__(self, spec: ModelSpec, compute: AnalyticCompute, options: CostOptions = CostOptions()):
         self.spec, self.compute, self.options = spec, compute, options
+
+    def at_pace(self, compute_slowdown: float) -> AnalyticSource:
+        """This source with its compute-bound rates at `compute_slowdown` (a job's slowest GPU)."""
+        if compute_slowdown == self.compute.compute_slowdown:
+            return self
+        compute = copy(self.compute)
+        compute.compute_slowdown = compute_slowdown
+        return AnalyticSource(self.spec, compute, self.options)
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         opts = self.options
@@ -389,10 +415,18 @@ class CostModel:
         self.cluster = cluster
         self.options = options
         self.network = network or Network.of(cluster)
-        self.analytic = analytic_compute(cluster.gpu, options)
+        self.analytic = analytic_compute(cluster.gpu, options, cluster.num_gpus)
         if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
             self.analytic.attention_rates(options.attention)
-        self.source = source or AnalyticSource(spec, self.analytic, options)
+        slowdown = self.analytic.compute_slowdown
+        if source is None:
+            source = AnalyticSource(spec, self.analytic, options)
+        elif isinstance(source, AnalyticSource):  # another job's analytic source: at this job's pace
+            source = source.at_pace(slowdown)
+        self.source = source
+        self.source_slowdown = 1.0 if isinstance(source, AnalyticSource) else slowdown
+        """Factor on a measured source's layer times (a profile timed on one GPU): the job's
+        slowest GPU; the analytic source applies it to its compute-bound rates itself."""
         self.act_options = memory.activation_options_for(
             options.activation_storage, options.precision == "fp8",
             flash_attention=options.flash_attention, dropout=options.dropout,
@@ -421,6 +455,8 @@ class CostModel:
         if kind == "mtp":
             return self._mtp_costs(shard, recompute, paired)
         times = self.source.layer_times(kind, shard)
+        if self.source_slowdown != 1.0:
+            times = times.scaled(self.source_slowdown)
         comm_fwd, comm_bwd, deferred = self._tp_cp_comm(kind, shard)
         moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
         comm_fwd, comm_bwd = comm_fwd + moe_fwd, comm_bwd + moe_bwd

@@ -30,16 +30,16 @@ from planner.fidelity.published_report import markdown_report
 DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
 MEAN_ABS_STEP_ERROR_BOUND = {
-    "llama3-2024": 0.195,  # 22.5% -> 19.0% with the H100 measured-layer anchor (layer_scale)
-    "bigscience-bloom": 0.025,
-    "torchtitan": 0.175,  # 21.1% -> 17.2%, the same
-    "narayanan2021": 0.075,
-    "korthikanti2022": 0.055,  # raised from 0.035 with the asynchronous TP backward, reason below
-    "mtnlg2022": 0.215,
-    "nemotron4-2024": 0.17,  # 18.0% -> 14.5% with layer_scale, 16.9% with the asynchronous TP backward
-    "mosaic-llmfoundry": 0.165,  # 17.7% -> 16.1% with layer_scale
-    "deepseek-v3-2024": 0.13,  # 16.5% -> 12.5% with the run's own recompute modules (no core-attention recompute)
-    "megatron-moe-modelzoo": 0.21,  # 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B, 20.4% with layer_scale, 20.6% with the asynchronous TP backward (MOE_BOUND)
+    "llama3-2024": 0.145,  # 22.5% -> 19.0% with layer_scale, 14.0% with the slowest GPU
+    "bigscience-bloom": 0.035,  # raised from 0.025 with the slowest GPU, reason below
+    "torchtitan": 0.15,  # 21.1% -> 17.2% with layer_scale, 14.5% with the slowest GPU
+    "narayanan2021": 0.04,  # 7.1% -> 3.7% with the slowest GPU
+    "korthikanti2022": 0.045,  # raised from 0.035: asynchronous TP backward (5.1%), then 4.2% with the slowest GPU
+    "mtnlg2022": 0.165,  # 20.9% -> 16.2% with the slowest GPU
+    "nemotron4-2024": 0.125,  # 18.0% -> 14.5% layer_scale, 16.9% async TP backward, 11.8% slowest GPU
+    "mosaic-llmfoundry": 0.135,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU
+    "deepseek-v3-2024": 0.13,  # 16.5% -> 12.5% with the run's own recompute modules (no core-attention recompute); 12.9% now
+    "megatron-moe-modelzoo": 0.19,  # 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4% now (MOE_BOUND)
 }
 """Mean |step-time error| per source, just above what the model reaches today
 (docs/accuracy_published.md: 17.7, 3.0, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
@@ -79,14 +79,18 @@ megatron-moe-modelzoo 20.4% -> 20.6% (TE; the '+1f1b overlap' row with --delay-w
 gathers again but hides no reduction): a mechanism the runtimes have, which hides communication
 the model had charged exposed, so these optimistic runs became more so. The runs of runtimes
 without it (SC'21's 2021 Megatron-LM, Megatron-DeepSpeed, torchtitan's DTensor, Llama 3) are
-unchanged."""
-OVERALL_BOUND = 0.12
-"""Today 11.5% over 47 runs (11.1% before the asynchronous TP backward, raised from 0.115 with
-it for the reason given with MEAN_ABS_STEP_ERROR_BOUND; 12.3% before the H100 measured-layer
-anchor, 11.3% before the measured H100 GEMM table and 12.0% before issue 12's component changes,
-same runs)."""
-HELD_OUT_BOUND = 0.14
-"""Today 13.6% over the 13 held-out runs (13.2% before the asynchronous TP backward)."""
+unchanged. One was raised when a step came to wait for its slowest GPU (planner/cost/stragglers.py,
+docs/stragglers.md: compute-bound rates slowed by the expected slowest of the job's GPUs under a
+measured per-GPU SGEMM population, PAL / SC'22 artifact, 392 V100s at the power cap), which makes
+every multi-GPU prediction slower: bigscience-bloom 2.3% -> 3.2% (now +2.9% signed), already
+close, became slightly pessimistic; korthikanti2022 went 5.1% -> 4.2% (-0.9% signed), the other
+sources moved towards their runs and were tightened (dense overall 11.5% -> 8.9%)."""
+OVERALL_BOUND = 0.09
+"""Today 8.9% over 47 runs (11.5% before the slowest-GPU charge, 11.1% before the asynchronous
+TP backward, 12.3% before the H100 measured-layer anchor, 11.3% before the measured H100 GEMM
+table and 12.0% before issue 12's component changes, same runs)."""
+HELD_OUT_BOUND = 0.10
+"""Today 9.5% over the 13 held-out runs (13.6% before the slowest-GPU charge)."""
 MEMORY_BOUND = 0.045
 """Mean |peak-memory error| over the 8 runs that publish memory: today 4.1% (torchtitan's
 four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four
@@ -97,15 +101,17 @@ BLOOM_MEMORY_BOUND = 0.04
 docs/accuracy_published.md, 'BLOOM's memory')."""
 RUN_MEMORY_BOUND = 0.10
 """Issue 12's clause: every run that publishes its memory within 10%."""
-WORST_BOUND = 0.36
-"""Today's worst run: 35.9% (39.0% before the H100 measured-layer anchor; MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed
-precision was read right, bf16 gradient reduction, which makes it faster still; 33.7% until the
-measured H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
+WORST_BOUND = 0.335
+"""Today's worst run: 33.2% (35.9% before the slowest-GPU charge, 39.0% before the H100
+measured-layer anchor; MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed precision
+was read right, bf16 gradient reduction, which makes it faster still; 33.7% until the measured
+H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
 """Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
-MOE_BOUND = 0.195
-"""Mean |step error| over the 5 MoE runs: today 19.1% (18.8% before the asynchronous TP
+MOE_BOUND = 0.175
+"""Mean |step error| over the 5 MoE runs: today 17.3% with the slowest-GPU charge (19.1% before
+it; 18.8% before the asynchronous TP
 backward, raised from 0.19 with it for the reason given with MEAN_ABS_STEP_ERROR_BOUND; 20.3%
 before the H100 measured-layer anchor, layer_scale: DeepSeek-V3 +12.5% -> +12.7%; Qwen3-235B on
 256 H100s: EP 32 -5.9%, the same with '+1f1b overlap' -30.4%, FSDP +13.4%, held out TP 4 -39.4%,
@@ -118,8 +124,8 @@ bandwidth (README table), instead of NCCL's all-to-all of every routed copy (EP 
 with it. 27.7% before the runs' stated recompute modules were encoded and the measured H100 GEMM
 table. Raised once, with its reason, from 0.25 (24.6%): ZeRO-3's gathers and reduce-scatters in
 every micro-batch moved the Qwen3-235B FSDP row from +2.0% to +14.5%."""
-MOE_WORST_BOUND = 0.385
-"""Today's worst MoE run: 38.0% (37.2% before the asynchronous TP backward, 39.4% before the H100 measured-layer anchor), the held-out Qwen3-235B TP 4 EP 8 PP 8 V4 row (167 TFLOP/s
+MOE_WORST_BOUND = 0.36
+"""Today's worst MoE run: 35.4% (38.0% before the slowest-GPU charge, 37.2% before the asynchronous TP backward, 39.4% before the H100 measured-layer anchor), the held-out Qwen3-235B TP 4 EP 8 PP 8 V4 row (167 TFLOP/s
 published, predicted too fast; -37.5% before DeepEP's intranode kernels, which deduplicate a
 token's copies per rank, shrank its all-to-all, and -39.4% before Transformer Engine's
 asynchronous TP backward was charged: component-level mechanisms the runtime has, kept though

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.memory import activation_bytes
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, CostOptions, compute_slowdown
 from planner.cost.shapes import Shard, layer_work
 from planner.errors import ConfigError, PlannerError
 from planner.profile import store
@@ -114,9 +114,14 @@ def test_profiled_source_feeds_the_cost_model(tmp_path):
     store.save(path, PROFILE)
     source = profiled_source(path, SPEC, H100)
     assert source.name == "profile:h100-llama3-8b.json"
+    measured = ROWS[[r.key for r in ROWS].index(("transformer", 2, 4, 1024, "none"))].forward_ms / 1e3
+    shard = Shard(mbs=4, seq=1024, tp=2)
+    model = CostModel(SPEC, Cluster.of(H100, 8), CostOptions(stragglers=False), source=source)
+    assert model.layer_costs("transformer", shard).forward_s == measured
+    # timed on one GPU; the 8-GPU job waits for its slowest GPU (planner/cost/stragglers.py)
     model = CostModel(SPEC, Cluster.of(H100, 8), source=source)
-    costs = model.layer_costs("transformer", Shard(mbs=4, seq=1024, tp=2))
-    assert costs.forward_s == ROWS[[r.key for r in ROWS].index(("transformer", 2, 4, 1024, "none"))].forward_ms / 1e3
+    slowest = compute_slowdown(H100, CostOptions(), 8)
+    assert slowest > 1.0 and model.layer_costs("transformer", shard).forward_s == pytest.approx(measured * slowest)
 
 
 def test_profile_of_another_model_is_refused(tmp_path):
