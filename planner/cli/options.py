@@ -54,20 +54,48 @@ MOE_IMBALANCE = typer.Option(None, "--moe-imbalance", help="Busiest expert-paral
                              "from your router statistics.")
 
 
-def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float | None) -> CostOptions:
-    """`options` with the --precision and --moe-imbalance choices."""
+MOE_DISPATCHER = typer.Option("alltoall", "--moe-dispatcher", help="MoE token dispatcher the plans are priced "
+                              "with: alltoall (NCCL all-to-all of every routed copy) or deepep (DeepEP's kernels, one "
+                              "copy per destination node or rank, at DeepEP's measured bandwidths; Megatron-LM's "
+                              "flex dispatcher). Changes nothing on a dense model.")
+MOE_EP_OVERLAP = typer.Option(False, "--moe-ep-overlap/--no-moe-ep-overlap", help="Price Megatron-LM's "
+                              "combined-1F1B all-to-all overlap (--overlap-moe-expert-parallel-comm "
+                              "--delay-wgrad-compute) where Megatron runs it: EP > 1, no pipeline or interleaved "
+                              "1F1B, no full recompute, at most one MTP layer. Changes nothing on a dense model.")
+
+
+def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float | None,
+                     moe_dispatcher: str = "alltoall", moe_ep_overlap: bool = False) -> CostOptions:
+    """`options` with the --precision, --moe-imbalance, --moe-dispatcher and --moe-ep-overlap
+    choices (the MoE ones are accepted on a dense model, where they change no cost)."""
     from dataclasses import replace
 
     from planner.cost.model import PRECISIONS
+    from planner.cost.moe import MOE_DISPATCHERS
 
     if precision not in PRECISIONS:
         raise LayoutError(f"unknown precision '{precision}': choose {', '.join(PRECISIONS)}")
     if moe_imbalance is not None and moe_imbalance < 1:
         raise LayoutError(f"--moe-imbalance is the busiest rank's tokens over the mean, at least 1; got {moe_imbalance}")
-    changes = {"precision": precision}
+    if moe_dispatcher not in MOE_DISPATCHERS:
+        raise LayoutError(f"unknown --moe-dispatcher '{moe_dispatcher}': choose {', '.join(MOE_DISPATCHERS)}")
+    changes = {"precision": precision, "moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
     if moe_imbalance is not None:
         changes["moe_imbalance"] = moe_imbalance
     return replace(options, **changes)
+
+
+def check_moe_runtime(runtime: str | None, moe_dispatcher: str, moe_ep_overlap: bool) -> None:
+    """Refuse a --runtime that does not run the MoE mechanism the plans would be priced with."""
+    from planner.export import MOE_MECHANISMS
+
+    if runtime is None:
+        return
+    asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
+    for field, flag in (("moe_dispatcher", f"--moe-dispatcher {moe_dispatcher}"), ("moe_ep_overlap", "--moe-ep-overlap")):
+        reason = MOE_MECHANISMS.get(runtime, {}).get((field, asked[field]))
+        if reason is not None:
+            raise LayoutError(f"{flag}: {runtime} {reason}; drop the option or plan for another runtime")
 
 
 def check_attention(attention: str | None) -> str | None:

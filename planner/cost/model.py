@@ -33,6 +33,9 @@ Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
+DUALPIPEV_PAIRING = "dualpipev"
+"""`layer_costs`'s `paired` for DualPipeV: its whole-pass overlap of one micro-batch's all-to-all
+with the other's compute, whether or not the run enables Megatron's combined 1F1B."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -488,7 +491,9 @@ class CostModel:
         (dispatch and combine each way; full recompute re-runs the forward's two) and, with
         ETP > 1, the all-gather and reduce-scatter of the routed tokens over the ETP group.
         Ranks fold as Megatron's "etp-ep-edp" order: ETP fastest, EP next. `paired`: hidden
-        behind another micro-batch's compute (its backward for a forward, and back)."""
+        behind another micro-batch's compute (its backward for a forward, and back): in
+        Megatron's combined-1F1B order when True and `moe_ep_overlap` is on, else (and always
+        for DUALPIPEV_PAIRING) as DualPipeV's whole-pass overlap."""
         spec = self.spec
         if kind != "transformer" or not spec.is_moe:
             return 0.0, 0.0
@@ -507,7 +512,7 @@ class CostModel:
         fwd, bwd = 2 * one_way, 2 * one_way
         if recompute == "full":
             bwd += fwd
-        if paired and self.options.moe_ep_overlap:
+        if paired is True and self.options.moe_ep_overlap:
             sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
             half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), sm_share) / 2
             return half, half

@@ -55,6 +55,36 @@ def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
     return modes.pop()
 
 
+MOE_MECHANISMS: dict[str, dict[tuple[str, object], str]] = {
+    "torchtitan": {
+        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
+                                  "(--overlap-moe-expert-parallel-comm; torchtitan 0.3's ep_overlap is an "
+                                  "experimental graph-compiler pass, not that schedule)",
+    },
+    "torch": {
+        ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, not DeepEP's kernels",
+        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
+                                  "(--overlap-moe-expert-parallel-comm)",
+    },
+    "deepspeed": {
+        ("moe_dispatcher", "deepep"): "has no DeepEP token dispatcher",
+        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
+                                  "(--overlap-moe-expert-parallel-comm)",
+    },
+}
+"""Per runtime, the MoE cost options (PlanEntry field, value) it does not run, and why: a plan
+priced with one is refused, never exported as if the runtime ran it."""
+
+
+def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
+    """ExportError when the plan was priced with an MoE mechanism `runtime` does not run."""
+    for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
+        if getattr(entry, field) == value:
+            flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {value}"
+            raise ExportError(f"{runtime}: the plan was priced with {flag}, but {runtime} {why}; "
+                              f"re-plan without {flag.split()[0]}, or export to megatron")
+
+
 def replan_for(runtime: str) -> str:
     """The advice to search again among the plans `runtime` runs, as the command to type."""
     return f"re-plan for {runtime} with {planner_command('plan', f'--runtime {runtime}')}"
@@ -82,6 +112,9 @@ def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int) -> list[str
         f"seq={entry.seq} schedule={entry.schedule} recompute={entry.recompute} "
         f"sequence_parallel={entry.sequence_parallel} zero_stage={entry.zero_stage} dtype={entry.dtype}"
     )
+    if entry.ep > 1 or entry.moe_dispatcher != "alltoall" or entry.moe_ep_overlap:
+        lines.append(f"experts: ep={entry.ep} etp={entry.etp or entry.tp} precision={entry.precision} "
+                     f"moe_dispatcher={entry.moe_dispatcher} moe_ep_overlap={entry.moe_ep_overlap}")
     lines.append(f"stage layers (per rank): {entry.stage_layers}")
     p = entry.predicted
     if p is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.cost import memory
-from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
+from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, LayerCosts
 from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
@@ -78,13 +78,30 @@ def shard_of(candidate: Candidate, seq: int) -> Shard:
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
     """The candidate's layer costs (cached: candidates share a few shapes), per sequence
     segment under seq1f1b."""
-    paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
-    return _parts(model, shard_of(candidate, seq), candidate.modes, paired, candidate.segments)
+    return _parts(model, shard_of(candidate, seq), candidate.modes, candidate_pairing(model, candidate),
+                  candidate.segments)
+
+
+def candidate_pairing(model: CostModel, candidate: Candidate) -> bool | str:
+    """`predict.pairs_moe_comm` of the candidate's layouts (their recompute modes aside):
+    DualPipeV's pairing, or True where Megatron's combined 1F1B runs them (`runs_combined_1f1b`
+    of a layout without full recompute; a mode `full` is costed unpaired in `_parts`)."""
+    if candidate.schedule in PAIRED_SCHEDULES:
+        return DUALPIPEV_PAIRING if candidate.pp > 1 else False
+    options, spec = model.options, model.spec
+    if not (options.moe_ep_overlap and spec.is_moe) or candidate.ep == 1 or spec.mtp_depth > 1:
+        return False
+    return candidate.pp == 1 or candidate.schedule == "interleaved_1f1b"
 
 
 @lru_cache(maxsize=16384)
-def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool, segments: int) -> Parts:
-    def costs(kind: str, mode: str = "none", pair: bool = False) -> LayerCosts:
+def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool | str, segments: int) -> Parts:
+    """Under combined 1F1B each mode but `full` is costed paired: predict pairs a layout's
+    layers (all but Megatron's warm-up and cool-down passes, which cost more) unless one of its
+    ranks recomputes in full, so the paired costs are the least any layout of these modes gets."""
+    def costs(kind: str, mode: str = "none", pair: bool | str = False) -> LayerCosts:
+        if pair is True and mode == "full":
+            pair = False
         if segments == 1:
             return model.layer_costs(kind, shard, mode, pair)
         return segment_layer_costs(model, kind, shard, mode, pair, segments)
