@@ -106,7 +106,7 @@ def evaluate_command(
         zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
-    opt.check_moe_runtime(runtime, moe_dispatcher, moe_ep_overlap)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
         runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance,
         moe_dispatcher, moe_ep_overlap), profile_only)

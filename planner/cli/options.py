@@ -85,17 +85,16 @@ def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float 
     return replace(options, **changes)
 
 
-def check_moe_runtime(runtime: str | None, moe_dispatcher: str, moe_ep_overlap: bool) -> None:
-    """Refuse a --runtime that does not run the MoE mechanism the plans would be priced with."""
-    from planner.export import MOE_MECHANISMS
+def check_moe_runtime(runtime: str | None, spec: ModelSpec, moe_dispatcher: str, moe_ep_overlap: bool) -> None:
+    """Refuse a --runtime that does not run the MoE mechanism an MoE model's plans would be
+    priced with (a dense model's are not: nothing to refuse)."""
+    from planner.export import mechanism_refusal
 
-    if runtime is None:
+    if runtime is None or not spec.is_moe:
         return
-    asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
-    for field, flag in (("moe_dispatcher", f"--moe-dispatcher {moe_dispatcher}"), ("moe_ep_overlap", "--moe-ep-overlap")):
-        reason = MOE_MECHANISMS.get(runtime, {}).get((field, asked[field]))
-        if reason is not None:
-            raise LayoutError(f"{flag}: {runtime} {reason}; drop the option or plan for another runtime")
+    reason = mechanism_refusal(runtime, moe_dispatcher, moe_ep_overlap)
+    if reason is not None:
+        raise LayoutError(f"{reason}; drop the option or plan for another runtime")
 
 
 def check_attention(attention: str | None) -> str | None:

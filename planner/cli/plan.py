@@ -143,7 +143,7 @@ def plan_command(
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
                         opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
-    opt.check_moe_runtime(runtime, moe_dispatcher, moe_ep_overlap)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.moe_cost_options(runtime_cost_options(
         runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), precision, moe_imbalance,
         moe_dispatcher, moe_ep_overlap), profile_only)

@@ -75,7 +75,7 @@ def sweep_command(
     calibrated = opt.load_calibration(calibration)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
                         opt.name_list(schedules), None, True, None, None, runtime)
-    opt.check_moe_runtime(runtime, moe_dispatcher, moe_ep_overlap)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     rows = []
     for value in points:
         job = {**fixed, vary: value}

@@ -76,13 +76,24 @@ MOE_MECHANISMS: dict[str, dict[tuple[str, object], str]] = {
 priced with one is refused, never exported as if the runtime ran it."""
 
 
+def mechanism_refusal(runtime: str, moe_dispatcher: str, moe_ep_overlap: bool) -> str | None:
+    """'--moe-ep-overlap: torchtitan has no equivalent ...' when `runtime` does not run an MoE
+    mechanism named (the first such), else None."""
+    asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
+    for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
+        if asked[field] == value:
+            flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {value}"
+            return f"{flag}: {runtime} {why}"
+    return None
+
+
 def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
     """ExportError when the plan was priced with an MoE mechanism `runtime` does not run."""
-    for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
-        if getattr(entry, field) == value:
-            flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {value}"
-            raise ExportError(f"{runtime}: the plan was priced with {flag}, but {runtime} {why}; "
-                              f"re-plan without {flag.split()[0]}, or export to megatron")
+    reason = mechanism_refusal(runtime, entry.moe_dispatcher, entry.moe_ep_overlap)
+    if reason is not None:
+        flag, why = reason.split(": ", 1)
+        raise ExportError(f"{runtime}: the plan was priced with {flag}, but {why}; "
+                          f"re-plan without {flag.split()[0]}, or export to megatron")
 
 
 def replan_for(runtime: str) -> str:

@@ -139,6 +139,10 @@ def test_a_dense_model_is_unchanged_by_the_moe_options(cli):
     searched = [_json(cli, "plan", *job, *space, *extra)["plans"] for extra in
                 ((), ("--moe-dispatcher", "deepep", "--moe-ep-overlap"))]
     assert searched[0] == searched[1]
+    # nothing to refuse for a runtime without DeepEP: the dense plans do not use it
+    code, out, err = cli("plan", *job, *space, "--runtime", "torch", "--moe-dispatcher", "deepep", "--json")
+    assert code == 0, err
+    assert all(p["moe_dispatcher"] == "alltoall" and "torch" in p["runtimes"] for p in json.loads(out)["plans"])
 
 
 def test_explain_says_what_the_dispatcher_and_the_overlap_change(cli):
