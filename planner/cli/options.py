@@ -92,9 +92,11 @@ def check_moe_runtime(runtime: str | None, spec: ModelSpec, moe_dispatcher: str,
 
     if runtime is None or not spec.is_moe:
         return
-    reason = mechanism_refusal(runtime, moe_dispatcher, moe_ep_overlap)
-    if reason is not None:
-        raise LayoutError(f"{reason}; drop the option or plan for another runtime")
+    refused = mechanism_refusal(runtime, moe_dispatcher, moe_ep_overlap)
+    if refused is not None:
+        field, why = refused
+        flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {moe_dispatcher}"
+        raise LayoutError(f"{flag}: {runtime} {why}; drop the option or plan for another runtime")
 
 
 def check_attention(attention: str | None) -> str | None:

@@ -55,45 +55,51 @@ def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
     return modes.pop()
 
 
+_NO_COMBINED_1F1B = ("has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
+                     "(overlap_moe_expert_parallel_comm)")
 MOE_MECHANISMS: dict[str, dict[tuple[str, object], str]] = {
     "torchtitan": {
-        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
-                                  "(--overlap-moe-expert-parallel-comm; torchtitan 0.3's ep_overlap is an "
-                                  "experimental graph-compiler pass, not that schedule)",
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B + "; its 0.3 ep_overlap is an experimental graph-compiler "
+                                  "pass, not that schedule",
     },
     "torch": {
         ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, not DeepEP's kernels",
-        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
-                                  "(--overlap-moe-expert-parallel-comm)",
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
     },
     "deepspeed": {
         ("moe_dispatcher", "deepep"): "has no DeepEP token dispatcher",
-        ("moe_ep_overlap", True): "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
-                                  "(--overlap-moe-expert-parallel-comm)",
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
     },
 }
 """Per runtime, the MoE cost options (PlanEntry field, value) it does not run, and why: a plan
 priced with one is refused, never exported as if the runtime ran it."""
+MECHANISM_NAMES = {
+    "moe_dispatcher": ("DeepEP's token dispatcher (moe_dispatcher 'deepep')",
+                       planner_command("plan", "--moe-dispatcher alltoall")),
+    "moe_ep_overlap": ("Megatron's combined-1F1B all-to-all overlap (moe_ep_overlap)",
+                       planner_command("plan", "--no-moe-ep-overlap")),
+}
+"""PlanEntry field -> (what a plan priced with it was priced with, the command that plans without it)."""
 
 
-def mechanism_refusal(runtime: str, moe_dispatcher: str, moe_ep_overlap: bool) -> str | None:
-    """'--moe-ep-overlap: torchtitan has no equivalent ...' when `runtime` does not run an MoE
-    mechanism named (the first such), else None."""
+def mechanism_refusal(runtime: str, moe_dispatcher: str, moe_ep_overlap: bool) -> tuple[str, str] | None:
+    """(PlanEntry field, why `runtime` does not run it) for the first MoE mechanism named that
+    `runtime` does not run, else None."""
     asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
     for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
         if asked[field] == value:
-            flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {value}"
-            return f"{flag}: {runtime} {why}"
+            return field, why
     return None
 
 
 def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
     """ExportError when the plan was priced with an MoE mechanism `runtime` does not run."""
-    reason = mechanism_refusal(runtime, entry.moe_dispatcher, entry.moe_ep_overlap)
-    if reason is not None:
-        flag, why = reason.split(": ", 1)
-        raise ExportError(f"{runtime}: the plan was priced with {flag}, but {why}; "
-                          f"re-plan without {flag.split()[0]}, or export to megatron")
+    refused = mechanism_refusal(runtime, entry.moe_dispatcher, entry.moe_ep_overlap)
+    if refused is not None:
+        field, why = refused
+        what, without = MECHANISM_NAMES[field]
+        raise ExportError(f"{runtime}: the plan was priced with {what}, but {runtime} {why}; "
+                          f"re-plan without it: {without}")
 
 
 def replan_for(runtime: str) -> str:

@@ -30,6 +30,7 @@ from planner.export.common import (
     summary_lines,
     uniform_recompute,
 )
+from planner.hints import planner_command
 from planner.plan import PlanEntry, PlanFile
 from planner.schedule.registry import interleave_rounds
 from planner.spec import ModelSpec
@@ -137,11 +138,11 @@ def _moe_model_args(spec: ModelSpec, entry: PlanEntry) -> list[str]:
             "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size), "--moe-grouped-gemm"]
     if entry.moe_dispatcher == "deepep":
         if spec.moe_capacity_factor is not None:  # TransformerConfig refuses the padding with DeepEP
-            raise ExportError(f"{RUNTIME}: the plan was priced with --moe-dispatcher deepep, but {spec.name} caps "
-                              f"tokens per expert (capacity factor {spec.moe_capacity_factor}) and Megatron's flex "
-                              "dispatcher with DeepEP does not support moe_pad_expert_input_to_capacity; "
-                              "re-plan without --moe-dispatcher")
-        # megatron-core 0.19: --moe-enable-deepep is deprecated for --moe-flex-dispatcher-backend deepep
+            raise ExportError(f"{RUNTIME}: the plan was priced with DeepEP's token dispatcher, but {spec.name} "
+                              f"caps tokens per expert (capacity factor {spec.moe_capacity_factor}) and Megatron's "
+                              "flex dispatcher with DeepEP does not support moe_pad_expert_input_to_capacity; "
+                              f"re-plan without it: {planner_command('plan', '--moe-dispatcher alltoall')}")
+        # megatron-core 0.19: moe_enable_deepep is deprecated for moe_flex_dispatcher_backend "deepep"
         args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     else:
         args += ["--moe-token-dispatcher-type", "alltoall"]
@@ -182,8 +183,8 @@ def _overlap_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     elif spec.mtp_depth > 1:
         refusal = f"it supports at most one MTP layer ({spec.name} has {spec.mtp_depth})"
     if refusal is not None:
-        raise ExportError(f"{RUNTIME}: the plan was priced with --moe-ep-overlap, but Megatron's "
-                          f"--overlap-moe-expert-parallel-comm {refusal}; {replan_for(RUNTIME)}")
+        raise ExportError(f"{RUNTIME}: the plan was priced with Megatron's combined-1F1B all-to-all overlap, "
+                          f"but overlap_moe_expert_parallel_comm {refusal}; {replan_for(RUNTIME)}")
     return ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
 
 
