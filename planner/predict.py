@@ -65,11 +65,18 @@ def runs_combined_1f1b(options: CostOptions, spec: ModelSpec, layout: Layout) ->
     virtual stages, without expert parallelism (EP 1), with full recompute, and with more than
     one MTP layer. Not under DualPipeV (Megatron-LM does not run it; `pairs_moe_comm` pairs it
     on its own)."""
-    if not (options.moe_ep_overlap and spec.is_moe) or layout.schedule in PAIRED_SCHEDULES:
+    return combined_1f1b_runs(options, spec, layout.schedule, layout.pp, layout.ep, layout.recompute)
+
+
+def combined_1f1b_runs(options: CostOptions, spec: ModelSpec, schedule: str, pp: int, ep: int,
+                       recompute: tuple[str, ...]) -> bool:
+    """`runs_combined_1f1b` of a layout of this schedule, PP and EP whose ranks recompute
+    in the modes `recompute` (the search asks with none, then costs a mode `full` unpaired)."""
+    if not (options.moe_ep_overlap and spec.is_moe) or schedule in PAIRED_SCHEDULES:
         return False
-    if layout.ep == 1 or spec.mtp_depth > 1 or "full" in layout.recompute:
+    if ep == 1 or spec.mtp_depth > 1 or "full" in recompute:
         return False
-    return layout.pp == 1 or layout.schedule == "interleaved_1f1b"
+    return pp == 1 or schedule == "interleaved_1f1b"
 
 
 def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dict:

@@ -25,7 +25,7 @@ from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
-from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memory, optimizer_time
+from planner.predict import PAIRED_SCHEDULES, combined_1f1b_runs, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
@@ -88,10 +88,7 @@ def candidate_pairing(model: CostModel, candidate: Candidate) -> bool | str:
     of a layout without full recompute; a mode `full` is costed unpaired in `_parts`)."""
     if candidate.schedule in PAIRED_SCHEDULES:
         return DUALPIPEV_PAIRING if candidate.pp > 1 else False
-    options, spec = model.options, model.spec
-    if not (options.moe_ep_overlap and spec.is_moe) or candidate.ep == 1 or spec.mtp_depth > 1:
-        return False
-    return candidate.pp == 1 or candidate.schedule == "interleaved_1f1b"
+    return combined_1f1b_runs(model.options, model.spec, candidate.schedule, candidate.pp, candidate.ep, ())
 
 
 @lru_cache(maxsize=16384)
