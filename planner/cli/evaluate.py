@@ -139,7 +139,7 @@ def evaluate_command(
         print_json(plan_json(document))
         return
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs)")
+             f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})")
     stdout.print(plans_table([entry], title))
     if profile is not None:
         print_cost_sources([entry], cost_model)

@@ -85,6 +85,16 @@ def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float 
     return replace(options, **changes)
 
 
+def moe_mechanisms_text(options: CostOptions, spec: ModelSpec) -> str:
+    """', DeepEP dispatch, combined-1F1B a2a overlap' for a title when an MoE model's plans are
+    priced with them (where they apply: each plan records whether they did), else ''."""
+    if not spec.is_moe:
+        return ""
+    named = (["DeepEP dispatch"] if options.moe_dispatcher == "deepep" else []) + (
+        ["combined-1F1B a2a overlap"] if options.moe_ep_overlap else [])
+    return "".join(f", {name}" for name in named)
+
+
 def check_moe_runtime(runtime: str | None, spec: ModelSpec, moe_dispatcher: str, moe_ep_overlap: bool) -> None:
     """Refuse a --runtime that does not run the MoE mechanism an MoE model's plans would be
     priced with (a dense model's are not: nothing to refuse)."""

@@ -182,7 +182,8 @@ def plan_command(
         return
     stats = result.stats
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''})")
+             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
+             f"{opt.moe_mechanisms_text(cost_model.options, spec)})")
     stdout.print(plans_table(entries, title))
     if profile is not None:
         print_cost_sources(entries, cost_model)

@@ -156,3 +156,11 @@ def test_explain_says_what_the_dispatcher_and_the_overlap_change(cli):
     assert code == 0, err
     table = rows(out.split("why not something else")[1])
     assert "Megatron runs no combined 1F1B on this layout" in table["EP overlap on"]
+
+
+def test_the_tables_say_what_the_plans_are_priced_with(cli):
+    code, out, err = cli("evaluate", *JOB, *LAYOUT, "--moe-dispatcher", "deepep", "--moe-ep-overlap")
+    assert code == 0, err
+    assert "(analytic costs, DeepEP dispatch, combined-1F1B a2a overlap)" in out.splitlines()[0]
+    code, out, err = cli("evaluate", *JOB, *LAYOUT)
+    assert "(analytic costs)" in out.splitlines()[0]
