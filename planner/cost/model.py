@@ -181,9 +181,10 @@ class CostOptions:
     interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
     another's backward layer by layer (combined_1f1b.py, TransformerLayerSchedulePlan.run),
     hiding each one's dispatch and combine behind the other's compute nodes in that order
-    (planner/cost/overlap.py `combined_1f1b_period`; `predict.pairs_moe_comm` says where it
+    (planner/cost/overlap.py `combined_1f1b_period`; `predict.runs_combined_1f1b` says where it
     applies). Paired layers (`layer_costs(..., paired=True)`) then follow that per-layer order
-    instead of DualPipeV's whole-pass overlap."""
+    instead of DualPipeV's whole-pass overlap; DualPipeV plans keep theirs (DUALPIPEV_PAIRING).
+    `planner plan/evaluate/sweep/cost --moe-ep-overlap`; plans record where it applied."""
 
     # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
     recompute_modules: tuple[str, ...] = ("core_attn",)
@@ -398,7 +399,8 @@ class CostModel:
 
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none", paired: bool = False) -> LayerCosts:
         """`paired`: the schedule runs another micro-batch's compute beside this one's
-        all-to-all (DualPipeV), which hides it but for the slowdown it causes."""
+        all-to-all, which hides it but for the slowdown it causes: True (Megatron's combined
+        1F1B order under `moe_ep_overlap`, else DualPipeV's) or DUALPIPEV_PAIRING."""
         if kind == DENSE_BLOCK:
             if self.dense_block is None:
                 raise ValueError(f"{self.spec.name} has no dense-MLP block beside its MoE blocks")
