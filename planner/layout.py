@@ -192,9 +192,10 @@ def layout_from_entry(entry: PlanEntry) -> Layout:
 
 def entry_from_layout(
     layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16",
-    precision: str = "bf16",
+    precision: str = "bf16", moe_dispatcher: str = "alltoall", moe_ep_overlap: bool = False,
 ) -> PlanEntry:
-    """The JSON-contract PlanEntry of a Layout and its prediction."""
+    """The JSON-contract PlanEntry of a Layout and its prediction (`predict.priced_options`
+    gives the last three as the layout was priced)."""
     modes = set(layout.recompute)
     if layout.vpp == 1:
         stage_layers = [list(chunks[0]) for chunks in layout.stage_layers]
@@ -218,6 +219,8 @@ def entry_from_layout(
         ep=layout.ep,
         etp=layout.etp,
         precision=precision,
+        moe_dispatcher=moe_dispatcher,
+        moe_ep_overlap=moe_ep_overlap,
         stage_layers=stage_layers,
         predicted=predicted,
         segments=layout.segments,

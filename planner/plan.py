@@ -119,6 +119,12 @@ class PlanEntry(BaseModel):
     """Expert tensor-parallel degree (MoE); None: equal to tp, Megatron's default."""
     precision: Literal["bf16", "fp8"] = "bf16"
     """GEMM precision of the linear layers (planner/cost/model.py CostOptions.precision)."""
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    """MoE token dispatcher the plan was priced with (CostOptions.moe_dispatcher): "deepep" only
+    where DeepEP's kernels were costed (an MoE model with ep > 1); exporters write it or refuse."""
+    moe_ep_overlap: bool = False
+    """Whether the plan was priced with Megatron's combined-1F1B all-to-all overlap
+    (CostOptions.moe_ep_overlap, where `predict.runs_combined_1f1b` says Megatron runs it)."""
     runtimes: list[str] | None = None
     """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
     the exporters' order; None where not worked out (plan files written before this field)."""
@@ -215,6 +221,12 @@ class PlanInputs(BaseModel):
     profile_only: bool = False
     calibration: str | None = None
     """Path of the calibration file (--calibration), as given."""
+    precision: str = "bf16"
+    moe_imbalance: float | None = None
+    moe_dispatcher: str = "alltoall"
+    moe_ep_overlap: bool = False
+    """The MoE and precision cost options as given (--precision, --moe-imbalance,
+    --moe-dispatcher, --moe-ep-overlap); each plan records what applied to it."""
     command: list[str] = Field(default_factory=list)
     """The command line that wrote the file."""
 

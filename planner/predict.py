@@ -27,7 +27,7 @@ from functools import partial
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
 from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
-from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
+from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, CostOptions, LayerCosts
 from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
@@ -37,6 +37,7 @@ from planner.plan import MemoryBreakdown, Predicted
 from planner.schedule import head_rank
 from planner.schedule.registry import SCHEDULES
 from planner.schedule.seq1f1b import weighted_inflight
+from planner.spec import ModelSpec
 from planner.units import GiB
 
 PAIRED_SCHEDULES = frozenset({"dualpipev"})
@@ -45,19 +46,48 @@ and overlap each one's MoE all-to-all with the other's compute (DeepSeek-V3 repo
 3.2.1: DualPipe's computation-communication overlap)."""
 
 
-def pairs_moe_comm(model: CostModel, layout: Layout) -> bool:
+def pairs_moe_comm(model: CostModel, layout: Layout) -> bool | str:
     """Whether the layout's schedule hides each micro-batch's MoE all-to-all behind another's
-    compute: DualPipeV with a pipeline, or Megatron's combined 1F1B where the run enables it
-    (`CostOptions.moe_ep_overlap`) and Megatron-core runs it: without a pipeline
-    (forward_backward_no_pipelining -> combined_1f1b_schedule_for_no_pipelining) or with an
-    interleaved one (forward_backward_pipelining_with_interleaving ->
-    combined_1f1b_schedule_for_interleaved_pipelining); TransformerConfig refuses the overlap
-    with PP > 1 and no virtual stages, and with full recompute."""
+    compute, as `CostModel.layer_costs`'s `paired` takes it: DUALPIPEV_PAIRING for DualPipeV
+    with a pipeline (its own whole-pass overlap, whatever `moe_ep_overlap` says), True where
+    Megatron's combined 1F1B runs the layout (`runs_combined_1f1b`), else False."""
     if layout.schedule in PAIRED_SCHEDULES:
-        return layout.pp > 1
-    if not (model.options.moe_ep_overlap and model.spec.is_moe) or "full" in layout.recompute:
+        return DUALPIPEV_PAIRING if layout.pp > 1 else False
+    return runs_combined_1f1b(model.options, model.spec, layout)
+
+
+def runs_combined_1f1b(options: CostOptions, spec: ModelSpec, layout: Layout) -> bool:
+    """Whether Megatron's combined 1F1B (`CostOptions.moe_ep_overlap`: --overlap-moe-expert-
+    parallel-comm with --delay-wgrad-compute) runs this layout, as megatron-core 0.19.2 decides:
+    schedules.py sends training without a pipeline (forward_backward_no_pipelining ->
+    combined_1f1b_schedule_for_no_pipelining) and interleaved 1F1B
+    (forward_backward_pipelining_with_interleaving -> combined_1f1b_schedule_for_interleaved_
+    pipelining) to it, and TransformerConfig.__post_init__ refuses the overlap with PP > 1 and no
+    virtual stages, without expert parallelism (EP 1), with full recompute, and with more than
+    one MTP layer. Not under DualPipeV (Megatron-LM does not run it; `pairs_moe_comm` pairs it
+    on its own)."""
+    return combined_1f1b_runs(options, spec, layout.schedule, layout.pp, layout.ep, layout.recompute)
+
+
+def combined_1f1b_runs(options: CostOptions, spec: ModelSpec, schedule: str, pp: int, ep: int,
+                       recompute: tuple[str, ...]) -> bool:
+    """`runs_combined_1f1b` of a layout of this schedule, PP and EP whose ranks recompute
+    in the modes `recompute` (the search asks with none, then costs a mode `full` unpaired)."""
+    if not (options.moe_ep_overlap and spec.is_moe) or schedule in PAIRED_SCHEDULES:
         return False
-    return layout.pp == 1 or layout.schedule == "interleaved_1f1b"
+    if ep == 1 or spec.mtp_depth > 1 or "full" in recompute:
+        return False
+    return pp == 1 or schedule == "interleaved_1f1b"
+
+
+def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dict:
+    """The cost options a plan of `layout` was priced with, as PlanEntry fields: its GEMM
+    precision, the MoE token dispatcher ("deepep" only where DeepEP's kernels were costed: an
+    MoE model with EP > 1) and whether Megatron's combined-1F1B all-to-all overlap was
+    (`runs_combined_1f1b`). A dense model records the defaults whatever was asked."""
+    deepep = options.moe_dispatcher == "deepep" and spec.is_moe and layout.ep > 1
+    return {"precision": options.precision, "moe_dispatcher": "deepep" if deepep else "alltoall",
+            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout)}
 
 
 def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:

@@ -12,7 +12,7 @@ from planner.cli import options as opt
 from planner.cli.app import app, print_json, stdout
 from planner.cost.model import DENSE_BLOCK
 from planner.cost.shapes import LAYER_KINDS, Shard
-from planner.layout import check_tensor_parallel
+from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.search.runtimes import runtime_cost_options
 from planner.errors import LayoutError
@@ -28,6 +28,12 @@ def cost_command(
     seq: int = opt.SEQ,
     sequence_parallel: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (with TP)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
+    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree (MoE)."),
+    etp: int | None = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp)."),
+    precision: str = opt.PRECISION,
+    moe_imbalance: float | None = opt.MOE_IMBALANCE,
+    moe_dispatcher: str = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
@@ -41,21 +47,29 @@ def cost_command(
     check_tensor_parallel(spec, tp)
     if seq % cp:
         raise LayoutError(f"sequence length {seq} is not divisible by cp {cp}")
-    cluster = opt.build_cluster(gpu, max(tp * cp, 1))
-    options = runtime_cost_options(None, cluster.gpu, opt.check_attention(attention), cuda_graphs)
+    expert_tp = (etp or tp) if spec.is_moe else tp
+    dp = max(1, ep * expert_tp // (tp * cp))  # the fewest data-parallel ranks the expert degrees fold over
+    check_expert_parallel(spec, tp, cp, dp, ep, expert_tp)
+    cluster = opt.build_cluster(gpu, tp * cp * dp)
+    options = opt.moe_cost_options(runtime_cost_options(None, cluster.gpu, opt.check_attention(attention), cuda_graphs),
+                                   precision, moe_imbalance, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, options)
-    shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1)
+    shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1,
+                  ep=ep, etp=etp if spec.is_moe else None)
+    # Megatron's combined 1F1B pairs the MoE blocks' passes where it runs (EP > 1, no full recompute)
+    paired = options.moe_ep_overlap and spec.is_moe and ep > 1 and recompute != "full" and spec.mtp_depth <= 1
     layers = {}
     # an MoE model's dense-MLP blocks and multi-token-prediction modules, where it has them
     extra_kinds = ((DENSE_BLOCK,) if cost_model.dense_block is not None else ()) + (("mtp",) if spec.mtp_depth else ())
     for kind in (*LAYER_KINDS, *extra_kinds):
-        c = cost_model.layer_costs(kind, shard, recompute)
+        c = cost_model.layer_costs(kind, shard, recompute, paired and kind in ("transformer", "mtp"))
         layers[kind] = {
             "forward_ms": c.forward_s * 1e3,
             "backward_ms": c.backward_s * 1e3,
             "backward_input_ms": c.backward_input_s * 1e3,
             "backward_weight_ms": c.backward_weight_s * 1e3,
             "comm_ms": (c.comm_forward_s + c.comm_backward_s) * 1e3,
+            "moe_all_to_all_ms": c.moe_comm_s * 1e3,
             "recompute_ms": c.recompute_s * 1e3,
             "activation_bytes": round(c.activation_bytes),
             "param_count": round(c.param_count),
@@ -67,6 +81,9 @@ def cost_command(
             "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
                       "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
             "attention": options.attention, "cuda_graphs": options.cuda_graphs,
+            "ep": ep, "etp": shard.etp, "precision": options.precision,
+            "moe_dispatcher": options.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
+            "moe_ep_overlap": bool(paired),
             "layers": layers,
         }, indent=2))
         return

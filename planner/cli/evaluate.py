@@ -14,7 +14,7 @@ from planner.cli.simulate import DEFAULT_SEGMENTS
 from planner.errors import LayoutError, PlannerError
 from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
 from planner.plan import RECOMPUTE_MODES
-from planner.predict import predict
+from planner.predict import predict, priced_options
 from planner.schedule import check_shape
 from planner.schedule.registry import SEGMENTED
 from planner.search.runtimes import runtime_cost_options, with_runtimes
@@ -59,6 +59,8 @@ def evaluate_command(
     etp: int | None = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp)."),
     precision: str = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
+    moe_dispatcher: str = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
     stage_layers: str | None = typer.Option(None, "--stage-layers", help="Layers per virtual stage in "
                                             "model order, comma-separated (default: as even as possible)."),
     runtime: str | None = typer.Option(None, "--runtime", help="Cost the layout as this runtime runs it "
@@ -106,9 +108,10 @@ def evaluate_command(
         zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
     )
     check_layout(layout, spec, cluster, global_batch, seq)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
         runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
-        precision, moe_imbalance), stragglers, speed_spread), profile_only)
+        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
         raise PlannerError(
@@ -120,7 +123,8 @@ def evaluate_command(
         stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
                      markup=False, highlight=False)
     prediction = predict(cost_model, layout, global_batch, seq)
-    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted(), precision=precision).model_copy(
+    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted(),
+                              **priced_options(cost_model.options, spec, layout)).model_copy(
         update={"cost_sources": sources})
     document = with_runtimes(plan_file([entry], spec, cluster, opt.cost_source(cost_model, calibrated)))
     entry = document.plans[0]
@@ -137,7 +141,7 @@ def evaluate_command(
         print_json(plan_json(document))
         return
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs)")
+             f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})")
     stdout.print(plans_table([entry], title))
     if profile is not None:
         print_cost_sources([entry], cost_model)

@@ -60,17 +60,32 @@ MOE_IMBALANCE = typer.Option(None, "--moe-imbalance", help="Busiest expert-paral
                              "from your router statistics.")
 
 
-def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float | None) -> CostOptions:
-    """`options` with the --precision and --moe-imbalance choices."""
+MOE_DISPATCHER = typer.Option("alltoall", "--moe-dispatcher", help="MoE token dispatcher the plans are priced "
+                              "with: alltoall (NCCL all-to-all of every routed copy) or deepep (DeepEP's kernels, one "
+                              "copy per destination node or rank, at DeepEP's measured bandwidths; Megatron-LM's "
+                              "flex dispatcher). Changes nothing on a dense model.")
+MOE_EP_OVERLAP = typer.Option(False, "--moe-ep-overlap/--no-moe-ep-overlap", help="Price Megatron-LM's "
+                              "combined-1F1B all-to-all overlap (--overlap-moe-expert-parallel-comm "
+                              "--delay-wgrad-compute) where Megatron runs it: EP > 1, no pipeline or interleaved "
+                              "1F1B, no full recompute, at most one MTP layer. Changes nothing on a dense model.")
+
+
+def moe_cost_options(options: CostOptions, precision: str, moe_imbalance: float | None,
+                     moe_dispatcher: str = "alltoall", moe_ep_overlap: bool = False) -> CostOptions:
+    """`options` with the --precision, --moe-imbalance, --moe-dispatcher and --moe-ep-overlap
+    choices (the MoE ones are accepted on a dense model, where they change no cost)."""
     from dataclasses import replace
 
     from planner.cost.model import PRECISIONS
+    from planner.cost.moe import MOE_DISPATCHERS
 
     if precision not in PRECISIONS:
         raise LayoutError(f"unknown precision '{precision}': choose {', '.join(PRECISIONS)}")
     if moe_imbalance is not None and moe_imbalance < 1:
         raise LayoutError(f"--moe-imbalance is the busiest rank's tokens over the mean, at least 1; got {moe_imbalance}")
-    changes = {"precision": precision}
+    if moe_dispatcher not in MOE_DISPATCHERS:
+        raise LayoutError(f"unknown --moe-dispatcher '{moe_dispatcher}': choose {', '.join(MOE_DISPATCHERS)}")
+    changes = {"precision": precision, "moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
     if moe_imbalance is not None:
         changes["moe_imbalance"] = moe_imbalance
     return replace(options, **changes)
@@ -86,6 +101,30 @@ def straggler_cost_options(options: CostOptions, stragglers: bool, speed_spread:
     if speed_spread is not None:
         load_speed_spread(speed_spread)
     return replace(options, stragglers=stragglers, speed_spread=speed_spread)
+
+
+def moe_mechanisms_text(options: CostOptions, spec: ModelSpec) -> str:
+    """', DeepEP dispatch, combined-1F1B a2a overlap' for a title when an MoE model's plans are
+    priced with them (where they apply: each plan records whether they did), else ''."""
+    if not spec.is_moe:
+        return ""
+    named = (["DeepEP dispatch"] if options.moe_dispatcher == "deepep" else []) + (
+        ["combined-1F1B a2a overlap"] if options.moe_ep_overlap else [])
+    return "".join(f", {name}" for name in named)
+
+
+def check_moe_runtime(runtime: str | None, spec: ModelSpec, moe_dispatcher: str, moe_ep_overlap: bool) -> None:
+    """Refuse a --runtime that does not run the MoE mechanism an MoE model's plans would be
+    priced with (a dense model's are not: nothing to refuse)."""
+    from planner.export import mechanism_refusal
+
+    if runtime is None or not spec.is_moe:
+        return
+    refused = mechanism_refusal(runtime, moe_dispatcher, moe_ep_overlap)
+    if refused is not None:
+        field, why = refused
+        flag = "--moe-ep-overlap" if field == "moe_ep_overlap" else f"--moe-dispatcher {moe_dispatcher}"
+        raise LayoutError(f"{flag}: {runtime} {why}; drop the option or plan for another runtime")
 
 
 def check_attention(attention: str | None) -> str | None:

@@ -24,6 +24,7 @@ from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.layout import entry_from_layout
 from planner.hints import planner_command
 from planner.plan import RECOMPUTE_MODES, PlanEntry
+from planner.predict import priced_options
 from planner.report import require_plotly
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
 from planner.search.runtimes import (
@@ -76,7 +77,8 @@ def no_plan_error(cost_model: CostModel, result: SearchResult, global_batch: int
     if result.stats.candidates == 0:
         return LayoutError(nearest_layouts(
             cost_model, global_batch, seq, space,
-            lambda other: runtime_check(runtime, spec, other, global_batch, seq) if runtime else None))
+            lambda other: runtime_check(runtime, spec, other, global_batch, seq, cost_model.options)
+            if runtime else None))
     if result.stats.rejected_by_runtime:
         reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
         return NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts found "
@@ -108,6 +110,8 @@ def plan_command(
     etp: str | None = opt.ETP_LIST,
     precision: str = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
+    moe_dispatcher: str = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     cut_solver: str = typer.Option("exact", "--cut-solver", help=f"Stage cut solver: {', '.join(CUT_SOLVERS)}."),
     explain: bool = typer.Option(False, "--explain", help="Say why nearby alternatives lost."),
@@ -141,11 +145,13 @@ def plan_command(
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
                         opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
         runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
-        precision, moe_imbalance), stragglers, speed_spread), profile_only)
-    accept = opt.accept_checks(runtime_check(runtime, spec, cluster, global_batch, seq) if runtime else None,
-                               opt.profile_check(cost_model, seq, profile_only))
+        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
+    accept = opt.accept_checks(
+        runtime_check(runtime, spec, cluster, global_batch, seq, cost_model.options) if runtime else None,
+        opt.profile_check(cost_model, seq, profile_only))
     if runtime and (reason := model_refusal(spec, runtime)) is not None:
         raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
@@ -160,13 +166,13 @@ def plan_command(
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
     entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted(),
-                                 precision=precision).model_copy(
+                                 **priced_options(cost_model.options, spec, f.layout)).model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
     document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated))).model_copy(
         update={"inputs": report_cmd.recorded_inputs(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw,
                                                      max_memory_gb, runtime, attention, cuda_graphs, interference,
-                                                     profile, profile_only, calibration, stragglers,
-                                                     speed_spread)})
+                                                     profile, profile_only, calibration,
+                                                     cost_model.options)})
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)
@@ -178,7 +184,8 @@ def plan_command(
         return
     stats = result.stats
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''})")
+             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
+             f"{opt.moe_mechanisms_text(cost_model.options, spec)})")
     stdout.print(plans_table(entries, title))
     if profile is not None:
         print_cost_sources(entries, cost_model)

@@ -11,7 +11,7 @@ import typer
 from planner.cli import options as opt
 from planner.cli.app import app, stdout
 from planner.cli.report import cuts_text, recompute_text, runs_on_text
-from planner.cost.model import CostModel
+from planner.cost.model import CostModel, CostOptions
 from planner.errors import ConfigError, PlannerError
 from planner.layout import layout_from_entry
 from planner.plan import PlanEntry, PlanFile, PlanInputs, parse_plan_file
@@ -68,12 +68,14 @@ def explain_rows(items) -> Table:
 
 def recorded_inputs(gpu: str, gpus: int, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, runtime,
                     attention, cuda_graphs: bool, interference: bool, profile: Path | None, profile_only: bool,
-                    calibration: Path | None, stragglers: bool = True, speed_spread: str | None = None) -> PlanInputs:
-    """What `planner plan` records in the plan file for `planner report` to re-cost it."""
-    return PlanInputs(gpu=gpu, num_gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw_gbps=intra_node_bw,
+                    calibration: Path | None, options: CostOptions) -> PlanInputs:
+    """What `planner plan` records in the plan file for `planner report` to re-cost it (with
+    `options`, its precision, MoE and straggler cost options)."""
+    return PlanInputs(precision=options.precision, moe_imbalance=options.moe_imbalance,
+                      moe_dispatcher=options.moe_dispatcher, moe_ep_overlap=options.moe_ep_overlap,
+                      stragglers=options.stragglers, speed_spread=options.speed_spread, gpu=gpu, num_gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw_gbps=intra_node_bw,
                       inter_node_bw_gbps=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime,
                       attention=attention, cuda_graphs=cuda_graphs, interference=interference,
-                      stragglers=stragglers, speed_spread=speed_spread,
                       profile=None if profile is None else str(profile), profile_only=profile_only,
                       calibration=None if calibration is None else str(calibration),
                       command=["planner", *sys.argv[1:]])
@@ -97,8 +99,9 @@ def cost_model_of(document: PlanFile) -> tuple[CostModel, PlanInputs, list[str]]
     if profile is not None and not profile.exists():
         notes.append(f"the profile {profile} is not here: re-simulated with analytic costs")
         profile = None
-    options = opt.straggler_cost_options(runtime_cost_options(
+    options = opt.straggler_cost_options(opt.moe_cost_options(runtime_cost_options(
         inputs.runtime, cluster.gpu, inputs.attention, inputs.cuda_graphs, inputs.interference),
+        inputs.precision, inputs.moe_imbalance, inputs.moe_dispatcher, inputs.moe_ep_overlap),
         inputs.stragglers, inputs.speed_spread)
     return opt.build_cost_model(document.model, cluster, profile, options), inputs, notes
 
@@ -126,7 +129,8 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
 
         if space is None:
             space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
-            accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq) \
+            accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq,
+                                   model.options) \
                 if inputs.runtime else None
         rows = explain_rows(alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq,
                                          space, accept))

@@ -16,6 +16,7 @@ from planner.cli.report_cmd import write_text
 from planner.cli.sweep_plot import chart_points, sweep_html, sweep_svg
 from planner.errors import LayoutError, PlannerError
 from planner.layout import entry_from_layout
+from planner.predict import priced_options
 from planner.report import require_plotly
 from planner.report.html import Table as HtmlTable
 from planner.search.explain import layout_text
@@ -40,6 +41,10 @@ def sweep_command(
     mbs: str | None = typer.Option(None, "--mbs"),
     schedules: str | None = typer.Option(None, "--schedules"),
     runtime: str | None = typer.Option(None, "--runtime"),
+    precision: str = opt.PRECISION,
+    moe_imbalance: float | None = opt.MOE_IMBALANCE,
+    moe_dispatcher: str = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
@@ -72,16 +77,18 @@ def sweep_command(
     calibrated = opt.load_calibration(calibration)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
                         opt.name_list(schedules), None, True, None, None, runtime)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     rows = []
     for value in points:
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
-        cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(runtime_cost_options(
-            runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference), stragglers, speed_spread),
-            profile_only)
+        cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
+            runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+            precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
         source = opt.cost_source(cost_model, calibrated)
         accept = opt.accept_checks(
-            runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"]) if runtime else None,
+            runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"], cost_model.options)
+            if runtime else None,
             opt.profile_check(cost_model, job["seq"], profile_only))
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")
@@ -92,7 +99,8 @@ def sweep_command(
             continue
         best = result.plans[0] if result.plans else None
         entry = None if best is None else with_runtimes(plan_file(
-            [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted())
+            [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted(),
+                               **priced_options(cost_model.options, spec, best.layout))
              .model_copy(update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})],
             spec, cluster, source)).plans[0]
         rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))

@@ -37,6 +37,9 @@ Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
+DUALPIPEV_PAIRING = "dualpipev"
+"""`layer_costs`'s `paired` for DualPipeV: its whole-pass overlap of one micro-batch's all-to-all
+with the other's compute, whether or not the run enables Megatron's combined 1F1B."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,9 +203,10 @@ class CostOptions:
     interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
     another's backward layer by layer (combined_1f1b.py, TransformerLayerSchedulePlan.run),
     hiding each one's dispatch and combine behind the other's compute nodes in that order
-    (planner/cost/overlap.py `combined_1f1b_period`; `predict.pairs_moe_comm` says where it
+    (planner/cost/overlap.py `combined_1f1b_period`; `predict.runs_combined_1f1b` says where it
     applies). Paired layers (`layer_costs(..., paired=True)`) then follow that per-layer order
-    instead of DualPipeV's whole-pass overlap."""
+    instead of DualPipeV's whole-pass overlap; DualPipeV plans keep theirs (DUALPIPEV_PAIRING).
+    `planner plan/evaluate/sweep/cost --moe-ep-overlap`; plans record where it applied."""
 
     # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
     recompute_modules: tuple[str, ...] = ("core_attn",)
@@ -447,7 +451,8 @@ class CostModel:
 
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none", paired: bool = False) -> LayerCosts:
         """`paired`: the schedule runs another micro-batch's compute beside this one's
-        all-to-all (DualPipeV), which hides it but for the slowdown it causes."""
+        all-to-all, which hides it but for the slowdown it causes: True (Megatron's combined
+        1F1B order under `moe_ep_overlap`, else DualPipeV's) or DUALPIPEV_PAIRING."""
         if kind == DENSE_BLOCK:
             if self.dense_block is None:
                 raise ValueError(f"{self.spec.name} has no dense-MLP block beside its MoE blocks")
@@ -544,7 +549,9 @@ class CostModel:
         (dispatch and combine each way; full recompute re-runs the forward's two) and, with
         ETP > 1, the all-gather and reduce-scatter of the routed tokens over the ETP group.
         Ranks fold as Megatron's "etp-ep-edp" order: ETP fastest, EP next. `paired`: hidden
-        behind another micro-batch's compute (its backward for a forward, and back)."""
+        behind another micro-batch's compute (its backward for a forward, and back): in
+        Megatron's combined-1F1B order when True and `moe_ep_overlap` is on, else (and always
+        for DUALPIPEV_PAIRING) as DualPipeV's whole-pass overlap."""
         spec = self.spec
         if kind != "transformer" or not spec.is_moe:
             return 0.0, 0.0
@@ -563,7 +570,7 @@ class CostModel:
         fwd, bwd = 2 * one_way, 2 * one_way
         if recompute == "full":
             bwd += fwd
-        if paired and self.options.moe_ep_overlap:
+        if paired is True and self.options.moe_ep_overlap:
             sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
             half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), sm_share) / 2
             return half, half

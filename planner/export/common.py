@@ -55,6 +55,53 @@ def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
     return modes.pop()
 
 
+_NO_COMBINED_1F1B = ("has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
+                     "(overlap_moe_expert_parallel_comm)")
+MOE_MECHANISMS: dict[str, dict[tuple[str, object], str]] = {
+    "torchtitan": {
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B + "; its 0.3 ep_overlap is an experimental graph-compiler "
+                                  "pass, not that schedule",
+    },
+    "torch": {
+        ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, not DeepEP's kernels",
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
+    },
+    "deepspeed": {
+        ("moe_dispatcher", "deepep"): "has no DeepEP token dispatcher",
+        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
+    },
+}
+"""Per runtime, the MoE cost options (PlanEntry field, value) it does not run, and why: a plan
+priced with one is refused, never exported as if the runtime ran it."""
+MECHANISM_NAMES = {
+    "moe_dispatcher": ("DeepEP's token dispatcher (moe_dispatcher 'deepep')",
+                       planner_command("plan", "--moe-dispatcher alltoall")),
+    "moe_ep_overlap": ("Megatron's combined-1F1B all-to-all overlap (moe_ep_overlap)",
+                       planner_command("plan", "--no-moe-ep-overlap")),
+}
+"""PlanEntry field -> (what a plan priced with it was priced with, the command that plans without it)."""
+
+
+def mechanism_refusal(runtime: str, moe_dispatcher: str, moe_ep_overlap: bool) -> tuple[str, str] | None:
+    """(PlanEntry field, why `runtime` does not run it) for the first MoE mechanism named that
+    `runtime` does not run, else None."""
+    asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
+    for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
+        if asked[field] == value:
+            return field, why
+    return None
+
+
+def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
+    """ExportError when the plan was priced with an MoE mechanism `runtime` does not run."""
+    refused = mechanism_refusal(runtime, entry.moe_dispatcher, entry.moe_ep_overlap)
+    if refused is not None:
+        field, why = refused
+        what, without = MECHANISM_NAMES[field]
+        raise ExportError(f"{runtime}: the plan was priced with {what}, but {runtime} {why}; "
+                          f"re-plan without it: {without}")
+
+
 def replan_for(runtime: str) -> str:
     """The advice to search again among the plans `runtime` runs, as the command to type."""
     return f"re-plan for {runtime} with {planner_command('plan', f'--runtime {runtime}')}"
@@ -82,6 +129,9 @@ def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int) -> list[str
         f"seq={entry.seq} schedule={entry.schedule} recompute={entry.recompute} "
         f"sequence_parallel={entry.sequence_parallel} zero_stage={entry.zero_stage} dtype={entry.dtype}"
     )
+    if entry.ep > 1 or entry.moe_dispatcher != "alltoall" or entry.moe_ep_overlap:
+        lines.append(f"experts: ep={entry.ep} etp={entry.etp or entry.tp} precision={entry.precision} "
+                     f"moe_dispatcher={entry.moe_dispatcher} moe_ep_overlap={entry.moe_ep_overlap}")
     lines.append(f"stage layers (per rank): {entry.stage_layers}")
     p = entry.predicted
     if p is not None:

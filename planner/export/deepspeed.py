@@ -24,6 +24,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_moe_mechanisms,
     comment_block,
     provenance_readme,
     replan_for,
@@ -46,6 +47,7 @@ def export_deepspeed(plan_file: PlanFile, index: int = 0) -> Files:
     entry = select_plan(plan_file, index)
     spec = require_model(plan_file, RUNTIME)
     _check(entry, spec)
+    check_moe_mechanisms(entry, RUNTIME)
     files = {CONFIG_FILE: json.dumps(deepspeed_config(entry), indent=2) + "\n"}
     described = {CONFIG_FILE: "the DeepSpeed config (deepspeed.initialize(config=...))"}
     if entry.pp > 1:

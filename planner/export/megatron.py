@@ -30,6 +30,7 @@ from planner.export.common import (
     summary_lines,
     uniform_recompute,
 )
+from planner.hints import planner_command
 from planner.plan import PlanEntry, PlanFile
 from planner.schedule.registry import interleave_rounds
 from planner.spec import ModelSpec
@@ -117,7 +118,7 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
         if spec.qkv_bias:
             args.append("--add-qkv-bias")
     if spec.is_moe:
-        args += _moe_model_args(spec)
+        args += _moe_model_args(spec, entry)
     if spec.is_mla:
         args += ["--multi-latent-attention", "--kv-lora-rank", str(spec.kv_lora_rank),
                  "--qk-head-dim", str(spec.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(spec.qk_rope_head_dim),
@@ -129,12 +130,22 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     return args
 
 
-def _moe_model_args(spec: ModelSpec) -> list[str]:
+def _moe_model_args(spec: ModelSpec, entry: PlanEntry) -> list[str]:
     """Experts, top-k, expert width, shared experts, the dense/MoE layer pattern, the grouped
-    GEMM and the all-to-all token dispatcher the planner costs, dropless or capacity-capped."""
+    GEMM and the token dispatcher the plan was priced with (NCCL all-to-all, or DeepEP's through
+    Megatron's flex dispatcher), dropless or capacity-capped."""
     args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
-            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size),
-            "--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"]
+            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size), "--moe-grouped-gemm"]
+    if entry.moe_dispatcher == "deepep":
+        if spec.moe_capacity_factor is not None:  # TransformerConfig refuses the padding with DeepEP
+            raise ExportError(f"{RUNTIME}: the plan was priced with DeepEP's token dispatcher, but {spec.name} "
+                              f"caps tokens per expert (capacity factor {spec.moe_capacity_factor}) and Megatron's "
+                              "flex dispatcher with DeepEP does not support moe_pad_expert_input_to_capacity; "
+                              f"re-plan without it: {planner_command('plan', '--moe-dispatcher alltoall')}")
+        # megatron-core 0.19: moe_enable_deepep is deprecated for moe_flex_dispatcher_backend "deepep"
+        args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+    else:
+        args += ["--moe-token-dispatcher-type", "alltoall"]
     if spec.shared_ffn_width:
         args += ["--moe-shared-expert-intermediate-size", str(spec.shared_ffn_width)]
     if spec.first_dense_layers or spec.moe_layer_freq > 1:
@@ -154,6 +165,27 @@ def _pattern_text(pattern: list[int]) -> str:
         else:
             runs.append([value, 1])
     return "(" + "+".join(f"[{value}]*{count}" for value, count in runs) + ")"
+
+
+def _overlap_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
+    """Megatron's combined-1F1B all-to-all overlap where the plan was priced with it, after the
+    checks of megatron-core 0.19's TransformerConfig.__post_init__ (and validate_args: the delayed
+    weight gradients need Transformer Engine, >= 2.8 with --overlap-grad-reduce)."""
+    if not entry.moe_ep_overlap:
+        return []
+    refusal = None
+    if not spec.is_moe or entry.ep == 1:
+        refusal = "it is only supported with expert model parallelism (ep > 1)"
+    elif entry.pp > 1 and entry.vpp == 1:
+        refusal = "with pipeline parallelism it needs virtual stages (interleaved 1F1B)"
+    elif any(entry.recompute_of(rank) == "full" for rank in range(entry.pp)):
+        refusal = "it refuses full recomputation"
+    elif spec.mtp_depth > 1:
+        refusal = f"it supports at most one MTP layer ({spec.name} has {spec.mtp_depth})"
+    if refusal is not None:
+        raise ExportError(f"{RUNTIME}: the plan was priced with Megatron's combined-1F1B all-to-all overlap, "
+                          f"but overlap_moe_expert_parallel_comm {refusal}; {replan_for(RUNTIME)}")
+    return ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
 
 
 def _check_schedule(entry: PlanEntry) -> None:
@@ -197,6 +229,7 @@ def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
                  "--expert-tensor-parallel-size", str(entry.etp or entry.tp)]
     elif entry.ep > 1:
         raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
+    args += _overlap_args(entry, spec)
     args += _data_parallel_args(entry)
     return args
 
@@ -296,15 +329,28 @@ def _pair_lines(args: list[str]) -> list[str]:
     return [" ".join(shlex.quote(a) for a in line) for line in lines]
 
 
+def _device_connections(entry: PlanEntry) -> str:
+    """The launch script's CUDA_DEVICE_MAX_CONNECTIONS lines (Hopper and earlier), as NVIDIA's
+    performance recipes set it (NeMo / Megatron-Bridge PerfEnvPlugin): 1 with TP or CP so their
+    communication is issued in order with compute, unless the combined-1F1B all-to-all overlap
+    runs (Megatron then only warns: the overlap wants more connections); 32 for DeepEP."""
+    if entry.zero_stage >= 2:
+        return ""  # Megatron-FSDP wants it unset
+    if (entry.tp > 1 or entry.cp > 1) and not entry.moe_ep_overlap:
+        return ("# TP / CP communication must be issued in order with compute (Megatron-LM asserts\n"
+                "# this on GPUs before Blackwell; Megatron-FSDP wants it unset).\n"
+                "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    if entry.moe_dispatcher == "deepep":
+        return ("# DeepEP's kernels run beside compute on their own streams (NVIDIA's recipes: 32 connections).\n"
+                "export CUDA_DEVICE_MAX_CONNECTIONS=32\n")
+    return ""
+
+
 def _launch_file(plan_file: PlanFile, entry: PlanEntry, header: str) -> str:
     per_node = plan_file.cluster.gpus_per_node if plan_file.cluster else min(8, entry.num_gpus)
     per_node = min(per_node, entry.num_gpus)
     nodes = max(1, entry.num_gpus // per_node)
-    connections = ""
-    if (entry.tp > 1 or entry.cp > 1) and entry.zero_stage < 2:
-        connections = ("# TP / CP communication must be issued in order with compute (Megatron-LM asserts\n"
-                       "# this on GPUs before Blackwell; Megatron-FSDP wants it unset).\n"
-                       "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+    connections = _device_connections(entry)
     return f"""#!/usr/bin/env bash
 # Launch Megatron-LM's GPT pretraining for the planned layout ({entry.num_gpus} GPUs:
 # {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).

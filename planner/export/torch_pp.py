@@ -22,6 +22,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_moe_mechanisms,
     comment_block,
     provenance_readme,
     replan_for,
@@ -44,6 +45,7 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
     """`train_pipeline.py` (+ `schedule.csv` with pipeline parallelism) and the provenance."""
     entry = select_plan(plan_file, index)
     spec = require_model(plan_file, RUNTIME)
+    check_moe_mechanisms(entry, RUNTIME)
     _check(entry, spec)
     torch_schedule, csv_text = _schedule(entry)
     plan = script_plan(entry, torch_schedule, CSV_FILE if torch_schedule is None else None)

@@ -37,6 +37,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_moe_mechanisms,
     comment_block,
     provenance_readme,
     replan_for,
@@ -143,6 +144,7 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
     if spec.qkv_bias or spec.linear_bias or spec.embedding_norm:
         raise ExportError(f"{RUNTIME}: model {spec.name} has biases or an embedding norm, "
                           "which torchtitan's llama3 and qwen3 models do not have")
+    check_moe_mechanisms(entry, RUNTIME)
     if spec.is_moe:
         _check_moe(entry, spec)
     elif entry.ep > 1:
@@ -204,6 +206,13 @@ def moe_model_fields(spec: ModelSpec) -> dict:
         "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth}
 
 
+def comm_backend(entry: PlanEntry) -> str:
+    """torchtitan's `moe_comm_backend` for the dispatcher the plan was priced with: "deepep"
+    (torchtitan's DeepEPTokenDispatcher, DeepEP's kernels; needs deep_ep installed) or
+    "standard" (its all-to-all collectives)."""
+    return "deepep" if entry.moe_dispatcher == "deepep" else "standard"
+
+
 def _model_source(spec: ModelSpec) -> tuple[str, str]:
     """(imports, model functions) of the recipe: Llama-3 (dense), Qwen3 blocks (MoE with
     GQA) or DeepSeek-V3 (MoE with latent attention)."""
@@ -221,7 +230,7 @@ def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
         "max_seq_len": max(spec.max_position_embeddings, entry.seq), "tie_embeddings": spec.tie_embeddings,
     }
     if spec.is_moe:
-        model |= moe_model_fields(spec)
+        model |= moe_model_fields(spec) | {"comm_backend": comm_backend(entry)}
     policy = settings["activation_checkpoint"]["policy"]
     ac_line = "None" if policy is None else f"{policy}.Config()"
     imports, function = _model_source(spec)
@@ -352,7 +361,8 @@ EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", 
 
 def planner_mlp(layer: int) -> dict:
     """The MLP of `layer`: dense SwiGLU, or routed experts (softmax top-k, renormalised over
-    the k) plus the shared experts, tokens sent by torchtitan's all-to-all dispatcher."""
+    the k) plus the shared experts, tokens sent by the dispatcher the plan was priced with
+    (torchtitan's all-to-all, or DeepEP's kernels)."""
     m = MODEL
     if layer not in m["moe_layers"]:
         return {"feed_forward": make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
@@ -367,7 +377,7 @@ def planner_mlp(layer: int) -> dict:
                                   top_k=m["top_k"], score_func="softmax", route_norm=True),
         routed_experts=make_routed_experts_config(
             dim=m["dim"], hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"], top_k=m["top_k"],
-            param_init=EXPERTS_INIT, comm_backend="standard"),
+            param_init=EXPERTS_INIT, comm_backend=m["comm_backend"]),
         shared_experts=shared)}
 
 
@@ -447,7 +457,7 @@ def planner_model_spec() -> ModelSpec:
         qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"], mscale=1.0,
         dense_hidden_dim=m["ffn_hidden_dim"], moe_hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
         num_shared_experts=m["num_shared_experts"], router_top_k=m["top_k"], router_score_func="sigmoid",
-        router_route_norm=True, attn_backend="flex", moe_comm_backend="standard",
+        router_route_norm=True, attn_backend="flex", moe_comm_backend=m["comm_backend"],
         non_blocking_capacity_factor=None, linear_init=LINEAR_INIT, norm_init=NORM_INIT,
         depth_init=lambda layer: LINEAR_INIT, depth_experts_init=lambda layer: EXPERTS_INIT, rope=rope)
     model = DeepSeekV3Model.Config(

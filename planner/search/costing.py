@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from planner.cost import memory
-from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
+from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, LayerCosts
 from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
 from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
-from planner.predict import PAIRED_SCHEDULES, dp_equivalent_params, layout_memory, optimizer_time
+from planner.predict import PAIRED_SCHEDULES, combined_1f1b_runs, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
 from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts
 from planner.schedule.closed_form import inflight_closed_form
@@ -78,13 +78,27 @@ def shard_of(candidate: Candidate, seq: int) -> Shard:
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
     """The candidate's layer costs (cached: candidates share a few shapes), per sequence
     segment under seq1f1b."""
-    paired = candidate.schedule in PAIRED_SCHEDULES and candidate.pp > 1
-    return _parts(model, shard_of(candidate, seq), candidate.modes, paired, candidate.segments)
+    return _parts(model, shard_of(candidate, seq), candidate.modes, candidate_pairing(model, candidate),
+                  candidate.segments)
+
+
+def candidate_pairing(model: CostModel, candidate: Candidate) -> bool | str:
+    """`predict.pairs_moe_comm` of the candidate's layouts (their recompute modes aside):
+    DualPipeV's pairing, or True where Megatron's combined 1F1B runs them (`runs_combined_1f1b`
+    of a layout without full recompute; a mode `full` is costed unpaired in `_parts`)."""
+    if candidate.schedule in PAIRED_SCHEDULES:
+        return DUALPIPEV_PAIRING if candidate.pp > 1 else False
+    return combined_1f1b_runs(model.options, model.spec, candidate.schedule, candidate.pp, candidate.ep, ())
 
 
 @lru_cache(maxsize=16384)
-def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool, segments: int) -> Parts:
-    def costs(kind: str, mode: str = "none", pair: bool = False) -> LayerCosts:
+def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool | str, segments: int) -> Parts:
+    """Under combined 1F1B each mode but `full` is costed paired: predict pairs a layout's
+    layers (all but Megatron's warm-up and cool-down passes, which cost more) unless one of its
+    ranks recomputes in full, so the paired costs are the least any layout of these modes gets."""
+    def costs(kind: str, mode: str = "none", pair: bool | str = False) -> LayerCosts:
+        if pair is True and mode == "full":
+            pair = False
         if segments == 1:
             return model.layer_costs(kind, shard, mode, pair)
         return segment_layer_costs(model, kind, shard, mode, pair, segments)

@@ -22,7 +22,7 @@ from planner.cost.model import CostModel, options_for_gpu
 from planner.hints import planner_command
 from planner.layout import Layout
 from planner.plan import RECOMPUTE_MODES
-from planner.predict import Prediction
+from planner.predict import Prediction, runs_combined_1f1b
 from planner.schedule import SCHEDULES
 from planner.search.search import Accept, Found, SearchResult, search
 from planner.search.space import DEFAULT_MBS, DEFAULT_SCHEDULES, SearchSpace, candidates, meshes
@@ -112,6 +112,8 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
                 changes.append((f"etp {etp}", replace(pinned, etp=(etp,))))
     limit = model.cluster.memory_limit_bytes
     result = []
+    for change, other_model in _moe_mechanisms(model, layout):
+        result.append(_mechanism_alternative(change, other_model, best, global_batch, seq, pinned, accept))
     for change, changed in changes:
         found = search(model, global_batch, seq, changed, top=1, accept=accept)
         if found.plans:
@@ -121,6 +123,38 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             result.append(Alternative(change, None, f"out of memory: needs {found.smallest_need_bytes / GiB:.1f} GiB, "
                                                     f"{over / GiB:.1f} GiB over the limit"))
     return result
+
+
+def _moe_mechanisms(model: CostModel, layout: Layout) -> list[tuple[str, CostModel]]:
+    """For an MoE layout with EP > 1: the cost model with the other token dispatcher, and with
+    Megatron's combined-1F1B all-to-all overlap switched the other way."""
+    if not model.spec.is_moe or layout.ep == 1:
+        return []
+    options = model.options
+    dispatcher = "alltoall" if options.moe_dispatcher == "deepep" else "deepep"
+    changed = [(f"dispatcher {dispatcher}", replace(options, moe_dispatcher=dispatcher)),
+               (f"EP overlap {'off' if options.moe_ep_overlap else 'on'}",
+                replace(options, moe_ep_overlap=not options.moe_ep_overlap))]
+    return [(change, CostModel(model.spec, model.cluster, other, model.source, model.network))
+            for change, other in changed]
+
+
+def _mechanism_alternative(change: str, other: CostModel, best: Found, global_batch: int, seq: int,
+                           pinned: SearchSpace, accept: Accept | None) -> Alternative:
+    """The best plan's dimensions priced with another MoE mechanism: how much faster or slower,
+    and by how much its exposed all-to-all moves (or why Megatron would not run the overlap)."""
+    layout = best.layout
+    if other.options.moe_ep_overlap and not runs_combined_1f1b(other.options, other.spec, layout):
+        return Alternative(change, None, "Megatron runs no combined 1F1B on this layout: it needs EP > 1, "
+                                         "no pipeline or interleaved 1F1B, no full recompute, at most one MTP layer")
+    found = search(other, global_batch, seq, pinned, top=1, accept=accept)
+    if not found.plans:
+        return Alternative(change, None, "nothing fits")
+    before, after = best.prediction, found.plans[0].prediction
+    moved = after.time_breakdown_s.get("moe_all_to_all", 0.0) - before.time_breakdown_s.get("moe_all_to_all", 0.0)
+    ratio = after.step_time_s / before.step_time_s - 1
+    pace = "as fast" if abs(ratio) < 5e-4 else f"{abs(ratio):.1%} {'slower' if ratio > 0 else 'faster'}"
+    return Alternative(change, found.plans[0], f"{pace}: MoE all-to-all {moved:+.3f} s")
 
 
 def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,

@@ -17,6 +17,7 @@ from planner.errors import PlannerError
 from planner.export import EXPORTERS, refusal, runs_on
 from planner.export.common import replan_for
 from planner.layout import Layout, entry_from_layout
+from planner.predict import priced_options
 from planner.plan import SIMULATED_ONLY_SCHEDULES, ClusterSummary, PlanEntry, PlanFile
 from planner.search.space import SearchSpace
 from planner.spec import Cluster, GpuSpec, ModelSpec
@@ -101,14 +102,17 @@ def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
     return replace(space, **changes)
 
 
-def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int):
-    """A search `accept` callback: None when `runtime`'s exporter takes the layout, else its
-    reason (less its advice to re-plan for `runtime`, which is what the search is doing)."""
+def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
+                  options: CostOptions | None = None):
+    """A search `accept` callback: None when `runtime`'s exporter takes the layout (as priced
+    under `options`: its precision and MoE mechanisms), else its reason (less its advice to
+    re-plan for `runtime`, which is what the search is doing)."""
     _check_known(runtime, EXPORTERS)
     summary = ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node)
 
     def check(layout: Layout) -> str | None:
-        entry = entry_from_layout(layout, global_batch, seq, None)
+        priced = {} if options is None else priced_options(options, spec, layout)
+        entry = entry_from_layout(layout, global_batch, seq, None, **priced)
         document = PlanFile(plans=[entry], model=spec, cluster=summary, planner_version="", cost_source="")
         reason = refusal(document, runtime)
         return None if reason is None else reason.replace(f"; {replan_for(runtime)}", "")

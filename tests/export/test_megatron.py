@@ -55,10 +55,12 @@ def exported_argv(plan_file, tmp_path):
     return out.rstrip("\0").split("\0"), launch
 
 
-def megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=True):
-    """Megatron's parse_args + validate_args + TransformerConfig on the exported arguments."""
+def megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=True, extra_args=()):
+    """Megatron's parse_args + validate_args + TransformerConfig on the exported arguments
+    (and `extra_args` after them)."""
     arguments, parallel_state, _, _ = megatron
     argv, launch = exported_argv(plan_file, tmp_path)
+    argv = [*argv, *extra_args]
     entry = plan_file.plans[0]
     # torchrun sets RANK / WORLD_SIZE; Megatron derives the data-parallel size from them.
     monkeypatch.setenv("RANK", "0")
@@ -73,6 +75,10 @@ def megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=T
     import torch  # --moe-grouped-gemm asks the device's compute capability: Hopper's (9, 0)
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
+    if "--delay-wgrad-compute" in argv:
+        # validate_args asks Transformer Engine >= 2.8 for delayed weight gradients with
+        # --overlap-grad-reduce, a GPU library not installable here: report that version
+        monkeypatch.setattr(arguments, "is_te_min_version", lambda version, *a, **k: version <= "2.8.0")
     monkeypatch.setattr(sys, "argv", ["pretrain_gpt.py", *argv])
     args = arguments.validate_args(arguments.parse_args())
     if not build_config:  # TransformerConfig wants Transformer Engine for FP8, not installable here
@@ -235,3 +241,86 @@ def test_megatron_lm_training_script_overlaps_interleaved_p2p_by_default(megatro
     parser = arguments._add_distributed_args(argparse.ArgumentParser())
     assert parser.parse_args([]).overlap_p2p_comm is True
     assert parser.parse_args(["--no-overlap-p2p-communication"]).overlap_p2p_comm is False
+
+
+# --moe-dispatcher deepep and --moe-ep-overlap (the cost options a plan records it was priced with)
+
+OVERLAP_LAYOUT = dict(model="qwen3-30b-a3b", tp=2, pp=2, vpp=2, dp=8, ep=8, etp=1, num_microbatches=4, seq=4096,
+                      sequence_parallel=True, schedule="interleaved_1f1b",
+                      stage_layers=[[[0, 12], [24, 36]], [[12, 24], [36, 48]]], recompute="selective")
+
+
+def test_megatron_runs_deepep_plans_through_its_flex_dispatcher(megatron, tmp_path, monkeypatch):
+    fields = dict(MOE_PLANS["qwen3_ep_across_dp"])
+    plan_file = make_plan(fields.pop("model"), moe_dispatcher="deepep", **fields)
+    args, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch)
+    assert args.moe_token_dispatcher_type == "flex" and config.moe_flex_dispatcher_backend == "deepep"
+    assert not args.moe_enable_deepep  # the deprecated spelling is not used
+    _, launch = exported_argv(plan_file, tmp_path / "again")
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in launch
+
+
+def test_megatron_refuses_deepep_for_a_capacity_capped_model():
+    from planner.errors import ExportError
+
+    fields = dict(MOE_PLANS["qwen3_ep_across_dp"])
+    plan_file = make_plan(fields.pop("model"), moe_dispatcher="deepep", **fields)
+    capped = plan_file.model_copy(update={"model": plan_file.model.model_copy(update={"moe_capacity_factor": 1.25})})
+    with pytest.raises(ExportError, match="DeepEP's token dispatcher.*pad_expert_input_to_capacity"):
+        export_megatron(capped)
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "deepep"])
+def test_megatron_runs_the_overlap_the_plan_was_priced_with(dispatcher, megatron, tmp_path, monkeypatch):
+    plan_file = make_plan(**OVERLAP_LAYOUT, moe_dispatcher=dispatcher, moe_ep_overlap=True)
+    args, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch)
+    assert config.overlap_moe_expert_parallel_comm and config.delay_wgrad_compute
+    assert args.virtual_pipeline_model_parallel_size == 2 and args.expert_model_parallel_size == 8
+    _, launch = exported_argv(plan_file, tmp_path / "again")
+    # TP 2 with the overlap: Megatron warns instead of asserting CUDA_DEVICE_MAX_CONNECTIONS=1
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" not in launch
+
+
+GATE_CASES = {  # layout change -> Megatron's own refusal of the overlap (None: it runs it)
+    "interleaved": (dict(), None),
+    "no_pipeline": (dict(pp=1, vpp=1, dp=16, schedule="1f1b", stage_layers=[[0, 48]]), None),
+    "plain_1f1b_with_pipeline": (dict(vpp=1, schedule="1f1b", stage_layers=[[0, 24], [24, 48]]),
+                                 "virtual_pipeline_model_parallel_size must be specified"),
+    "no_expert_parallelism": (dict(ep=1), "only supported with expert model parallelism"),
+    "full_recompute": (dict(recompute="full"), "disable full recomputation"),
+    "two_mtp_layers": (dict(mtp_depth=2), "MTP supports at most one layer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GATE_CASES))
+def test_the_overlap_gate_is_megatrons_own(case, megatron, tmp_path, monkeypatch):
+    """Where the planner prices the combined-1F1B overlap (`runs_combined_1f1b`), Megatron's
+    validate_args and TransformerConfig accept --overlap-moe-expert-parallel-comm
+    --delay-wgrad-compute on that layout; where it does not, they refuse them, and the exporter
+    refuses a plan that claims it."""
+    from planner.cost.model import CostOptions
+    from planner.errors import ExportError
+    from planner.layout import layout_from_entry
+    from planner.predict import runs_combined_1f1b
+
+    change, megatron_refusal = GATE_CASES[case]
+    fields = OVERLAP_LAYOUT | change
+    mtp = fields.pop("mtp_depth", None)
+    plan_file = make_plan(**fields)
+    if mtp is not None:  # Qwen3 with two MTP layers (Megatron's --mtp-num-layers)
+        plan_file = plan_file.model_copy(update={"model": plan_file.model.model_copy(update={"mtp_depth": mtp})})
+    entry, spec = plan_file.plans[0], plan_file.model
+    priced = runs_combined_1f1b(CostOptions(moe_ep_overlap=True), spec, layout_from_entry(entry))
+    overlap = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    if priced:
+        _, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch, extra_args=overlap)
+        assert config.overlap_moe_expert_parallel_comm
+        claimed = plan_file.model_copy(update={"plans": [entry.model_copy(update={"moe_ep_overlap": True})]})
+        assert "--overlap-moe-expert-parallel-comm" in exported_argv(claimed, tmp_path / "claimed")[0]
+    else:
+        with pytest.raises((AssertionError, ValueError), match=megatron_refusal):
+            megatron_validate(megatron, plan_file, tmp_path, monkeypatch, extra_args=overlap)
+        claimed = plan_file.model_copy(update={"plans": [entry.model_copy(update={"moe_ep_overlap": True})]})
+        with pytest.raises(ExportError, match="combined-1F1B all-to-all overlap"):
+            export_megatron(claimed)
+    assert priced == (megatron_refusal is None)

@@ -273,3 +273,46 @@ def test_torchtitan_itself_refuses_mtp_with_pipeline_parallelism(load_recipe):
     config.parallelism.pipeline_parallel_degree = 2
     with pytest.raises(NotImplementedError, match="MTP does not support pipeline parallelism"):
         config.model_spec.model.update_from_config(config=config)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe_ddp_ep_over_tp", "deepseek_v3_mla_mtp_ep64"])
+def test_torchtitan_runs_deepep_plans_with_its_deepep_dispatcher(name, load_recipe):
+    """A plan priced with DeepEP names torchtitan's DeepEP backend (moe_comm_backend "deepep"):
+    torchtitan's own config code makes each MoE layer's token dispatcher its DeepEPTokenDispatcher
+    and sizes its buffer from the training shape (update_from_config). Building it needs
+    DeepEP's kernels, which do not install here; the all-to-all plan keeps the standard one."""
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, DeepEPTokenDispatcher
+
+    model, fields = MOE_PLANS[name]
+    for dispatcher, kind in (("deepep", DeepEPTokenDispatcher.Config), ("alltoall", AllToAllTokenDispatcher.Config)):
+        plan_file = make_plan(model, moe_dispatcher=dispatcher, **fields)
+        _, config = load_recipe(plan_file)
+        config.model_spec.model.update_from_config(config=config)
+        moes = [layer.moe for layer in config.model_spec.model.layers if layer.moe is not None]
+        dispatchers = [moe.routed_experts.token_dispatcher for moe in moes]
+        assert all(type(d) is kind for d in dispatchers)
+        if dispatcher == "deepep":
+            assert all(d.num_max_tokens_per_rank and d.num_max_tokens_per_rank > 0 for d in dispatchers)
+
+
+@pytest.mark.parametrize("export, runtime", [("export_torchtitan", "torchtitan"), ("export_torch", "torch"),
+                                             ("export_deepspeed", "deepspeed")])
+@pytest.mark.parametrize("field, value, what", [
+    ("moe_ep_overlap", True, "Megatron's combined-1F1B all-to-all overlap"),
+    ("moe_dispatcher", "deepep", "DeepEP's token dispatcher")])
+def test_runtimes_without_the_mechanism_refuse_plans_priced_with_it(export, runtime, field, value, what):
+    """One clear line naming the option, never a silent export of what the runtime will not run
+    (torchtitan has DeepEP, so only its overlap refusal applies)."""
+    import planner.export as exporters
+
+    if (runtime, field) == ("torchtitan", "moe_dispatcher"):
+        pytest.skip("torchtitan runs DeepEP (test above)")
+    model = "tiny-llama" if runtime == "deepspeed" else "tiny-moe"  # DeepSpeed refuses MoE models outright
+    fields = dict(dp=2, pp=1, stage_layers=[[0, resolve_model(model).num_layers]], num_microbatches=2)
+    if model == "tiny-moe":
+        fields["ep"] = 2
+    with pytest.raises(ExportError, match=f"priced with {what} .*, but {runtime} .*; re-plan without it: "
+                                          "`planner plan ") as refused:
+        getattr(exporters, export)(make_plan(model, **fields, **{field: value}))
+    assert "\n" not in str(refused.value)
+    getattr(exporters, export)(make_plan(model, **fields))  # the same plan without it is taken
