@@ -55,8 +55,8 @@ ETP_LIST = typer.Option(None, "--etp", help="Expert tensor-parallel degrees to t
 PRECISION = typer.Option("bf16", "--precision", help="GEMM precision of the linear layers: bf16 or fp8 "
                          "(attention, norms, communication and the optimizer stay bf16/fp32).")
 MOE_IMBALANCE = typer.Option(None, "--moe-imbalance", help="Busiest expert-parallel rank's tokens over the "
-                             "mean under dropless routing (default 1.25: a prior, Switch Transformer's capacity "
-                             "factor, not a measurement; docs/moe.md lists the published figures checked). Set it "
+                             "mean under dropless routing (default 1.23: FEPLB's per-micro-batch training "
+                             "measurement, GLM-5 at EP 8; docs/moe.md lists the published figures checked). Set it "
                              "from your router statistics.")
 
 

@@ -20,7 +20,8 @@ from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
-from planner.cost.moe import MOE_DISPATCHERS, MoeDispatcher, deepep_times, dispatch_bytes, imbalance_of, moe_gemms
+from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_times, dispatch_bytes,
+                              imbalance_of, moe_gemms)
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import (LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls,
                                  transformer_gemms)
@@ -189,10 +190,9 @@ class CostOptions:
     """GEMM precision of the linear layers: "fp8" runs them at the GPU's fp8 peak (Transformer
     Engine's FP8 recipe); attention, norms, softmax, communication, the saved activations and
     the optimizer stay in bf16/fp32, and MFU stays over the bf16 peak."""
-    moe_imbalance: float = 1.25
-    """Busiest expert-parallel rank's tokens over the mean under dropless routing: a labelled
-    prior, not a measurement (planner/cost/moe.py `DEFAULT_IMBALANCE` says where it comes from
-    and what would replace it)."""
+    moe_imbalance: float = DEFAULT_IMBALANCE
+    """Busiest expert-parallel rank's tokens over the mean under dropless routing (default:
+    FEPLB's per-micro-batch training measurement, planner/cost/moe.py `DEFAULT_IMBALANCE`)."""
     moe_dispatcher: MoeDispatcher = "alltoall"
     """How tokens reach their experts: "alltoall", NCCL all-to-all of every routed copy
     (Megatron's `--moe-token-dispatcher-type alltoall`); "deepep", DeepEP's normal kernels

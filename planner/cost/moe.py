@@ -31,14 +31,22 @@ from typing import Literal, get_args
 from planner.cost.shapes import Gemm, Shard
 from planner.spec import ModelSpec
 
-DEFAULT_IMBALANCE = 1.25
-"""Busiest EP rank's tokens over the mean, dropless routing: a PRIOR, not a measurement.
+FEPLB_IDLE_SHARE = 0.186
+"""FEPLB (Qi, Liu, Zhao 2026, arXiv 2604.19654), Figure 1(b) as its review quotes it: on GLM-5's
+MoE layers (128 routed experts, EP 8, no auxiliary loss, up to 16 H100s, training, per
+micro-batch) "18.6% of GPU time per MoE layer is lost" waiting for the busiest EP rank."""
 
-Value: Switch Transformer's capacity factor (Fedus et al. 2022, JMLR, section 2.2 and Table 1:
-1.25, the per-expert head-room over an even share that dropped few tokens under its
-load-balancing loss), read as the busiest rank's excess. What would replace it is a published
-max/mean of tokens per EP rank in one training micro-batch, under the balancing a run uses.
-Checked (issue 14), and why none sets the default:
+DEFAULT_IMBALANCE = 1 / (1 - FEPLB_IDLE_SHARE)
+"""Busiest EP rank's tokens over the mean, dropless routing: 1.229, from the one published
+per-micro-batch, per-EP-rank training measurement found, FEPLB's (`FEPLB_IDLE_SHARE`). In a
+synchronous layer the GPU time lost is the ranks' idle share, 1 - mean / max, so max / mean =
+1 / (1 - 0.186). The paper's own definition was not readable here: read instead as
+max / mean - 1 it would be 1.186 (3.5% lower). It is GEMM time, which tracks tokens at these
+sizes, measured without an auxiliary loss: a run whose router balances harder (aux loss,
+DeepSeek's bias) may sit lower. Cross-check: Switch Transformer's capacity factor (Fedus et al.
+2022, JMLR, Table 1: 1.25, the per-expert head-room that dropped few tokens under its
+load-balancing loss), the previous prior, is within 2%. Other sources checked (issue 14), none a
+per-step, per-rank figure:
 
 * Wang et al. 2024 (arXiv 2408.15664), Table 2, as two third-party notes on its HTML quote it
   (the paper itself was not readable here): MaxVio_global = max load / mean load - 1, per
@@ -52,12 +60,6 @@ Checked (issue 14), and why none sets the default:
   max / mean); the text says small-batch imbalance "is naturally addressed by our training
   framework that uses large-scale expert parallelism and data parallelism, which guarantees a
   large size of each micro-batch" - qualitative.
-* FEPLB (Qi, Liu, Zhao 2026, arXiv 2604.19654): GLM-5 MoE layers, 128 experts, EP 8, no
-  auxiliary loss, 18.6% of GPU time per MoE layer lost to the imbalance (quoted by a review of
-  its Figure 1(b); the abstract gives only the reduction). Read as 1 - mean / max that is a
-  max / mean of 1.23, as max / mean - 1 it is 1.19: the nearest match (per micro-batch, per
-  EP rank, training), within 6% of this prior (tests/cost/test_moe_imbalance.py), but GEMM
-  time rather than tokens and its definition not read from the paper.
 * UltraEP (arXiv 2606.04101, withdrawn in v2): "inter-rank imbalance" 1.30 to 4.01 without
   balancing, 106B to 671B models, training and prefill together: no per-run figure.
 * DODOCO (arXiv 2605.20982): per-expert max / mean from inference checkpoints; finds it moves
