@@ -44,7 +44,11 @@ receives with `torch.distributed.batch_isend_irecv` (`fused_pipeline_ops`) and w
 receive only before the F or B that consumes it (`schedule_f`: `for h in input_tensor[1]:
 h.wait()`): p2p_mode "overlapped" for them.
 
-Pure computation: `load_rows` is the only function that reads a file.
+The paper also publishes the per-pass times it profiled (appendix D): `pass_time_errors`
+compares them with the cost model's forward, input-gradient and weight-gradient passes of one
+micro-batch on a full middle stage, a component-level check under the ratios.
+
+Pure computation: `load_rows` and `load_pass_times` are the only functions that read a file.
 """
 
 from __future__ import annotations
@@ -123,6 +127,32 @@ class ZbRow(BaseModel):
         return self.mbs * self.microbatches
 
 
+class PassTimes(BaseModel):
+    """One [[pass_times]] table of published_zb.toml: the paper's profiled T_F, T_B, T_W, T_comm."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    setup: str
+    forward_ms: float = Field(gt=0)
+    backward_input_ms: float = Field(gt=0)
+    backward_weight_ms: float = Field(gt=0)
+    comm_ms: float = Field(gt=0)
+    quote: str = Field(min_length=40)
+    source: str = Field(min_length=20)
+    url: str = Field(pattern=r"^https://")
+
+
+@dataclass(frozen=True, slots=True)
+class PassTimeResult:
+    """Predicted / published - 1 of each pass on a full middle stage (and of the p2p time)."""
+
+    setup: str
+    forward: float
+    backward_input: float
+    backward_weight: float
+    comm: float
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RatioResult:
     """One schedule of one setup: published and predicted throughput and ratio to 1F1B."""
@@ -182,6 +212,34 @@ def load_rows(path: Path) -> list[ZbRow]:
         if len({(r.model, r.layers, r.hidden, r.heads, r.gpus, r.seq, r.global_batch) for r in group}) != 1:
             raise ConfigError(f"{path}: setup {setup} mixes models, GPUs or global batches")
     return rows
+
+
+def load_pass_times(path: Path) -> list[PassTimes]:
+    """Every [[pass_times]] table of a published zero-bubble TOML file."""
+    try:
+        data = tomllib.loads(path.read_text())
+        return [PassTimes(**raw) for raw in data.get("pass_times", [])]
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read published pass times {path}: {exc}") from None
+    except ValidationError as exc:
+        raise ConfigError(validation_message(exc, f"{path} pass_times")) from None
+
+
+def pass_time_errors(rows: list[ZbRow], published: list[PassTimes]) -> list[PassTimeResult]:
+    """Per profiled setup, the cost model's F, I, W and p2p seconds of one micro-batch on its
+    ZB-2p layout's middle rank (a full stage) against the paper's T_F, T_B, T_W, T_comm."""
+    results = []
+    for times in published:
+        row = next(r for r in rows if r.setup == times.setup and r.schedule == "ZB-2p")
+        model, layout = build(row)
+        costs = chunk_costs(model, layout, row.seq)
+        rank = row.gpus // 2
+        predicted = (costs.forward_s[rank][0], costs.backward_input_s[rank][0], costs.backward_weight_s[rank][0],
+                     costs.p2p_s)
+        measured = (times.forward_ms, times.backward_input_ms, times.backward_weight_ms, times.comm_ms)
+        errors = [p * 1e3 / m - 1.0 for p, m in zip(predicted, measured, strict=True)]
+        results.append(PassTimeResult(times.setup, *errors))
+    return results
 
 
 def by_setup(rows: list[ZbRow]) -> dict[str, list[ZbRow]]:

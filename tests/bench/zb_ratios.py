@@ -5,7 +5,8 @@
 For every setup of published_zb.toml, each schedule's samples per GPU per second over 1F1B's,
 published and as `planner.predict` gives it (planner/fidelity/zero_bubble.py), the ratio error
 (predicted / published - 1) per row, then mean |error|, mean signed error and the worst row
-per table and schedule and over all rows; then 1F1B's own absolute error per setup. The
+per table and schedule and over all rows; then 1F1B's own absolute error per setup, and the cost
+model's F, I (T_B), W and p2p times against the paper's profiled ones (appendix D). The
 "auto" column is the ratio with planner.schedule.auto_zb's order at the paper's memory limit
 (ZB-1p: p, ZB-2p: 2p micro-batches); `--no-auto` skips it (faster). `--markdown` prints
 markdown tables (docs/accuracy_pipelined.md embeds them).
@@ -19,9 +20,12 @@ from pathlib import Path
 
 from planner.fidelity.zero_bubble import (
     RatioResult,
+    PassTimeResult,
     baseline_errors,
     evaluate,
+    load_pass_times,
     load_rows,
+    pass_time_errors,
     row_name,
     summarize,
 )
@@ -64,6 +68,16 @@ def _baseline_table(errors: dict[str, float]) -> list[str]:
     return lines
 
 
+def _pass_table(results: list[PassTimeResult]) -> list[str]:
+    lines = ["| setup | F (T_F) | I (T_B) | W (T_W) | p2p (T_comm) |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r.setup} | {r.forward:+.1%} | {r.backward_input:+.1%} | {r.backward_weight:+.1%} | {r.comm:+.1%} |"
+              for r in results]
+    means = [sum(abs(getattr(r, f)) for r in results) / len(results)
+             for f in ("forward", "backward_input", "backward_weight", "comm")]
+    lines.append("| mean abs | " + " | ".join(f"{m:.1%}" for m in means) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--markdown", action="store_true", help="markdown tables")
@@ -72,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = load_rows(args.file)
     results = evaluate(rows, auto=not args.no_auto)
-    blocks = [_summary_table(results), _rows_table(results), _baseline_table(baseline_errors(rows))]
+    passes = pass_time_errors(rows, load_pass_times(args.file))
+    blocks = [_summary_table(results), _rows_table(results), _baseline_table(baseline_errors(rows)), _pass_table(passes)]
     if args.markdown:
         print("\n\n".join("\n".join(block) for block in blocks))
         return 0
