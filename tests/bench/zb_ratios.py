@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.file)
     results = evaluate(rows, auto=not args.no_auto)
     passes = pass_time_errors(rows, load_pass_times(args.file))
-    blocks = [_summary_table(results), _rows_table(results), _baseline_table(baseline_errors(rows)), _pass_table(passes)]
+    blocks = [_summary_table(results), _rows_table(results), _baseline_table(baseline_errors(rows)),
+              _pass_table(passes)]
     if args.markdown:
         print("\n\n".join("\n".join(block) for block in blocks))
         return 0
