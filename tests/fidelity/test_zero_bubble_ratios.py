@@ -156,3 +156,13 @@ def test_pass_times_stay_within_todays(rows):
         errors = [abs(getattr(r, field)) for r in results]
         assert sum(errors) / len(errors) <= mean_bound, (field, errors)
         assert max(errors) <= worst_bound, (field, errors)
+
+
+def test_automatic_order_is_never_slower_than_the_hand_crafted_one(rows):
+    """auto_zb at the paper's limit (ZB-1p: p, ZB-2p: 2p micro-batches) keeps ZB-H1 / ZB-H2 among
+    its candidates, so on the same chunk costs its ratio is at least theirs."""
+    setup = [r for r in rows if r.setup == "t4-1.5b-m24"]
+    results = {r.row.schedule: r for r in evaluate(setup, auto=True)}
+    for schedule in ("ZB-1p", "ZB-2p"):
+        assert results[schedule].auto_ratio >= results[schedule].predicted_ratio * (1 - 1e-9), schedule
+    assert results["1F1B-I"].auto_ratio is None
