@@ -57,7 +57,13 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
                     timeline: bool = False) -> PipelineTiming:
     """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs
     (with `timeline`, every action's start and end too)."""
-    stage_costs = StageCosts(
+    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments)
+    return simulate(order, stage_costs(costs), timeline=timeline)
+
+
+def stage_costs(costs: ChunkCosts) -> StageCosts:
+    """The simulator's view of a layout's chunk costs (times, p2p, send holds, activations)."""
+    return StageCosts(
         forward_s=_frozen(costs.forward_s),
         backward_input_s=_frozen(costs.backward_input_s),
         backward_weight_s=_frozen(costs.backward_weight_s),
@@ -66,8 +72,6 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
         send_hold_forward_s=costs.send_hold_forward_s,
         send_hold_backward_s=costs.send_hold_backward_s,
     )
-    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments)
-    return simulate(order, stage_costs, timeline=timeline)
 
 
 def _frozen(table: Table) -> tuple[tuple[float, ...], ...]:
