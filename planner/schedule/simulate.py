@@ -479,11 +479,20 @@ def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, se
     """Generate schedule `name` for (P, M, V, segments) and compile it; cached (search loops
     re-cost it, a 405B search over a hundred shapes)."""
     order = generated_order(name, pp, num_microbatches, vpp, segments)
-    return compile_order(order, schedule_pipeline_starts(name, pp, vpp), _RUNTIME_EXCHANGES.get(name))
+    return compile_order(order, schedule_pipeline_starts(name, pp, vpp),
+                         runtime_exchanges(name, pp, num_microbatches))
 
 
-_RUNTIME_EXCHANGES = {"1f1b": "megatron_1f1b", "interleaved_1f1b": "megatron_interleaved"}
-"""Schedules whose blocking exchange calls are modelled, and Megatron-LM's program for them."""
+def runtime_exchanges(name: str, pp: int, num_microbatches: int) -> str | None:
+    """The blocking exchange program the runtime runs schedule `name` with at this shape:
+    Megatron-LM's for 1f1b, and for interleaved_1f1b where its order is Megatron's (M a
+    multiple of P, as Megatron requires, and M > P: at M = P Megatron runs every micro-batch
+    as warm-up, an order generators.py does not make); None: holds after each sender."""
+    if name == "1f1b":
+        return "megatron_1f1b"
+    if name == "interleaved_1f1b" and num_microbatches % pp == 0 and num_microbatches > pp:
+        return "megatron_interleaved"
+    return None
 
 
 def _slot_durations(costs: StageCosts) -> list[float]:

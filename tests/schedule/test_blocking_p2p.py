@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planner.schedule import StageCosts, compile_schedule, generate, simulate
 from planner.schedule.actions import Action, F
@@ -346,3 +348,27 @@ def test_paired_calls_keep_busy_time_and_count_one_transfer_per_call(name, pp, m
         calls[0] -= 1  # rank 0's last backward (stage 0) sends nothing and receives nothing
     assert held.blocked_s == pytest.approx([0.1 * c for c in calls], rel=1e-12)
     assert held.step_time_s > plain.step_time_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(2, 6), rounds=st.integers(2, 4), v=st.integers(1, 3),
+       fs=st.lists(st.floats(0.1, 3.0), min_size=6, max_size=6),
+       bs=st.lists(st.floats(0.1, 6.0), min_size=6, max_size=6), hold=st.floats(0.0, 1.0))
+def test_paired_calls_only_add_time(pp, rounds, v, fs, bs, hold):
+    """Waits and transfers only add time: any costs, the paired step is at least the step
+    without holds (so the search's compute-only lower bounds stay lower bounds), and a
+    receiver never starts before its producer's end plus one transfer."""
+    name, m = ("1f1b", rounds * pp) if v == 1 else ("interleaved_1f1b", rounds * pp)
+    costs = _chunked(fs[:pp], bs[:pp], v, hold)
+    paired = simulate(compile_schedule(name, pp, m, v), costs, timeline=True)
+    free = simulate(compile_schedule(name, pp, m, v), replace(costs, send_hold_forward_s=0.0,
+                                                               send_hold_backward_s=0.0))
+    assert paired.step_time_s >= free.step_time_s - 1e-9
+    ends = {e.action: e for e in paired.timeline}
+    for e in paired.timeline:
+        stage, kind, mb = e.action
+        producer = Action(stage - 1, F, mb) if kind == F else Action(stage + 1, kind, mb)
+        if producer in ends and ends[producer].rank != e.rank:
+            source = ends[producer]  # its end_s includes its trailing calls: use its compute
+            compute = (fs if kind == F else bs)[source.rank]
+            assert e.start_s >= source.start_s + compute + hold - 1e-9
