@@ -37,6 +37,8 @@ class ChunkCosts:
     (`StageCosts.send_hold_forward_s`); 0 when sends overlap compute."""
     send_hold_backward_s: float = 0.0
     """The same after a backward that sends its input gradient."""
+    paired_exchanges: bool = False
+    """The holds are Megatron-LM's blocking exchange calls (`StageCosts.paired_exchanges`)."""
     expert_params: list[float] | None = None
     """Per rank, the part of `params` that are routed experts (their grads and optimizer
     state shard over the expert data-parallel group); None: no experts."""
@@ -71,6 +73,7 @@ def stage_costs(costs: ChunkCosts) -> StageCosts:
         p2p_s=costs.p2p_s,
         send_hold_forward_s=costs.send_hold_forward_s,
         send_hold_backward_s=costs.send_hold_backward_s,
+        paired_exchanges=costs.paired_exchanges,
     )
 
 

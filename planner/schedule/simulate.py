@@ -606,7 +606,7 @@ def simulate(
     blocked = [0.0] * info.num_ranks
     compute = durs
     holds = costs.send_hold_forward_s or costs.send_hold_backward_s
-    if holds and compiled.exchanges is not None:
+    if holds and costs.paired_exchanges and compiled.exchanges is not None:
         end, durs, blocked = _rendezvous(compiled.exchanges, durs, costs, info.num_ranks)
     else:
         if holds:
