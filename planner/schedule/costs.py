@@ -49,10 +49,6 @@ class StageCosts:
     default). With holds the transfer is inside them, so `p2p_s` is usually 0."""
     send_hold_backward_s: float = 0.0
     """The same after each backward (B or I) whose input gradient goes to another rank."""
-    paired_exchanges: bool = False
-    """The holds are Megatron-LM's blocking exchange calls (p2p_mode "blocking"): where the
-    compiled schedule knows them (`CompiledSchedule.exchanges`), each call is paired with its
-    peers' and waits for the later post; False: a hold follows each sending action."""
     activation_bytes: Table | None = None
     """Bytes a micro-batch's activations occupy on the chunk from its F start until its
     backward-input (I or B) ends (the paper's M_B)."""

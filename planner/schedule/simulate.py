@@ -475,12 +475,15 @@ def generated_order(name: str, pp: int, num_microbatches: int, vpp: int = 1,
 
 
 @lru_cache(maxsize=128)
-def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> CompiledSchedule:
+def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1,
+                     paired_exchanges: bool = False) -> CompiledSchedule:
     """Generate schedule `name` for (P, M, V, segments) and compile it; cached (search loops
-    re-cost it, a 405B search over a hundred shapes)."""
+    re-cost it, a 405B search over a hundred shapes). `paired_exchanges`: the runtime sends
+    with Megatron-LM's blocking calls (p2p_mode "blocking"): pair them where the schedule's
+    program is known (`runtime_exchanges`), else holds follow each sender."""
     order = generated_order(name, pp, num_microbatches, vpp, segments)
-    return compile_order(order, schedule_pipeline_starts(name, pp, vpp),
-                         runtime_exchanges(name, pp, num_microbatches))
+    program = runtime_exchanges(name, pp, num_microbatches) if paired_exchanges else None
+    return compile_order(order, schedule_pipeline_starts(name, pp, vpp), program)
 
 
 def runtime_exchanges(name: str, pp: int, num_microbatches: int) -> str | None:
@@ -606,7 +609,7 @@ def simulate(
     blocked = [0.0] * info.num_ranks
     compute = durs
     holds = costs.send_hold_forward_s or costs.send_hold_backward_s
-    if holds and costs.paired_exchanges and compiled.exchanges is not None:
+    if holds and compiled.exchanges is not None:
         end, durs, blocked = _rendezvous(compiled.exchanges, durs, costs, info.num_ranks)
     else:
         if holds:
