@@ -22,9 +22,24 @@ Blocking send/recv. Runtimes that wait for each send and receive before computin
 PipelineEngine with blocking dist.send / dist.recv) hold a rank's stream after every compute
 action whose output goes to another rank: `StageCosts.send_hold_forward_s` /
 `send_hold_backward_s` are added to those actions' durations (the transfer is inside them) and
-reported per rank as `blocked_s`. The rendezvous itself (a sender waiting for a late receiver)
-is not modelled: in the steady state of 1F1B each exchange pairs a rank that ends a forward with
-a neighbour that ends a backward at the same moment, so it adds no wait there.
+reported per rank as `blocked_s`.
+
+Paired exchange calls. For Megatron-LM's blocking sends (`compile_schedule(...,
+paired_exchanges=True)`, p2p_mode "blocking") the order is compiled with the runtime's own
+call program (`_call_gaps`: plain 1F1B's recv_forward / send_forward / send_forward_recv_backward
+/ send_backward_recv_forward / recv_backward, interleaved 1F1B's one call per warm-up forward,
+steady (F, B) pair and cool-down backward). An NCCL send or receive completes only when both
+peers have posted, so each call ends at the latest post among itself and the calls it pairs
+with (each action's output is sent in the first call after it and received in the last call
+before its consumer) plus one hold, the transfer. This charges a sender's wait for a late
+receiver, which holds alone miss on uneven stages and in warm-up / cool-down (in plain 1F1B's
+steady state on equal stages the two coincide: each exchange pairs a rank ending a forward with
+a neighbour ending a backward at the same moment), and interleaved 1F1B's single call per
+(F, B) pair. `blocked_s` then counts one hold per call after the rank's first action; a
+call's wait for its peers is idle time like any bubble. Other schedules, DeepSpeed's engine
+(another call program) and interleaved shapes Megatron does not run (M not a multiple of P,
+or M = P) keep the holds. A send is assumed to wait for its receiver whatever its size
+(NCCL may buffer a small message in the peer's FIFO and finish early).
 
 Fidelity limits: no link contention or NCCL launch overheads, no compute/communication
 interference, no optimizer step or gradient reduction at the end of the step; DualPipeV's
@@ -33,7 +48,8 @@ overlapped F/B pairs run back to back.
 Speed. `compile_order` validates once and resolves every dependency to an index in one
 topological order (a dependency-driven sweep that also detects deadlocks), so `simulate`
 is one pass over flat lists; `compile_schedule` caches the compiled form per (name, P, M, V)
-for search loops that re-cost the same shape.
+for search loops that re-cost the same shape. Paired calls are compiled the same way: actions
+and calls in one topological order, each call with the nodes whose ends are its peers' posts.
 """
 
 from __future__ import annotations
