@@ -504,12 +504,13 @@ def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, se
 
 def runtime_exchanges(name: str, pp: int, num_microbatches: int) -> str | None:
     """The blocking exchange program the runtime runs schedule `name` with at this shape:
-    Megatron-LM's for 1f1b, and for interleaved_1f1b where its order is Megatron's (M a
-    multiple of P, as Megatron requires, and M > P: at M = P Megatron runs every micro-batch
-    as warm-up, an order generators.py does not make); None: holds after each sender."""
+    Megatron-LM's for 1f1b, and for interleaved_1f1b where Megatron runs it blocking with this
+    order (M a multiple of P; M > P: at M = P Megatron runs every micro-batch as warm-up, an
+    order generators.py does not make; P > 2: megatron/training/arguments.py refuses
+    interleaving without p2p overlap at P = 2); None: holds after each sender."""
     if name == "1f1b":
         return "megatron_1f1b"
-    if name == "interleaved_1f1b" and num_microbatches % pp == 0 and num_microbatches > pp:
+    if name == "interleaved_1f1b" and pp > 2 and num_microbatches % pp == 0 and num_microbatches > pp:
         return "megatron_interleaved"
     return None
 
