@@ -37,8 +37,8 @@ steady state on equal stages the two coincide: each exchange pairs a rank ending
 a neighbour ending a backward at the same moment), and interleaved 1F1B's single call per
 (F, B) pair. `blocked_s` then counts one hold per call after the rank's first action; a
 call's wait for its peers is idle time like any bubble. Other schedules, DeepSpeed's engine
-(another call program) and interleaved shapes Megatron does not run (M not a multiple of P,
-or M = P) keep the holds. A send is assumed to wait for its receiver whatever its size
+(another call program) and interleaved shapes Megatron does not run blocking (M not a
+multiple of P, M = P, P = 2) keep the holds. A send is assumed to wait for its receiver whatever its size
 (NCCL may buffer a small message in the peer's FIFO and finish early).
 
 Fidelity limits: no link contention or NCCL launch overheads, no compute/communication
