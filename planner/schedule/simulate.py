@@ -289,38 +289,33 @@ def _exchange_program(program: str, info: OrderInfo, offset: list[int], codes: l
     num_ranks = len(offset) - 1
     # per rank: items in program order, each an action index g (>= 0) or -(call id) - 1
     items: list[list[int]] = []
-    send_call, recv_call = {}, {}
+    send_call: dict[int, int] = {}
+    recv_call: dict[int, int] = {}
     call_dir: list[int] = []
-    call_rank: list[int] = []
-    call_ops: list[list[int]] = []  # actions whose send or receive the call carries
+    call_ops: list[list[int]] = []  # per call, the peer calls its messages pair it with
     for r in range(num_ranks):
         acts = list(range(offset[r], offset[r + 1]))
         own = codes[offset[r]:offset[r + 1]]
         gaps = _call_gaps(program, own, own.count(0) > _warmup_forwards(program, r, info))
-        # call slots per gap: (sends here?, receives here?)
-        slots: list[list[tuple[int, bool, bool]]] = []
-        for i, count in enumerate(gaps):
-            ids = []
-            for j in range(count):
-                ids.append((len(call_dir), j == 0, j == count - 1))
-                call_dir.append(0)
-                call_rank.append(r)
-                call_ops.append([])
-            slots.append(ids)
+        slots: list[list[int]] = []  # per gap, its calls' ids in program order
+        for count in gaps:
+            slots.append(list(range(len(call_ops), len(call_ops) + count)))
+            call_dir += [0] * count
+            call_ops += [[] for _ in range(count)]
         for i, g in enumerate(acts):
             if remote[g]:  # received in the last call before it
                 for k in range(i, -1, -1):
                     if slots[k]:
-                        recv_call[g] = slots[k][-1][0]
+                        recv_call[g] = slots[k][-1]
                         break
             # its send, if any, goes to the first call after it
             for k in range(i + 1, len(slots)):
                 if slots[k]:
-                    send_call[g] = slots[k][0][0]
+                    send_call[g] = slots[k][0]
                     break
         row: list[int] = []
         for i, ids in enumerate(slots):
-            row += [-c - 1 for c, _, _ in ids]
+            row += [-c - 1 for c in ids]
             if i < len(acts):
                 row.append(acts[i])
         items.append(row)

@@ -304,7 +304,8 @@ def test_megatron_interleaved_rendezvous_matches_its_calls(pp, m, v, stages):
     fs = [1.0] * pp if stages == "equal" else [1.0 + 0.37 * ((3 * r) % pp) / pp for r in range(pp)]
     bs = [2.0 * f + (0.3 if r == 1 else 0.0) for r, f in enumerate(fs)]
     reference = _rendezvous(_megatron_interleaved(pp, m, v, hold), {"F": fs, "B": bs})
-    simulated = simulate(compile_schedule("interleaved_1f1b", pp, m, v, paired_exchanges=True), _chunked(fs, bs, v, hold))
+    simulated = simulate(compile_schedule("interleaved_1f1b", pp, m, v, paired_exchanges=True),
+                         _chunked(fs, bs, v, hold))
     assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
 
 
