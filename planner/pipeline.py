@@ -37,6 +37,9 @@ class ChunkCosts:
     (`StageCosts.send_hold_forward_s`); 0 when sends overlap compute."""
     send_hold_backward_s: float = 0.0
     """The same after a backward that sends its input gradient."""
+    paired_exchanges: bool = False
+    """The holds are Megatron-LM's blocking exchange calls: the simulator pairs them
+    (`compile_schedule(..., paired_exchanges=True)`)."""
     expert_params: list[float] | None = None
     """Per rank, the part of `params` that are routed experts (their grads and optimizer
     state shard over the expert data-parallel group); None: no experts."""
@@ -57,7 +60,8 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
                     timeline: bool = False) -> PipelineTiming:
     """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs
     (with `timeline`, every action's start and end too)."""
-    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments)
+    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments,
+                             costs.paired_exchanges and bool(costs.send_hold_forward_s or costs.send_hold_backward_s))
     return simulate(order, stage_costs(costs), timeline=timeline)
 
 

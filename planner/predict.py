@@ -261,7 +261,8 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
         chunk_params=chunk_params, expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
-        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd, segments=k,
+        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
+        paired_exchanges=p2p_mode(model, layout) == "blocking", segments=k,
         cached_segment_bytes=_bf16_optimizer_segments(model, layout, shard, params, last_rank),
     )
 
@@ -341,6 +342,15 @@ def mtp_places(model: CostModel, layout: Layout) -> tuple[tuple[int, int], ...]:
     return (head, (layout.pp - 1, 0)) if _two_replicas(layout) else (head,)
 
 
+def p2p_mode(model: CostModel, layout: Layout) -> str:
+    """The layout's pipeline send mode, CostOptions.p2p_mode with "megatron-lm" resolved:
+    "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B."""
+    mode = model.options.p2p_mode
+    if mode == "megatron-lm":
+        return "overlapped" if layout.schedule == "interleaved_1f1b" and layout.vpp > 1 else "blocking"
+    return mode
+
+
 def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[float, float]:
     """Seconds a rank's stream is held after a forward, and after a backward, that sends to
     another pipeline rank, under the runtime's `p2p_mode` (0, 0 when sends overlap compute).
@@ -354,9 +364,7 @@ def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[floa
     "deepspeed-whole-grads" (before v0.5.4): the gradient sent whole, the stage output restored
     by one all-gather when it arrives (_exec_recv_grads).
     "megatron-lm": "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B (CostOptions)."""
-    mode, tp = model.options.p2p_mode, layout.tp
-    if mode == "megatron-lm":
-        mode = "overlapped" if layout.schedule == "interleaved_1f1b" and layout.vpp > 1 else "blocking"
+    mode, tp = p2p_mode(model, layout), layout.tp
     if mode == "overlapped":
         return 0.0, 0.0
     net, stride = model.network, layout.tp * layout.cp * layout.dp

@@ -22,8 +22,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner.schedule import StageCosts, generate, simulate
+from planner.schedule import StageCosts, compile_schedule, generate, simulate
+from planner.schedule.actions import Action, F
 
 
 def _rendezvous(ops: list[list[tuple]], costs: dict[str, list[float]]) -> float:
@@ -190,3 +193,192 @@ def test_blocked_time_is_the_holds_of_each_ranks_sending_actions(pp, m):
     assert held.busy_s == plain.busy_s
     assert plain.blocked_s == ()
     assert held.step_time_s > plain.step_time_s
+
+
+# The rendezvous itself (compile_schedule knows Megatron-LM's blocking exchange calls for
+# 1f1b and interleaved_1f1b): the simulator pairs each call with its peers' matching calls.
+
+
+def _megatron_interleaved(pp: int, m: int, v: int, hold: float) -> list[list[tuple]]:
+    """Megatron-LM's forward_backward_pipelining_with_interleaving with overlap_p2p_comm=False
+    (megatron/core/pipeline_parallel/schedules.py): its warm-up count, its recv_prev /
+    recv_next flags (the first and last rank's "ahead by P - 1" rule) and one call per
+    warm-up forward, steady (F, B) pair and cool-down backward; M a multiple of P, M > P."""
+    total = m * v
+
+    def fwd_chunk(k):
+        return (k // pp) % v
+
+    def bwd_chunk(k):
+        return v - 1 - fwd_chunk(k)
+
+    ops = []
+    for r in range(pp):
+        first, last = r == 0, r == pp - 1
+        warm = min((pp - r - 1) * 2 + (v - 1) * pp, total)
+        calls = []
+
+        def sends_f(k):
+            return [] if last and fwd_chunk(k) == v - 1 else [("act", r)]
+
+        def sends_b(k):
+            return [] if first and bwd_chunk(k) == 0 else [("grad", r)]
+
+        prev_ch, next_ch = ("act", (r - 1) % pp), ("grad", (r + 1) % pp)
+        if not first:
+            calls.append(("C", [], [prev_ch], hold))
+        for k in range(warm):
+            calls.append(("F",))
+            recv_prev = not (first and fwd_chunk(k + 1) == 0) and k != total - 1
+            recvs = [prev_ch] if recv_prev else []
+            if k == warm - 1 and warm < total and not last:
+                recvs.append(next_ch)
+            calls.append(("C", sends_f(k), recvs, hold))
+        remaining = total - warm
+        for k in range(remaining):
+            fk = k + warm
+            calls += [("F",), ("B",)]
+            if first:
+                recv_prev = fwd_chunk(fk - (pp - 1)) != v - 1
+            else:
+                recv_prev = True
+            if k == remaining - 1:
+                recv_prev = False
+            if last:
+                recv_next = bwd_chunk(k - (pp - 1)) != 0
+            else:
+                recv_next = True
+            recvs = ([prev_ch] if recv_prev else []) + ([next_ch] if recv_next else [])
+            calls.append(("C", sends_f(fk) + sends_b(k), recvs, hold))
+        for k in range(remaining, total):
+            calls.append(("B",))
+            recv_next = not (last and bwd_chunk(k + 1) == v - 1) and k != total - 1
+            calls.append(("C", sends_b(k), [next_ch] if recv_next else [], hold))
+        ops.append([c for c in calls if c[0] != "C" or c[1] or c[2]])
+    return ops
+
+
+def _chunked(fs: list[float], bs: list[float], v: int, hold: float) -> StageCosts:
+    return StageCosts(forward_s=tuple((f,) * v for f in fs), backward_input_s=tuple((b / 2,) * v for b in bs),
+                      backward_weight_s=tuple((b / 2,) * v for b in bs),
+                      send_hold_forward_s=hold, send_hold_backward_s=hold)
+
+
+UNEVEN = [
+    ([1.0, 1.0, 1.0, 1.3], [2.0, 2.0, 2.0, 2.5]),
+    ([1.2, 1.0, 1.0, 1.0], [2.2, 2.0, 2.0, 2.0]),
+    ([1.0, 1.5, 1.0, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0, 2.0]),
+    ([1.0, 0.4, 1.7], [1.1, 3.0, 2.0]),
+]
+
+
+@pytest.mark.parametrize(("fs", "bs"), UNEVEN)
+@pytest.mark.parametrize("mult", [1, 2, 3])
+def test_megatron_1f1b_rendezvous_matches_its_calls_on_uneven_stages(fs, bs, mult):
+    """Uneven stages: with the calls paired, the simulated makespan is the reference's exactly
+    (where the holds alone were short by the senders' waits for late receivers)."""
+    pp, hold = len(fs), 0.1
+    m = mult * pp + 1
+    reference = _rendezvous(_megatron_1f1b(pp, m, hold), {"F": fs, "B": bs})
+    simulated = simulate(compile_schedule("1f1b", pp, m, paired_exchanges=True), _costs(fs, bs, hold, hold))
+    assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 4), (4, 8), (6, 6), (8, 32)])
+@pytest.mark.parametrize(("f", "b", "hold"), [(1.0, 2.0, 0.1), (0.04, 0.116, 0.0085)])
+def test_megatron_1f1b_rendezvous_equals_the_holds_on_equal_stages(pp, m, f, b, hold):
+    """The docstring's argument: equal stages in plain 1F1B pair a rank ending a forward with a
+    neighbour ending a backward, so the paired calls give today's hold-only makespan."""
+    costs = _costs([f] * pp, [b] * pp, hold, hold)
+    paired = simulate(compile_schedule("1f1b", pp, m, paired_exchanges=True), costs).step_time_s
+    held = simulate(generate("1f1b", pp, m), costs).step_time_s
+    assert paired == pytest.approx(held, rel=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "m", "v"), [(3, 6, 2), (4, 8, 2), (4, 12, 3), (5, 10, 2)])
+@pytest.mark.parametrize("stages", ["equal", "uneven"])
+def test_megatron_interleaved_rendezvous_matches_its_calls(pp, m, v, stages):
+    """Interleaved 1F1B: the simulator's paired calls give the makespan of Megatron-LM's own
+    call sequence, written from its loop (flags and all), equal or uneven ranks."""
+    hold = 0.07
+    fs = [1.0] * pp if stages == "equal" else [1.0 + 0.37 * ((3 * r) % pp) / pp for r in range(pp)]
+    bs = [2.0 * f + (0.3 if r == 1 else 0.0) for r, f in enumerate(fs)]
+    reference = _rendezvous(_megatron_interleaved(pp, m, v, hold), {"F": fs, "B": bs})
+    simulated = simulate(compile_schedule("interleaved_1f1b", pp, m, v, paired_exchanges=True),
+                         _chunked(fs, bs, v, hold))
+    assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
+
+
+def test_a_slow_receiver_holds_its_sender_hand_enumerated():
+    """P = 3, M = 3, F 1, B 2 (I 1 + W 1), hold 0.5, rank 1 twice as slow. Rank 0 warms up
+    with F0, send F0, F1, send F1. Rank 1: recv F0 (ends 0 + ... 1 + 0.5 = 1.5), F0 [1.5, 3.5],
+    send F0 to rank 2 (posted at 0: ends 4.0), then posts recv F1 at 4.0. So rank 0's send F1,
+    posted at 2.5, ends at 4.0 + 0.5 = 4.5, and its F2 starts there: the holds alone start it
+    at 2.5 + 0.5 = 3.0."""
+    costs = replace(StageCosts.uniform(3, 1, 1.0, 1.0, 1.0), send_hold_forward_s=0.5,
+                    send_hold_backward_s=0.5, slowdown=(1.0, 2.0, 1.0))
+
+    def start(result, rank, mb):
+        return next(e.start_s for e in result.timeline if e.rank == rank and e.action == Action(0, F, mb))
+
+    paired = simulate(compile_schedule("1f1b", 3, 3, paired_exchanges=True), costs, timeline=True)
+    held = simulate(generate("1f1b", 3, 3), costs, timeline=True)
+    assert [start(paired, 0, mb) for mb in range(3)] == pytest.approx([0.0, 1.5, 4.5], abs=1e-12)
+    assert start(held, 0, 2) == pytest.approx(3.0, abs=1e-12)
+    assert paired.step_time_s >= held.step_time_s
+
+
+@pytest.mark.parametrize(("name", "pp", "m", "v"), [("1f1b", 4, 8, 1), ("interleaved_1f1b", 4, 8, 2)])
+def test_paired_calls_keep_busy_time_and_count_one_transfer_per_call(name, pp, m, v):
+    """Busy time stays the compute; blocked time is one hold per call after the rank's first
+    action. Plain 1F1B with w warm-up forwards: rank 0 makes w sends, M - w
+    send_forward_recv_backward and w recv_backward calls (M + w); an inner rank a receive and a
+    send around each warm-up forward and cool-down backward plus recv_forward and two calls per
+    steady pair (2M + 2w, its first receive before its first action not counted); the last
+    rank one send_backward_recv_forward per micro-batch (M). Interleaved 1F1B: one call per
+    warm-up forward, steady (F, B) pair and cool-down backward (V M + w) that carries a message."""
+    base = StageCosts.uniform(pp, v, 1.0, 1.0, 1.0)
+    held = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), replace(base, send_hold_forward_s=0.1, send_hold_backward_s=0.1))
+    plain = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), base)
+    assert held.busy_s == plain.busy_s
+    if name == "1f1b":
+        warm = [pp - 1 - r for r in range(pp)]
+        calls = [m + warm[0]] + [2 * m + 2 * w for w in warm[1:-1]] + [m]
+    else:
+        calls = [v * m + (v - 1) * pp + 2 * (pp - 1 - r) for r in range(pp)]
+        calls[0] -= 1  # rank 0's last backward (stage 0) sends nothing and receives nothing
+    assert held.blocked_s == pytest.approx([0.1 * c for c in calls], rel=1e-12)
+    assert held.step_time_s > plain.step_time_s
+
+
+@settings(max_examples=60, deadline=None)
+@given(pp=st.integers(2, 6), rounds=st.integers(2, 4), v=st.integers(1, 3),
+       fs=st.lists(st.floats(0.1, 3.0), min_size=6, max_size=6),
+       bs=st.lists(st.floats(0.1, 6.0), min_size=6, max_size=6), hold=st.floats(0.0, 1.0))
+def test_paired_calls_only_add_time(pp, rounds, v, fs, bs, hold):
+    """Waits and transfers only add time: any costs, the paired step is at least the step
+    without holds (so the search's compute-only lower bounds stay lower bounds), and a
+    receiver never starts before its producer's end plus one transfer."""
+    name, m = ("1f1b", rounds * pp) if v == 1 else ("interleaved_1f1b", rounds * pp)
+    costs = _chunked(fs[:pp], bs[:pp], v, hold)
+    paired = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), costs, timeline=True)
+    free = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), replace(costs, send_hold_forward_s=0.0,
+                                                               send_hold_backward_s=0.0))
+    assert paired.step_time_s >= free.step_time_s - 1e-9
+    ends = {e.action: e for e in paired.timeline}
+    for e in paired.timeline:
+        stage, kind, mb = e.action
+        producer = Action(stage - 1, F, mb) if kind == F else Action(stage + 1, kind, mb)
+        if producer in ends and ends[producer].rank != e.rank:
+            source = ends[producer]  # its end_s includes its trailing calls: use its compute
+            compute = (fs if kind == F else bs)[source.rank]
+            assert e.start_s >= source.start_s + compute + hold - 1e-9
+
+
+def test_unpaired_compile_keeps_holds_after_each_sender():
+    """Without `paired_exchanges` (DeepSpeed's engine, another call program, or overlapped
+    sends) a compiled 1f1b keeps the holds after each sender, as the raw order does."""
+    costs = _costs([1.0, 1.5, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0], 0.2, 0.2)
+    assert compile_schedule("1f1b", 4, 8).exchanges is None
+    assert simulate(compile_schedule("1f1b", 4, 8), costs) == simulate(generate("1f1b", 4, 8), costs)
+    assert compile_schedule("1f1b", 4, 8, paired_exchanges=True).exchanges is not None
