@@ -30,7 +30,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -47,6 +47,8 @@ from planner.layout import Layout, check_layout, even_stage_layers, stage_layers
 from planner.predict import Prediction, predict
 from planner.spec import Cluster, ModelSpec, validation_message
 from planner.units import GiB, MiB
+
+TableT = TypeVar("TableT", bound=BaseModel)
 
 Convention = Literal["palm", "megatron_hfu"]
 Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
@@ -255,18 +257,25 @@ class ErrorSummary:
     memory_mean_abs: float | None
 
 
-def load_runs(path: Path) -> list[PublishedRun]:
-    """Every [[run]] table of a published-runs TOML file."""
+def load_tables(path: Path, key: str, model: type[TableT], what: str) -> list[TableT]:
+    """Every [[key]] table of a TOML data file as `model`, each checked: an unreadable file or a
+    table that fails the schema is one ConfigError naming `what` or the table's number."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read published runs {path}: {exc}") from None
-    runs = []
-    for i, row in enumerate(data.get("run", [])):
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from None
+    tables = []
+    for i, raw in enumerate(data.get(key, [])):
         try:
-            runs.append(PublishedRun(**row))
+            tables.append(model(**raw))
         except ValidationError as exc:
-            raise ConfigError(validation_message(exc, f"{path} run #{i + 1}")) from None
+            raise ConfigError(validation_message(exc, f"{path} {key} #{i + 1}")) from None
+    return tables
+
+
+def load_runs(path: Path) -> list[PublishedRun]:
+    """Every [[run]] table of a published-runs TOML file."""
+    runs = load_tables(path, "run", PublishedRun, "published runs")
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ConfigError(f"{path}: run names repeat: {sorted(n for n in names if names.count(n) > 1)}")

@@ -53,23 +53,23 @@ Pure computation: `load_rows` and `load_pass_times` are the only functions that 
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.catalog import resolve_gpu
 from planner.cost.model import CostModel
 from planner.errors import ConfigError
+from planner.fidelity.published import load_tables
 from planner.layout import Layout, check_layout, stage_layers_from_counts
 from planner.pipeline import stage_costs
 from planner.predict import chunk_costs, predict
 from planner.schedule import auto_zero_bubble, compile_order, simulate
 from planner.search.runtimes import runtime_cost_options
-from planner.spec import Cluster, ModelSpec, validation_message
+from planner.spec import Cluster, ModelSpec
 
 PaperSchedule = Literal["1F1B", "1F1B-I", "ZB-1p", "ZB-2p", "ZB-2p*", "ZB-V"]
 BASELINE: PaperSchedule = "1F1B"
@@ -195,16 +195,7 @@ class RatioSummary:
 def load_rows(path: Path) -> list[ZbRow]:
     """Every [[row]] of a published zero-bubble TOML file, checked: one 1F1B row per setup, and
     every row of a setup on the same model and GPUs."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read published zero-bubble rows {path}: {exc}") from None
-    rows = []
-    for i, raw in enumerate(data.get("row", [])):
-        try:
-            rows.append(ZbRow(**raw))
-        except ValidationError as exc:
-            raise ConfigError(validation_message(exc, f"{path} row #{i + 1}")) from None
+    rows = load_tables(path, "row", ZbRow, "published zero-bubble rows")
     for setup, group in by_setup(rows).items():
         names = [r.schedule for r in group]
         if names.count(BASELINE) != 1 or len(set(names)) != len(names):
@@ -216,13 +207,7 @@ def load_rows(path: Path) -> list[ZbRow]:
 
 def load_pass_times(path: Path) -> list[PassTimes]:
     """Every [[pass_times]] table of a published zero-bubble TOML file."""
-    try:
-        data = tomllib.loads(path.read_text())
-        return [PassTimes(**raw) for raw in data.get("pass_times", [])]
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read published pass times {path}: {exc}") from None
-    except ValidationError as exc:
-        raise ConfigError(validation_message(exc, f"{path} pass_times")) from None
+    return load_tables(path, "pass_times", PassTimes, "published pass times")
 
 
 def pass_time_errors(rows: list[ZbRow], published: list[PassTimes]) -> list[PassTimeResult]:
