@@ -14,6 +14,7 @@ from planner.cost.model import DENSE_BLOCK
 from planner.cost.shapes import LAYER_KINDS, Shard
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
+from planner.predict import combined_1f1b_runs
 from planner.search.runtimes import runtime_cost_options
 from planner.errors import LayoutError
 
@@ -28,8 +29,8 @@ def cost_command(
     seq: int = opt.SEQ,
     sequence_parallel: bool = typer.Option(False, "--sp/--no-sp", help="Sequence parallelism (with TP)."),
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
-    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree (MoE)."),
-    etp: int | None = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp)."),
+    ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     precision: str = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
     moe_dispatcher: str = opt.MOE_DISPATCHER,
@@ -56,8 +57,8 @@ def cost_command(
     cost_model = opt.build_cost_model(spec, cluster, profile, options)
     shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1,
                   ep=ep, etp=etp if spec.is_moe else None)
-    # Megatron's combined 1F1B pairs the MoE blocks' passes where it runs (EP > 1, no full recompute)
-    paired = options.moe_ep_overlap and spec.is_moe and ep > 1 and recompute != "full" and spec.mtp_depth <= 1
+    # Megatron's combined 1F1B pairs the MoE blocks' passes where it runs (one micro-batch, no pipeline)
+    paired = combined_1f1b_runs(options, spec, "1f1b", 1, ep, (recompute,))
     layers = {}
     # an MoE model's dense-MLP blocks and multi-token-prediction modules, where it has them
     extra_kinds = ((DENSE_BLOCK,) if cost_model.dense_block is not None else ()) + (("mtp",) if spec.mtp_depth else ())

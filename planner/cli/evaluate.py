@@ -55,8 +55,8 @@ def evaluate_command(
     sequence_parallel: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism "
                                                   "(default: on when tp > 1)."),
     zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage (1 = distributed optimizer)."),
-    ep: int = typer.Option(1, "--ep", min=1, help="Expert-parallel degree (MoE)."),
-    etp: int | None = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp)."),
+    ep: int = opt.EP,
+    etp: int | None = opt.ETP,
     precision: str = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
     moe_dispatcher: str = opt.MOE_DISPATCHER,

@@ -49,6 +49,8 @@ SPEED_SPREAD = typer.Option(None, "--gpu-speed-spread", help="Per-GPU speed popu
 
 
 # Mixture of experts and FP8 (issue 14).
+EP = typer.Option(1, "--ep", min=1, help="Expert-parallel degree (MoE).")
+ETP = typer.Option(None, "--etp", min=1, help="Expert tensor-parallel degree (MoE; default: tp).")
 EP_LIST = typer.Option(None, "--ep", help="Expert-parallel degrees to try (MoE; default: 1 and the powers "
                        "of two dividing the experts that fold over TP x CP x DP).")
 ETP_LIST = typer.Option(None, "--etp", help="Expert tensor-parallel degrees to try (MoE; default: 1 and TP).")
