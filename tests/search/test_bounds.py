@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
-from planner.layout import stage_layers_from_counts
 from planner.pipeline import ChunkCosts
 from planner.predict import predict
 from planner.schedule import SCHEDULES, StageCosts, check_shape, compile_schedule, generate, peak_held_counts, simulate
@@ -20,13 +19,13 @@ from planner.search.bounds import FIRST_CHUNK_SHARE, layout_bound, round_trip_bo
 from planner.search.costing import (
     inflight_of,
     layout_memory_floor,
-    layout_of,
     memory_floor,
     parts_of,
     round_trip_floor,
 )
 from planner.search.space import Candidate, SearchSpace, candidates
 from planner.spec import Cluster
+from search_reference import draw_layout
 
 
 @st.composite
@@ -256,17 +255,6 @@ def test_round_trip_floor_never_exceeds_the_predicted_step(data):
 
 
 def _draw_layout(data, model: CostModel):
-    """A candidate of `_small_candidates` with any cuts (at least one layer per chunk, or
-    empty end stages for such candidates) and any recompute mode per rank."""
+    """A candidate of `_small_candidates` and any layout of it (`draw_layout`)."""
     candidate = data.draw(st.sampled_from(_small_candidates()))
-    pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
-    stages = pp * vpp
-    inner = stages - 2 if candidate.empty_ends else stages
-    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=inner - 1, max_size=inner - 1,
-                                     unique=True)))
-    counts = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
-    if candidate.empty_ends:
-        counts = [0, *counts, 0]
-    recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
-    stage_layers = stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule)
-    return candidate, layout_of(candidate, stage_layers, recompute)
+    return candidate, draw_layout(data, candidate, model.spec.num_layers)

@@ -29,6 +29,7 @@ from planner.search.costing import (
 from planner.search.search import _bound, _LayoutBounds, search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
+from search_reference import draw_layout
 
 SEQ, BATCH, GPUS = 4096, 512, 64
 MECHANISMS = [(d, o) for d in ("alltoall", "deepep") for o in (False, True)]
@@ -54,15 +55,7 @@ def _draw(data):
     dispatcher, overlap = data.draw(st.sampled_from(MECHANISMS))
     model = _model(dispatcher, overlap)
     candidate = data.draw(st.sampled_from(_moe_candidates()))
-    pp, vpp, layers = candidate.pp, candidate.vpp, model.spec.num_layers
-    inner = pp * vpp - (2 if candidate.empty_ends else 0)
-    cuts = sorted(data.draw(st.lists(st.integers(1, layers - 1), min_size=inner - 1, max_size=inner - 1,
-                                     unique=True)))
-    counts = [b - a for a, b in zip([0, *cuts], [*cuts, layers])]
-    if candidate.empty_ends:
-        counts = [0, *counts, 0]
-    recompute = tuple(data.draw(st.sampled_from(candidate.modes)) for _ in range(pp))
-    layout = layout_of(candidate, stage_layers_from_counts(counts, layers, pp, vpp, candidate.schedule), recompute)
+    layout = draw_layout(data, candidate, model.spec.num_layers)
     return model, candidate, layout
 
 
