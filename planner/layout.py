@@ -193,9 +193,10 @@ def layout_from_entry(entry: PlanEntry) -> Layout:
 def entry_from_layout(
     layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16",
     precision: str = "bf16", moe_dispatcher: str = "alltoall", moe_ep_overlap: bool = False,
+    attention: str | None = None,
 ) -> PlanEntry:
     """The JSON-contract PlanEntry of a Layout and its prediction (`predict.priced_options`
-    gives the last three as the layout was priced)."""
+    gives the last four as the layout was priced)."""
     modes = set(layout.recompute)
     if layout.vpp == 1:
         stage_layers = [list(chunks[0]) for chunks in layout.stage_layers]
@@ -221,6 +222,7 @@ def entry_from_layout(
         precision=precision,
         moe_dispatcher=moe_dispatcher,
         moe_ep_overlap=moe_ep_overlap,
+        attention=attention,
         stage_layers=stage_layers,
         predicted=predicted,
         segments=layout.segments,

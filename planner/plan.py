@@ -125,6 +125,9 @@ class PlanEntry(BaseModel):
     moe_ep_overlap: bool = False
     """Whether the plan was priced with Megatron's combined-1F1B all-to-all overlap
     (CostOptions.moe_ep_overlap, where `predict.runs_combined_1f1b` says Megatron runs it)."""
+    attention: str | None = None
+    """The attention kernel the plan was priced with (CostOptions.attention); exporters refuse a
+    kernel their runtime does not run. None in plan files written before this field."""
     runtimes: list[str] | None = None
     """The runtimes whose exporter takes this plan as it is (`planner export --to NAME`), in
     the exporters' order; None where not worked out (plan files written before this field)."""

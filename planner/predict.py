@@ -84,10 +84,11 @@ def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dic
     """The cost options a plan of `layout` was priced with, as PlanEntry fields: its GEMM
     precision, the MoE token dispatcher ("deepep" only where DeepEP's kernels were costed: an
     MoE model with EP > 1) and whether Megatron's combined-1F1B all-to-all overlap was
-    (`runs_combined_1f1b`). A dense model records the defaults whatever was asked."""
+    (`runs_combined_1f1b`). A dense model records the MoE defaults whatever was asked. The
+    attention kernel, always."""
     deepep = options.moe_dispatcher == "deepep" and spec.is_moe and layout.ep > 1
     return {"precision": options.precision, "moe_dispatcher": "deepep" if deepep else "alltoall",
-            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout)}
+            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout), "attention": options.attention}
 
 
 def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:

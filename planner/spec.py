@@ -189,6 +189,10 @@ class GpuEfficiency(BaseModel):
     flash3_bwd: float | None = Field(default=None, gt=0, le=1)
     cudnn_fwd: float | None = Field(default=None, gt=0, le=1)
     cudnn_bwd: float | None = Field(default=None, gt=0, le=1)
+    triton_fa1_fwd: float | None = Field(default=None, gt=0, le=1)
+    """Forward fraction of peak of llm-foundry's Triton FlashAttention (attn_impl 'triton':
+    flash_attn_triton.py on the pre-MLIR Triton compiler, a FlashAttention-1-class kernel)."""
+    triton_fa1_bwd: float | None = Field(default=None, gt=0, le=1)
     attention_source: str = ""
     host_op_us_forward: float = Field(default=0.0, ge=0)
     """Host time per dispatched op in an eager forward (Python, autograd recording, ATen

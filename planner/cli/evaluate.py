@@ -110,7 +110,8 @@ def evaluate_command(
     check_layout(layout, spec, cluster, global_batch, seq)
     opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
+                             cuda_graphs, interference),
         precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):

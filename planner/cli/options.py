@@ -34,7 +34,8 @@ CALIBRATION = typer.Option(None, "--calibration", help="Calibration file from `p
                            "the GPU's efficiencies fitted to your own runs.")
 
 # Attention kernel, CUDA graphs and overlap interference (issue 12, points 2-4).
-ATTENTION = typer.Option(None, "--attention", help="Attention kernel: flash2, flash3, cudnn or unfused "
+ATTENTION = typer.Option(None, "--attention", help="Attention kernel: flash2, flash3, cudnn, triton_fa1 "
+                         "(llm-foundry's Triton FlashAttention, attn_impl 'triton') or unfused "
                          "(default: the runtime's on this GPU: Megatron-LM cudnn on Hopper, else flash2).")
 CUDA_GRAPHS = typer.Option(False, "--cuda-graphs", help="The runtime replays CUDA graphs: no host "
                            "launch time per kernel.")
@@ -129,12 +130,17 @@ def check_moe_runtime(runtime: str | None, spec: ModelSpec, moe_dispatcher: str,
         raise LayoutError(f"{flag}: {runtime} {why}; drop the option or plan for another runtime")
 
 
-def check_attention(attention: str | None) -> str | None:
-    """The --attention value, refused with the choices when unknown."""
+def check_attention(attention: str | None, runtime: str | None = None) -> str | None:
+    """The --attention value, refused with the choices when unknown, or when --runtime names
+    a runtime that does not run that kernel."""
     from planner.cost.compute import ATTENTION_IMPLS
+    from planner.export.common import attention_refusal
 
     if attention is not None and attention not in ATTENTION_IMPLS:
         raise LayoutError(f"unknown attention kernel '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
+    refused = attention_refusal(runtime, attention) if runtime is not None else None
+    if refused is not None:
+        raise LayoutError(f"--attention {attention}: {refused.split(': ', 1)[1]}")
     return attention
 
 # Restrictions of the search space (`plan`, and `profile --for-plan`, which profiles what they allow).

@@ -147,7 +147,8 @@ def plan_command(
                         opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
     opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
+                             cuda_graphs, interference),
         precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
     accept = opt.accept_checks(
         runtime_check(runtime, spec, cluster, global_batch, seq, cost_model.options) if runtime else None,

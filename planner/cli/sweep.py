@@ -83,7 +83,8 @@ def sweep_command(
         job = {**fixed, vary: value}
         cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
         cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-            runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention), cuda_graphs, interference),
+            runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
+                                 cuda_graphs, interference),
             precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
         source = opt.cost_source(cost_model, calibrated)
         accept = opt.accept_checks(

@@ -12,9 +12,10 @@ e_attn_fwd (forward) and e_attn_bwd (backward, 2.5x the forward FLOPs with flash
 which recomputes QK^T: Dao 2023), with the same falloff in sequence length. Memory-bound
 kernels move their bytes at bw * e_hbm.
 
-The attention core is one of four implementations (`AttentionImpl`): the fused kernels
-FlashAttention-2 (e_attn_* = `attention_fwd/bwd`), FlashAttention-3 and cuDNN's fused attention
-(their own rates per GPU, `flash3_*` and `cudnn_*`), or unfused attention: QK^T and PV as
+The attention core is one of five implementations (`AttentionImpl`): the fused kernels
+FlashAttention-2 (e_attn_* = `attention_fwd/bwd`), FlashAttention-3, cuDNN's fused attention
+and the FlashAttention-1-class Triton kernel llm-foundry runs as attn_impl 'triton' (their own
+rates per GPU, `flash3_*`, `cudnn_*` and `triton_fa1_*`), or unfused attention: QK^T and PV as
 batched GEMMs over the full s x s score matrix, and the softmax (with its scale and mask) and
 dropout as memory-bound passes over the b * a * s^2 scores (`shapes.attention_passes`). The backward of a GEMM is a data-gradient GEMM
 (m, k, n), charged to backward-input (I), and a weight-gradient GEMM (k, n, m), charged to
@@ -44,7 +45,7 @@ from planner.cost.shapes import Gemm, LayerWork
 from planner.errors import PlannerError
 from planner.spec import GpuEfficiency, GpuSpec
 
-AttentionImpl = Literal["flash2", "flash3", "cudnn", "unfused"]
+AttentionImpl = Literal["flash2", "flash3", "cudnn", "triton_fa1", "unfused"]
 ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
 
 TABLE_DTYPES = ("bf16", "fp16")
@@ -130,7 +131,8 @@ class AnalyticCompute:
         """Forward and backward fractions of peak of a fused attention kernel on this GPU."""
         eff = self.eff
         rates = {"flash2": (eff.attention_fwd, eff.attention_bwd), "flash3": (eff.flash3_fwd, eff.flash3_bwd),
-                 "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd)}.get(attention)
+                 "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),
+                 "triton_fa1": (eff.triton_fa1_fwd, eff.triton_fa1_bwd)}.get(attention)
         if rates is None:
             raise PlannerError(f"unknown attention implementation '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
         if rates[0] is None or rates[1] is None:

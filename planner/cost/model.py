@@ -127,8 +127,9 @@ class CostOptions:
 
     # Attention kernel, per-kernel floor and overlap interference (issue 12, points 2-4).
     attention: AttentionImpl = "flash2"
-    """The attention core's implementation: FlashAttention-2 / -3, cuDNN fused attention, or
-    unfused (batched GEMMs and softmax passes over the full score matrix, which it keeps)."""
+    """The attention core's implementation: FlashAttention-2 / -3, cuDNN fused attention,
+    llm-foundry's Triton FlashAttention ("triton_fa1"), or unfused (batched GEMMs and softmax
+    passes over the full score matrix, which it keeps)."""
     cuda_graphs: bool = False
     """The runtime replays captured CUDA graphs: no host launch time per kernel (the GPU-side
     per-kernel cost stays)."""
@@ -271,7 +272,8 @@ def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
     fused kernel it lacks (what the same runtime falls back to there)."""
-    kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd}
+    kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd,
+              "triton_fa1": gpu.efficiency.triton_fa1_fwd}
     if options.attention in kernel and kernel[options.attention] is None:
         return replace(options, attention="flash2")
     return options

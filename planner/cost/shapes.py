@@ -187,6 +187,26 @@ def attention_core_flops(spec: ModelSpec, shard: Shard, flash: bool) -> float:
     return full / 2 if flash else full
 
 
+TRITON_MIN_HEAD_BLOCK = 16
+"""Smallest head-dimension tile of llm-foundry's Triton FlashAttention."""
+
+
+def kernel_head_padding(spec: ModelSpec, attention: str) -> float:
+    """Executed over counted attention-core FLOPs from the kernel's head-dimension tile. The
+    Triton FlashAttention llm-foundry runs (attn_impl 'triton') pads each head to a power of
+    two: `BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)` in `_flash_attn_forward` and
+    `_flash_attn_backward` (llmfoundry/models/layers/flash_attn_triton.py, v0.3.0), its
+    matmuls running over the padded width (MPT-30B's 112-wide heads as 128). Other kernels: 1."""
+    if attention != "triton_fa1":
+        return 1.0
+    qk, v = attention_head_dims(spec)
+
+    def block(d: int) -> int:
+        return max(1 << (d - 1).bit_length(), TRITON_MIN_HEAD_BLOCK)
+
+    return (block(qk) + block(v)) / (qk + v)
+
+
 SOFTMAX_BYTES = (4, 6)
 """bf16 bytes per score element of the fused scale-mask-softmax (Megatron-LM's
 FusedScaleMaskSoftmax, one kernel): forward reads the scores and writes the probabilities;
@@ -249,7 +269,7 @@ def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bo
     unfused = attention_passes(spec, shard, dropout) if not flash else ((), 0.0, 0.0, 0)
     return LayerWork(
         gemms=transformer_gemms(spec, shard, imbalance=imbalance),
-        attention_flops=attention_core_flops(spec, shard, flash),
+        attention_flops=attention_core_flops(spec, shard, flash) * kernel_head_padding(spec, attention),
         attention_seq=shard.seq // shard.cp,
         elementwise_bytes_fwd=fwd_bytes,
         elementwise_bytes_bwd=2 * fwd_bytes,

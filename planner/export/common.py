@@ -102,6 +102,30 @@ def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
                           f"re-plan without it: {without}")
 
 
+FOREIGN_ATTENTION: dict[str, str] = {
+    "triton_fa1": "llm-foundry's Triton FlashAttention (--attention triton_fa1: MPT's attn_impl 'triton' "
+                  "under composer)",
+}
+"""Attention kernels (--attention) that no runtime the planner exports to runs, and what they are:
+a plan priced with one is refused by every exporter, never exported as if its runtime ran it."""
+
+
+def attention_refusal(runtime: str, attention: str | None) -> str | None:
+    """Why `runtime` does not run the attention kernel `attention` (None: the runtime's
+    default), or None when nothing stands in the way."""
+    if attention not in FOREIGN_ATTENTION:
+        return None
+    return (f"{runtime}: the plan was priced with {FOREIGN_ATTENTION[attention]}, which {runtime} does not run; "
+            f"re-plan with the runtime's own kernel: {planner_command('plan', '--attention flash2')}")
+
+
+def check_attention_kernel(entry: PlanEntry, runtime: str) -> None:
+    """ExportError when the plan was priced with an attention kernel `runtime` does not run."""
+    reason = attention_refusal(runtime, entry.attention)
+    if reason is not None:
+        raise ExportError(reason)
+
+
 def replan_for(runtime: str) -> str:
     """The advice to search again among the plans `runtime` runs, as the command to type."""
     return f"re-plan for {runtime} with {planner_command('plan', f'--runtime {runtime}')}"

@@ -24,6 +24,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_attention_kernel,
     check_moe_mechanisms,
     comment_block,
     provenance_readme,
@@ -45,6 +46,7 @@ MODULE_FILE = "deepspeed_pipeline.py"
 def export_deepspeed(plan_file: PlanFile, index: int = 0) -> Files:
     """`ds_config.json`, `deepspeed_pipeline.py` (with pipeline parallelism) and the provenance."""
     entry = select_plan(plan_file, index)
+    check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     _check(entry, spec)
     check_moe_mechanisms(entry, RUNTIME)

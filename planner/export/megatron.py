@@ -21,6 +21,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_attention_kernel,
     comment_block,
     provenance_readme,
     replan_for,
@@ -69,6 +70,7 @@ def megatron_arguments(entry: PlanEntry, spec: ModelSpec) -> list[ArgGroup]:
 def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
     """`megatron_args.sh`, `launch_megatron.sh` and the provenance README for plan `index`."""
     entry = select_plan(plan_file, index)
+    check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     groups = megatron_arguments(entry, spec)
     header = comment_block(summary_lines(plan_file, entry, index))

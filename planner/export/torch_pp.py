@@ -22,6 +22,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_attention_kernel,
     check_moe_mechanisms,
     comment_block,
     provenance_readme,
@@ -44,6 +45,7 @@ _PLAN = ("# >>> planner: plan\n", "# <<< planner: plan\n")
 def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
     """`train_pipeline.py` (+ `schedule.csv` with pipeline parallelism) and the provenance."""
     entry = select_plan(plan_file, index)
+    check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     check_moe_mechanisms(entry, RUNTIME)
     _check(entry, spec)

@@ -37,6 +37,7 @@ from planner.errors import ExportError
 from planner.export.common import (
     PROVENANCE_FILE,
     Files,
+    check_attention_kernel,
     check_moe_mechanisms,
     comment_block,
     provenance_readme,
@@ -63,6 +64,7 @@ placement (looped) and its single/multi-stage kind matter then."""
 def export_torchtitan(plan_file: PlanFile, index: int = 0) -> Files:
     """`planner_recipe.py`, `schedule.csv` (pipeline parallel plans) and the provenance."""
     entry = select_plan(plan_file, index)
+    check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     _check_model(entry, spec)
     settings = recipe_settings(entry, spec)

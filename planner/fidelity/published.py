@@ -51,7 +51,7 @@ from planner.units import GiB, MiB
 TableT = TypeVar("TableT", bound=BaseModel)
 
 Convention = Literal["palm", "megatron_hfu"]
-Attention = Literal["flash2", "flash3", "cudnn", "unfused"]
+Attention = Literal["flash2", "flash3", "cudnn", "triton_fa1", "unfused"]
 Precision = Literal["bf16", "fp16"]
 GemmPrecision = Literal["bf16", "fp8"]
 MemoryKind = Literal["device", "reserved"]

@@ -114,6 +114,6 @@ def test_cli_attention_option_moves_time_and_memory(cli):
 
 def test_cli_refuses_an_unknown_or_missing_kernel(cli):
     code, _, err = cli("cost", "--model", "llama3-8b", "--seq", "2048", "--attention", "xformers")
-    assert code == 2 and "flash2, flash3, cudnn, unfused" in err
+    assert code == 2 and "flash2, flash3, cudnn, triton_fa1, unfused" in err
     code, _, err = cli("cost", "--model", "llama3-8b", "--seq", "2048", "--gpu", "a100-80gb", "--attention", "flash3")
     assert code == 2 and "no measured flash3" in err

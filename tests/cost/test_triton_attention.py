@@ -1,0 +1,135 @@
+"""llm-foundry's Triton FlashAttention (`--attention triton_fa1`): its rates against the
+published component figures they come from, its head-dimension padding, its memory (that of a
+fused kernel), and the CLI and exporters around it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.compute import AnalyticCompute
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
+from planner.errors import PlannerError
+from planner.spec import Cluster
+
+
+def _unscaled(name: str):
+    """The GPU's component rates without the measured-layer anchor (tests/cost/test_layer_scale.py)."""
+    gpu = resolve_gpu(name)
+    return gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"layer_scale": 1.0})})
+
+
+H100, A100 = _unscaled("h100"), _unscaled("a100-80gb")
+# The FlashAttention-2 / -3 papers' benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
+BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16,
+                                                          num_kv_heads=16))
+MPT_7B, MPT_30B = resolve_model("mpt-7b"), resolve_model("mpt-30b")
+
+FA2_TRITON_FORWARD = (1.3, 1.5)
+"""Dao 2023 (FlashAttention-2, arXiv 2307.08691) sec. 4.1, A100: 'FlashAttention-2 is around
+1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster in the
+backward pass'."""
+FA2_TRITON_BACKWARD = (1.8, 2.2)
+"""'around 2x' read as 2 +- 10%."""
+FA3_PAPER_FA2_H100 = (335.0, 322.0 * 335.0 / 370.0)
+"""FlashAttention-2 on H100 SXM5, BF16, head dim 128, 16k tokens (Shah et al. 2024, arXiv
+2407.08608): causal forward 335 TFLOP/s (fig. 4); backward 322 non-causal (fig. 6) x the causal /
+non-causal forward ratio 335/370."""
+FA1_CUDA_A100 = ((0.30, 0.50), (0.25, 0.35))
+"""FlashAttention(-1, CUDA) on A100, fraction of peak: forward 30-50%, backward 25-35% (Dao 2023,
+sec. 1). The Triton kernel's docstring: 'Triton forward is generally faster than CUDA forward,
+while Triton backward is generally slower than CUDA backward'."""
+
+
+def _tflops(attention: str, gpu, seq: int = 16384, spec=BENCH) -> tuple[float, float]:
+    """Forward and backward TFLOP/s of the attention core over the counted (causal) FLOPs."""
+    work = layer_work(spec, "transformer", Shard(mbs=16384 // seq, seq=seq), attention=attention)
+    fwd, bwd = AnalyticCompute(gpu).attention_core_times(work, attention)
+    counted = attention_core_flops(spec, Shard(mbs=16384 // seq, seq=seq), flash=True)
+    return counted / fwd / 1e12, 2.5 * counted / bwd / 1e12
+
+
+def test_h100_rates_are_fa2s_over_the_a100_triton_ratio():
+    """On H100 the pre-MLIR Triton kernel runs Ampere mma.sync code as FA2 does: FA2's measured
+    H100 rate over the A100 FA2 / Triton ratio (within the sequence falloff at 16k, 2%)."""
+    fwd, bwd = _tflops("triton_fa1", H100)
+    fa2_fwd, fa2_bwd = FA3_PAPER_FA2_H100
+    assert fa2_fwd / FA2_TRITON_FORWARD[1] * 0.98 <= fwd <= fa2_fwd / FA2_TRITON_FORWARD[0]
+    assert fa2_bwd / FA2_TRITON_BACKWARD[1] * 0.98 <= bwd <= fa2_bwd / FA2_TRITON_BACKWARD[0]
+
+
+def test_a100_rates_sit_between_fa1_cuda_and_fa2():
+    """A100: the forward at least FA1-CUDA's lower end and at most FA2's best (73%) / 1.3; the
+    backward at most FA1-CUDA's upper end and within the paper's ratio of FA2's own rate."""
+    peak = A100.peak_flops("bf16") / 1e12
+    fwd, bwd = (rate / peak for rate in _tflops("triton_fa1", A100))
+    fa2_fwd, fa2_bwd = (rate / peak for rate in _tflops("flash2", A100))
+    (fa1_fwd_low, _), (_, fa1_bwd_high) = FA1_CUDA_A100
+    assert fa1_fwd_low <= fwd <= 0.73 / FA2_TRITON_FORWARD[0]
+    assert FA2_TRITON_FORWARD[0] <= fa2_fwd / fwd <= FA2_TRITON_FORWARD[1]
+    assert bwd <= fa1_bwd_high
+    assert FA2_TRITON_BACKWARD[0] <= fa2_bwd / bwd <= FA2_TRITON_BACKWARD[1]
+
+
+@pytest.mark.parametrize("gpu", [A100, H100], ids=["a100", "h100"])
+def test_triton_sits_between_flash2_and_unfused(gpu):
+    """The paper: FA2 is 1.3-2.5x faster than the Triton kernel and 3-10x faster than standard
+    attention, so the Triton kernel is slower than FA2 and faster than unfused attention
+    (MPT-7B's block at its benchmark shape: micro-batch 6, sequence 2048)."""
+    shard = Shard(mbs=6, seq=2048)
+    compute = AnalyticCompute(gpu)
+    total = {a: sum(compute.attention_core_times(layer_work(MPT_7B, "transformer", shard, attention=a), a))
+             for a in ("flash2", "triton_fa1", "unfused")}
+    assert total["flash2"] < total["triton_fa1"] < total["unfused"]
+
+
+def test_head_dimension_padded_to_a_power_of_two():
+    """BLOCK_HEADDIM = max(next_power_of_2(d), 16): MPT-30B's 112-wide heads run as 128, MPT-7B's
+    128 as they are; tiny heads pad to 16. Other kernels execute the counted FLOPs."""
+    assert kernel_head_padding(MPT_30B, "triton_fa1") == pytest.approx(128 / 112)
+    assert kernel_head_padding(MPT_7B, "triton_fa1") == 1.0
+    tiny = MPT_7B.model_copy(update=dict(hidden_size=256, num_attention_heads=32, num_kv_heads=32))
+    assert tiny.kv_channels == 8 and kernel_head_padding(tiny, "triton_fa1") == 2.0
+    assert kernel_head_padding(MPT_30B, "flash2") == 1.0
+    shard = Shard(mbs=2, seq=2048)
+    executed = layer_work(MPT_30B, "transformer", shard, attention="triton_fa1").attention_flops
+    assert executed == pytest.approx(attention_core_flops(MPT_30B, shard, flash=True) * 128 / 112)
+
+
+def test_memory_is_a_fused_kernels():
+    """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2: no score matrix."""
+    cluster = Cluster.of(H100, 8)
+    shard = Shard(mbs=4, seq=2048)
+    saved = {a: CostModel(MPT_7B, cluster, CostOptions(attention=a)).layer_costs("transformer", shard).activation_bytes
+             for a in ("flash2", "triton_fa1", "unfused")}
+    assert saved["triton_fa1"] == saved["flash2"] < saved["unfused"]
+
+
+@pytest.mark.parametrize("gpu", ["b200", "mi300x"])
+def test_gpus_without_a_source_refuse_it(gpu):
+    """No measurement of the kernel (nor pre-MLIR Triton support) on Blackwell or AMD."""
+    with pytest.raises(PlannerError, match="no measured triton_fa1"):
+        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions(attention="triton_fa1"))
+
+
+def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:
+    code, out, err = cli("plan", "--model", "mpt-7b", "--gpu", "h100", "--gpus", "8", "--global-batch", "48",
+                         "--seq", "2048", "--json", "-o", str(path), *extra)
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_cli_plans_with_it_and_no_exporter_takes_the_plan(cli, tmp_path):
+    code, triton = _plan(cli, tmp_path / "triton.json", "--attention", "triton_fa1")
+    assert code == 0, triton
+    assert all(plan["runtimes"] == [] and plan["attention"] == "triton_fa1" for plan in triton["plans"])
+    _, flash2 = _plan(cli, tmp_path / "flash2.json", "--attention", "flash2")
+    assert triton["plans"][0]["predicted"]["step_time_s"] > flash2["plans"][0]["predicted"]["step_time_s"]
+    code, _, err = cli("export", str(tmp_path / "triton.json"), "--to", "megatron", "-o", str(tmp_path / "out"))
+    assert code == 2 and "llm-foundry's Triton FlashAttention" in err and "--attention flash2" in err
+
+
+def test_cli_refuses_it_with_a_runtime_that_does_not_run_it(cli, tmp_path):
+    code, err = _plan(cli, tmp_path / "plan.json", "--attention", "triton_fa1", "--runtime", "torchtitan")
+    assert code == 2 and "--attention triton_fa1" in err and "torchtitan does not run" in err
