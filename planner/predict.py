@@ -655,16 +655,21 @@ def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float
 
 
 def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -> float:
-    """Seconds FSDP2's copy kernels add to pipeline rank `rank`'s compute stream in a step
-    (`step.fsdp2_copy_time`): one all-gather in each micro-batch's forward and backward and one
+    """Seconds FSDP's copy kernels add to pipeline rank `rank`'s compute stream in a step: FSDP2's
+    (`step.fsdp2_copy_time`) one all-gather in each micro-batch's forward and backward and one
     reduce-scatter per micro-batch without pipelining; with it (torchtitan then keeps the weights
-    gathered, reshard_after_forward False) one of each per step. One FSDP unit per transformer
-    layer and the root's (the embedding, final norm and head). 0 unless ZeRO-3 runs as FSDP2."""
-    if not model.options.fsdp2 or layout.zero_stage != 3 or _dp_shards(layout) == 1:
+    gathered, reshard_after_forward False) one of each per step. FSDP1's (`fsdp1_grad_cat`,
+    `step.fsdp1_grad_cat_time`): the flat gradient's assembly in each micro-batch's backward.
+    One FSDP unit per transformer layer and the root's (the embedding, final norm and head). 0
+    unless ZeRO-3 runs as FSDP2 or with FSDP1's gradient assembly."""
+    opts = model.options
+    if not (opts.fsdp2 or opts.fsdp1_grad_cat) or layout.zero_stage != 3 or _dp_shards(layout) == 1:
         return 0.0
     m = layout.num_microbatches if layout.pp == 1 else 1
     calls = _layers_on(layout, rank) + (fsdp_root_params(model, layout, rank) > 0)
-    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, model.options.grad_reduce_bytes,
+    if opts.fsdp1_grad_cat:
+        return step_costs.fsdp1_grad_cat_time(model.analytic, params, model.dtype_bytes, reduces=m, calls=calls)
+    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, opts.grad_reduce_bytes,
                                       gathers=2 * m, reduces=m, calls=calls)
 
 

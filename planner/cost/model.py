@@ -88,6 +88,11 @@ class CostOptions:
     gathered parameter out of the all-gather buffer and every gradient into the reduce-scatter
     buffer on the compute stream (planner/cost/step.py `fsdp2_copy_time`); FSDP1's flat
     parameter is gathered in place."""
+    fsdp1_grad_cat: bool = False
+    """ZeRO-3 runs as FSDP1 (torch FullyShardedDataParallel, composer), whose parameters are views
+    of a flat parameter: autograd's backward of that split concatenates every unit's gradients into
+    the unsharded flat gradient on the compute stream, each micro-batch (planner/cost/step.py
+    `fsdp1_grad_cat_time`)."""
     cross_entropy: memory.CrossEntropy = "fused"
     """How the loss is computed over the logits (memory.loss_transient_bytes): Megatron-LM's fused
     vocab-parallel cross-entropy, or eager `F.cross_entropy(logits.float(), ...)` (torchtitan),
@@ -238,6 +243,8 @@ class CostOptions:
             raise ValueError(f"cuda_context_bytes must be >= 0, got {self.cuda_context_bytes}")
         if self.moe_imbalance < 1:
             raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
+        if self.fsdp2 and self.fsdp1_grad_cat:
+            raise ValueError("fsdp2 and fsdp1_grad_cat name two ZeRO-3 runtimes: set at most one")
         if self.parameter_copies < 1:
             raise ValueError(f"parameter_copies must be >= 1, got {self.parameter_copies}")
         unknown = set(self.recompute_modules) - set(memory.RECOMPUTE_MODULES)

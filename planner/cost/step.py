@@ -195,6 +195,21 @@ FSDP2_COPY_OUT_READS_WRITES = 2
 the compute stream): the gathered parameter read once and written once."""
 
 
+FSDP1_GRAD_CAT_READS_WRITES = 2
+"""FSDP1 builds its parameters as views of the flat parameter (`FlatParamHandle._get_unflat_views_unaligned`:
+`torch.split(tensor, flat_param._numels, dim=0)` then `.view(shape)`), so autograd's backward of
+that split (`split_with_sizes_backward`: `at::cat` of the views' gradients) writes each unit's
+unsharded flat gradient: every gradient element read once and written once."""
+
+
+def fsdp1_grad_cat_time(compute: AnalyticCompute, params: float, dtype_bytes: int, reduces: int, calls: int) -> float:
+    """Seconds of FSDP1's gradient assembly over one rank's unsharded `params` in a step: `reduces`
+    backward passes (one per micro-batch without no_sync) each concatenating the parameter-dtype
+    gradients into the flat gradient the reduce-scatter reads, one memory-bound kernel per FSDP unit
+    (`calls`) each, on the compute stream."""
+    return compute.elementwise_time(params * reduces * FSDP1_GRAD_CAT_READS_WRITES * dtype_bytes, calls * reduces)
+
+
 def fsdp2_copy_time(compute: AnalyticCompute, params: float, dtype_bytes: int, grad_reduce_bytes: int,
                     gathers: int, reduces: int, calls: int) -> float:
     """Seconds of FSDP2's per-parameter copy kernels over one rank's unsharded `params` in a

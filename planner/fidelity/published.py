@@ -136,6 +136,8 @@ class PublishedRun(BaseModel):
     """The Adam step and gradient clipping (CostOptions): torchtitan's default torch AdamW is "foreach"."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2 (CostOptions): torchtitan's fully_shard."""
+    fsdp1_grad_cat: bool = False
+    """ZeRO-3 runs as FSDP1 with its flat gradient assembled by split's backward (CostOptions): composer."""
     sac_fused_qkv: bool = True
     """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
     cross_entropy: CrossEntropy = "fused"
@@ -347,6 +349,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         wgrad_accumulation=run.wgrad_accumulation,
         optimizer_kernels=run.optimizer_kernels,
         fsdp2=run.fsdp2,
+        fsdp1_grad_cat=run.fsdp1_grad_cat,
         sac_fused_qkv=run.sac_fused_qkv,
         cp_comm=run.cp_comm,
         p2p_mode=run.p2p_mode,
