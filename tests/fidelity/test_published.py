@@ -39,7 +39,8 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "nemotron4-2024": 0.13,  # 18.0% -> 14.5% layer_scale, 16.9% async TP backward, 11.8% slowest GPU;
     # raised from 0.125: 12.7% with Megatron's paired blocking calls (one per interleaved (F, B) pair,
     # not a hold after each sender: a real mechanism that makes this optimistic source 0.9 points worse)
-    "mosaic-llmfoundry": 0.135,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU
+    "mosaic-llmfoundry": 0.09,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 8.7% with
+    # llm-foundry's Triton attention at its own rates (9.7%), composer's per-tensor AdamW (9.3%), FSDP1's grad cat
     "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 12.9% with issue 12's fourth round, 11.0% with FEPLB's imbalance
     "megatron-moe-modelzoo": 0.19,  # 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND)
 }
@@ -103,8 +104,11 @@ BLOOM_MEMORY_BOUND = 0.04
 docs/accuracy_published.md, 'BLOOM's memory')."""
 RUN_MEMORY_BOUND = 0.10
 """Issue 12's clause: every run that publishes its memory within 10%."""
-WORST_BOUND = 0.335
-"""Today's worst run: 33.2% (35.9% before the slowest-GPU charge, 39.0% before the H100
+WORST_BOUND = 0.26
+"""Today's worst run: 25.9%, the held-out MPT-13B on 64 H100s, once llm-foundry's Triton
+FlashAttention was priced at its own rates, not FlashAttention-2's (-33.2% -> -28.6%), composer's
+per-tensor AdamW and FSDP1's gradient assembly charged (-25.9%; docs/accuracy_published.md
+section 10). Before: 33.2% (35.9% before the slowest-GPU charge, 39.0% before the H100
 measured-layer anchor; MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mixed precision
 was read right, bf16 gradient reduction, which makes it faster still; 33.7% until the measured
 H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
