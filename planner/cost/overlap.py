@@ -19,6 +19,7 @@ charged: the overlapped windows here are GEMMs and attention, compute-bound kern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.spec import GpuEfficiency
 
@@ -183,6 +184,7 @@ def combined_1f1b_step(layer: SplitLayer, forward_layers: int, backward_layers: 
     return streams.end
 
 
+@lru_cache(maxsize=4096)
 def combined_1f1b_step_excess(layer: SplitLayer, forward_layers: int, backward_layers: int) -> float:
     """Seconds one combined step takes beyond its layers at the steady state that
     `combined_1f1b_extra_time` charges per layer (forward layers at their forward compute,
