@@ -265,3 +265,26 @@ def test_the_published_layout_pays_each_steps_join_and_its_unpaired_layers():
         assert excess[rank] * 128 >= joins * (1 - 1e-9) if min(sizes) == 3 else excess[rank] > 0
         if unequal:  # a 2-layer chunk beside a 3-layer one leaves a layer alone
             assert excess[rank] * 128 > joins
+
+
+def test_deepeps_sm_count_sets_the_share_beside_compute_where_its_kernels_run():
+    from planner.cost.model import CostModel
+    from planner.predict import layout_shard
+
+    model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
+    shard = layout_shard(layout, 4096)
+    assert model._a2a_sm_share(shard) == pytest.approx(20 / 132)
+    nccl = CostModel(model.spec, model.cluster, replace(model.options, moe_dispatcher="alltoall"))
+    assert nccl._a2a_sm_share(shard) == model.cluster.gpu.efficiency.comm_sm_fraction
+    unknown = model.cluster.model_copy(update={"gpu": model.cluster.gpu.model_copy(update={"sm_count": None})})
+    assert CostModel(model.spec, unknown, model.options)._a2a_sm_share(shard) == nccl._a2a_sm_share(shard)
+    quiet = CostModel(model.spec, model.cluster, replace(model.options, interference=False))
+    assert quiet._a2a_sm_share(shard) == 0.0
+
+
+def test_the_breakdown_still_sums_to_the_step_with_the_step_excess():
+    from planner.predict import predict
+
+    model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
+    prediction = predict(model, layout, 2048, 4096)
+    assert sum(prediction.time_breakdown_s.values()) == pytest.approx(prediction.step_time_s, rel=1e-9)
