@@ -22,14 +22,14 @@ the gradient norm and the Adam step are planner/cost/step.py's. Each term is a k
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 from planner.cost import memory, step as step_costs
 from planner.cost.comm import grad_bucket_count
 from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
 from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, CostOptions, LayerCosts
 from planner.cost.segments import attention_share, segment_fractions, segment_layer_costs
-from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
+from planner.cost.overlap import combined_1f1b_step_excess, comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
@@ -106,6 +106,48 @@ def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
         return min(1.0, 1 / layout.num_microbatches)
     warmup = 2 * (layout.pp - rank - 1) + (layout.vpp - 1) * layout.pp + 1
     return min(1.0, warmup / total)
+
+
+@cache
+def combined_1f1b_chunk_pairs(pp: int, vpp: int, microbatches: int, rank: int) -> tuple[tuple[tuple[int, int], int], ...]:
+    """(forward model chunk, backward model chunk) of each steady-state combined step on `rank`
+    of Megatron's interleaved schedule with the MoE overlap, with how many steps pair them:
+    step k runs virtual micro-batch k + W forward beside k backward (W the warm-up of
+    `unpaired_share`), each chunk from schedules.get_schedule_table (groups of PP micro-batches,
+    `microbatch_group_size_per_vp_stage` defaulting to PP, run through every chunk in turn) and
+    get_model_chunk_id (the backward runs the chunks in reverse). Without a pipeline, chunk 0
+    beside chunk 0, M - 1 times."""
+    total = microbatches * vpp
+    if pp == 1:
+        return (((0, 0), microbatches - 1),) if microbatches > 1 else ()
+    chunk_of = []
+    for first in range(0, microbatches, pp):
+        group = min(pp, microbatches - first)
+        chunk_of += [chunk for chunk in range(vpp) for _ in range(group)]
+    warmup = min(total, 2 * (pp - rank - 1) + (vpp - 1) * pp + 1)
+    counts: dict[tuple[int, int], int] = {}
+    for k in range(total - warmup):
+        pair = (chunk_of[k + warmup], vpp - 1 - chunk_of[k])
+        counts[pair] = counts.get(pair, 0) + 1
+    return tuple(sorted(counts.items()))
+
+
+def combined_1f1b_excess(model: CostModel, layout: Layout, seq: int) -> list[float]:
+    """Per pipeline rank, seconds per micro-batch that Megatron's combined 1F1B takes beyond the
+    steady-state per-layer costs: each combined step's joined start and end and the layers of
+    the longer chunk that find no partner (planner/cost/overlap.py `combined_1f1b_step_excess`),
+    summed over the rank's steady-state steps (`combined_1f1b_chunk_pairs`, each chunk's MoE
+    blocks counted) over M. Zeros where the layout does not run combined 1F1B."""
+    if not (runs_combined_1f1b(model.options, model.spec, layout) and layout.ep > 1):
+        return [0.0] * layout.pp
+    layer = model.combined_1f1b_layer(layout_shard(layout, seq))
+    out = []
+    for rank, per_rank in enumerate(layout.stage_layers):
+        moe = [dict(_kind_counts(model, start, end)).get("transformer", 0) for start, end in per_rank]
+        pairs = combined_1f1b_chunk_pairs(layout.pp, layout.vpp, layout.num_microbatches, rank)
+        total = sum(n * combined_1f1b_step_excess(layer, moe[f], moe[b]) for (f, b), n in pairs)
+        out.append(total / layout.num_microbatches)
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +290,12 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     if spec.mtp_depth and last_rank == 0 and not _two_replicas(layout):
         params[0] -= embedding.param_count  # the MTP modules share the first rank's embedding
         chunk_params[0][vpp - 1] -= embedding.param_count
+    if paired is True:
+        for rank, excess in enumerate(combined_1f1b_excess(model, layout, seq)):
+            per_pass = excess / (2 * vpp * k)  # spread over the rank's forward and backward passes
+            fwd[rank] = [t + per_pass for t in fwd[rank]]
+            bwd_in[rank] = [t + per_pass for t in bwd_in[rank]]
+            tp_comm[rank] += excess / k
     if model.options.wgrad_accumulation == "autograd" or model.options.bf16_optimizer:
         for rank, row in enumerate(chunk_params):
             for chunk, held in enumerate(row):
@@ -449,7 +497,10 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
     busy = timing.busy_s[critical]
     blocked = timing.blocked_s[critical] if timing.blocked_s else 0.0
     m = layout.num_microbatches * layout.segments  # units of ChunkCosts
-    all_to_all = m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical] if model.spec.is_moe else 0.0
+    all_to_all = 0.0
+    if model.spec.is_moe:
+        all_to_all = (m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical]
+                      + layout.num_microbatches * combined_1f1b_excess(model, layout, seq)[critical])
     breakdown = {
         "compute": busy - m * costs.tp_comm_s[critical],
         "tp_cp_comm": m * costs.tp_comm_s[critical] - all_to_all,

@@ -228,6 +228,9 @@ class GpuSpec(BaseModel):
     inter_node_bw_gbps: float = Field(gt=0)
     """Scale-out (InfiniBand/RoCE) bandwidth per GPU, one direction."""
     inter_node_latency_us: float = Field(ge=0)
+    sm_count: int | None = Field(default=None, gt=0)
+    """Streaming multiprocessors (datasheet), for kernels that hold a fixed number of them
+    beside compute (DeepEP's normal kernels); None: not given."""
     efficiency: GpuEfficiency
     source: str = ""
     speed_spread: str | None = None

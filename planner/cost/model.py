@@ -20,8 +20,8 @@ from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.kernel_counts import host_times, op_counts
-from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_times, dispatch_bytes,
-                              imbalance_of, moe_gemms)
+from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_sm_fraction, deepep_times,
+                              dispatch_bytes, imbalance_of, moe_gemms)
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
 from planner.cost.shapes import (LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls,
                                  transformer_gemms)
@@ -453,6 +453,7 @@ class CostModel:
         self.dense_block = (CostModel(dense_variant(spec), cluster, options, network=self.network)
                             if DENSE_BLOCK in self.block_kinds else None)
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
+        self._split_cache: dict = {}
 
     @property
     def dtype_bytes(self) -> int:
@@ -564,6 +565,23 @@ class CostModel:
         spec = self.spec
         if kind != "transformer" or not spec.is_moe:
             return 0.0, 0.0
+        one_way = self._a2a_one_way(shard)
+        fwd, bwd = 2 * one_way, 2 * one_way
+        if recompute == "full":
+            bwd += fwd
+        if paired is True and self.options.moe_ep_overlap:
+            half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), self._a2a_sm_share(shard)) / 2
+            return half, half
+        if paired:
+            sm_share = self._a2a_sm_share(shard)
+            fwd, bwd = (overlapped_extra_time(fwd, times.backward_s, sm_share),
+                        overlapped_extra_time(bwd, times.forward_s, sm_share))
+        return fwd, bwd
+
+    def _a2a_one_way(self, shard: Shard) -> float:
+        """Seconds of one MoE all-to-all (a dispatch or a combine) on the busiest rank, with the
+        ETP all-gather of the routed tokens where ETP > 1."""
+        spec = self.spec
         etp = shard.etp or shard.tp
         imbalance = imbalance_of(spec, shard, self.options.moe_imbalance)
         sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance
@@ -576,18 +594,28 @@ class CostModel:
             one_way = self.network.all_to_all(sent, shard.ep, etp)
         if etp > 1:
             one_way += self.network.all_gather(sent * etp, etp, 1)
-        fwd, bwd = 2 * one_way, 2 * one_way
-        if recompute == "full":
-            bwd += fwd
-        if paired is True and self.options.moe_ep_overlap:
-            sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
-            half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), sm_share) / 2
-            return half, half
-        if paired:
-            sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
-            fwd, bwd = (overlapped_extra_time(fwd, times.backward_s, sm_share),
-                        overlapped_extra_time(bwd, times.forward_s, sm_share))
-        return fwd, bwd
+        return one_way
+
+    def combined_1f1b_layer(self, shard: Shard) -> SplitLayer:
+        """An MoE block at `shard` split into the nodes Megatron's combined 1F1B schedules apart
+        (planner/cost/overlap.py), its compute as `layer_costs` times it."""
+        key = ("combined_1f1b_layer", shard)
+        if key not in self._split_cache:
+            times = self.source.layer_times("transformer", shard)
+            if self.source_slowdown != 1.0:
+                times = times.scaled(self.source_slowdown)
+            self._split_cache[key] = self._split_layer(shard, times, self._a2a_one_way(shard))
+        return self._split_cache[key]
+
+    def _a2a_sm_share(self, shard: Shard) -> float:
+        """Share of the SMs the MoE all-to-all holds beside the compute it overlaps: DeepEP's
+        fixed SM count (planner/cost/moe.py `DEEPEP_NUM_SMS`) where its kernels run and the GPU
+        gives its SM count, else NCCL's channels (`comm_sm_fraction`); 0 without interference."""
+        nccl = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+        if not (self.options.interference and self.options.moe_dispatcher == "deepep" and shard.ep > 1):
+            return nccl
+        deepep = deepep_sm_fraction(self.cluster.gpu.sm_count)
+        return nccl if deepep is None else deepep
 
     def _split_layer(self, shard: Shard, times: LayerTimes, one_way: float) -> SplitLayer:
         """The block's compute split as Megatron's combined 1F1B schedules it: the routed and

@@ -141,6 +141,21 @@ DEEPEP_NIC_GBPS = 50.0 * 0.96
 """The NIC the RDMA table was measured on, as the planner's fabric sees a 50 GB/s NIC
 (`nic_fraction` 0.96 of networks.toml): the table scales by a cluster's NIC over this."""
 
+DEEPEP_NUM_SMS = 20
+"""SMs DeepEP's normal dispatch and combine kernels hold while they run: `Buffer.num_sms = 20`
+(deepseek-ai/DeepEP deep_ep/buffer.py, the class default; 10 channels of 2 SMs, a sender and a
+forwarder), which Megatron-core 0.19.2 keeps (`moe_flex_dispatcher_num_sms` None: "each backend
+uses its own default"; the deprecated `moe_deepep_num_sms` says "historical default 20"). The
+same 20 of 132 that DeepSeek-V3's report gives for its dispatch and combine (section 3.2.1).
+Beside compute they leave it the rest: 20 / sm_count of the GPU, not NCCL's
+`comm_sm_fraction`."""
+
+
+def deepep_sm_fraction(sm_count: int | None) -> float | None:
+    """Share of a GPU's SMs DeepEP's normal kernels take from the compute beside them; None
+    where the GPU's SM count is not given."""
+    return DEEPEP_NUM_SMS / sm_count if sm_count else None
+
 
 def expected_groups_hit(num_experts: int, top_k: int, groups: int) -> float:
     """Mean number of the `groups` equal groups of experts (ranks, nodes) one token's top-k

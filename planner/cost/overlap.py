@@ -19,6 +19,7 @@ charged: the overlapped windows here are GEMMs and attention, compute-bound kern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.spec import GpuEfficiency
 
@@ -87,6 +88,46 @@ def _node_seconds(layer: SplitLayer, node: str) -> float:
             "pre_bwd_dw": layer.pre_wgrad}[node]
 
 
+def _stream(node: str) -> str:
+    return "comm" if node.startswith(("dispatch", "combine")) else "comp"
+
+
+def _is_backward(node: str) -> bool:
+    return "_bwd" in node
+
+
+BACKWARD_ALONE_ORDER = tuple(node for node in COMBINED_1F1B_ORDER if _is_backward(node))
+"""`TransformerLayerSchedulePlan.run(None, b_layer)`: a backward layer with no forward beside it."""
+
+FORWARD_ALONE_ORDER = tuple(node for node in COMBINED_1F1B_ORDER if not _is_backward(node))
+"""`TransformerLayerSchedulePlan.run(f_layer, None)`: a forward layer with no backward beside it."""
+
+
+class _TwoStreams:
+    """The compute and communication streams of one rank and the micro-batches' last nodes:
+    each node starts when its stream is free and its input (`COMBINED_1F1B_INPUTS`) is done."""
+
+    __slots__ = ("free", "done")
+
+    def __init__(self) -> None:
+        self.free = {"comm": 0.0, "comp": 0.0}
+        self.done = {"f_input": 0.0, "b_grad": 0.0}
+
+    def run(self, layer: SplitLayer, nodes: tuple[str, ...]) -> None:
+        done, free = self.done, self.free
+        for node in nodes:
+            stream = _stream(node)
+            done[node] = free[stream] = max(free[stream], done[COMBINED_1F1B_INPUTS[node]]) + _node_seconds(layer, node)
+            if node == "combine_fwd":
+                done["f_input"] = done[node]
+            elif node == "pre_bwd":
+                done["b_grad"] = done[node]
+
+    @property
+    def end(self) -> float:
+        return max(self.free.values())
+
+
 def combined_1f1b_period(layer: SplitLayer, layers: int = 8) -> float:
     """Seconds per layer, in steady state over `layers` identical layers, of Megatron-core's
     combined 1F1B: one micro-batch's forward of each layer beside another's backward of it,
@@ -98,16 +139,63 @@ def combined_1f1b_period(layer: SplitLayer, layers: int = 8) -> float:
 
     Each node starts when its stream is free and its input (`COMBINED_1F1B_INPUTS`) is ready.
     No SM contention here (see `combined_1f1b_extra_time`)."""
-    free = {"comm": 0.0, "comp": 0.0}
-    done = {"f_input": 0.0, "b_grad": 0.0}
-    ends = []
+    streams, ends = _TwoStreams(), []
     for _ in range(layers):
-        for node in COMBINED_1F1B_ORDER:
-            stream = "comm" if node.startswith(("dispatch", "combine")) else "comp"
-            done[node] = free[stream] = max(free[stream], done[COMBINED_1F1B_INPUTS[node]]) + _node_seconds(layer, node)
-        done["f_input"], done["b_grad"] = done["combine_fwd"], done["pre_bwd"]
-        ends.append(max(free.values()))
+        streams.run(layer, COMBINED_1F1B_ORDER)
+        ends.append(streams.end)
     return ends[-1] - ends[-2] if layers > 1 else ends[-1]
+
+
+def combined_1f1b_step_order(forward_layers: int, backward_layers: int) -> tuple[tuple[str, int], ...]:
+    """The nodes, each with its layer's index in its chunk, that `TransformerModelChunkSchedulePlan
+    .run` (models/common/model_chunk_schedule_plan.py, megatron-core 0.19.2) issues for a forward
+    model chunk of `forward_layers` MoE layers beside a backward chunk of `backward_layers`: it
+    pairs min(F, B) layers (forward layer i with backward layer B - 1 - i) in
+    `COMBINED_1F1B_ORDER`, then runs the backward chunk's remaining layers alone, then the
+    forward chunk's, and defers the last backward layer's pre-dispatch weight gradient to the end
+    ("for overlapping with the p2p comm")."""
+    order: list[tuple[str, int]] = []
+    paired = min(forward_layers, backward_layers)
+    for i in range(paired):
+        order += [(node, i if not _is_backward(node) else backward_layers - 1 - i) for node in COMBINED_1F1B_ORDER]
+    for i in range(paired, backward_layers):
+        order += [(node, backward_layers - 1 - i) for node in BACKWARD_ALONE_ORDER]
+    for i in range(paired, forward_layers):
+        order += [(node, i) for node in FORWARD_ALONE_ORDER]
+    if backward_layers:
+        order.remove(("pre_bwd_dw", 0))
+        order.append(("pre_bwd_dw", 0))
+    return tuple(order)
+
+
+def combined_1f1b_step(layer: SplitLayer, forward_layers: int, backward_layers: int) -> float:
+    """Seconds of one combined step of Megatron-core's interleaved schedule (or of the
+    no-pipeline one): a forward model chunk of `forward_layers` MoE layers beside a backward
+    chunk of `backward_layers`, issued in `combined_1f1b_step_order`. The step starts and ends
+    joined: its first nodes wait for the events recorded on the compute stream at its start
+    (`record_current_stream`), and its end makes the compute stream wait for both
+    micro-batches' events (`wait_current_stream`), so the first layer's combine_bwd has only
+    pre_fwd beside it and the last combine_fwd only pre_bwd and its weight gradient, where the
+    steady state of `combined_1f1b_period` hides them behind the next layer; layers that find
+    no partner run with their all-to-all beside nothing. No SM contention."""
+    streams = _TwoStreams()
+    for node, _ in combined_1f1b_step_order(forward_layers, backward_layers):
+        streams.run(layer, (node,))
+    return streams.end
+
+
+@lru_cache(maxsize=4096)
+def combined_1f1b_step_excess(layer: SplitLayer, forward_layers: int, backward_layers: int) -> float:
+    """Seconds one combined step takes beyond its layers at the steady state that
+    `combined_1f1b_extra_time` charges per layer (forward layers at their forward compute,
+    backward layers at theirs, each pair also its steady exposed all-to-all): the joined start
+    and end, and the all-to-all of the layers that run alone. Never negative."""
+    forward = layer.pre + layer.mlp
+    backward = layer.compute_s - forward
+    pairs = min(forward_layers, backward_layers)
+    exposed = max(combined_1f1b_period(layer) - layer.compute_s, 0.0)
+    charged = forward_layers * forward + backward_layers * backward + pairs * exposed
+    return max(combined_1f1b_step(layer, forward_layers, backward_layers) - charged, 0.0)
 
 
 def combined_1f1b_extra_time(layer: SplitLayer, sm_fraction: float) -> float:
