@@ -140,7 +140,7 @@ def check_attention(attention: str | None, runtime: str | None = None) -> str | 
         raise LayoutError(f"unknown attention kernel '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
     refused = attention_refusal(runtime, attention) if runtime is not None else None
     if refused is not None:
-        raise LayoutError(f"--attention {attention}: {refused.split(': ', 1)[1]}")
+        raise LayoutError(f"--attention {attention}: {refused}")
     return attention
 
 # Restrictions of the search space (`plan`, and `profile --for-plan`, which profiles what they allow).

@@ -453,7 +453,7 @@ class CostModel:
         self.dense_block = (CostModel(dense_variant(spec), cluster, options, network=self.network)
                             if DENSE_BLOCK in self.block_kinds else None)
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
-        self._split_cache: dict = {}
+        self.combined_1f1b_layer = lru_cache(maxsize=None)(self._combined_1f1b_layer)
 
     @property
     def dtype_bytes(self) -> int:
@@ -469,9 +469,7 @@ class CostModel:
             return self.dense_block.layer_costs("transformer", replace(shard, ep=1, etp=None), recompute)
         if kind == "mtp":
             return self._mtp_costs(shard, recompute, paired)
-        times = self.source.layer_times(kind, shard)
-        if self.source_slowdown != 1.0:
-            times = times.scaled(self.source_slowdown)
+        times = self._layer_times(kind, shard)
         comm_fwd, comm_bwd, deferred = self._tp_cp_comm(kind, shard)
         moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
         comm_fwd, comm_bwd = comm_fwd + moe_fwd, comm_bwd + moe_bwd
@@ -596,16 +594,17 @@ class CostModel:
             one_way += self.network.all_gather(sent * etp, etp, 1)
         return one_way
 
-    def combined_1f1b_layer(self, shard: Shard) -> SplitLayer:
+    def _combined_1f1b_layer(self, shard: Shard) -> SplitLayer:
         """An MoE block at `shard` split into the nodes Megatron's combined 1F1B schedules apart
-        (planner/cost/overlap.py), its compute as `layer_costs` times it."""
-        key = ("combined_1f1b_layer", shard)
-        if key not in self._split_cache:
-            times = self.source.layer_times("transformer", shard)
-            if self.source_slowdown != 1.0:
-                times = times.scaled(self.source_slowdown)
-            self._split_cache[key] = self._split_layer(shard, times, self._a2a_one_way(shard))
-        return self._split_cache[key]
+        (planner/cost/overlap.py), its compute as `layer_costs` times it (`combined_1f1b_layer`,
+        cached per shard)."""
+        return self._split_layer(shard, self._layer_times("transformer", shard), self._a2a_one_way(shard))
+
+    def _layer_times(self, kind: str, shard: Shard) -> LayerTimes:
+        """The cost source's compute times of one `kind` layer at `shard`, slowed by the
+        stragglers where the source is measured (the analytic source applies them itself)."""
+        times = self.source.layer_times(kind, shard)
+        return times.scaled(self.source_slowdown) if self.source_slowdown != 1.0 else times
 
     def _a2a_sm_share(self, shard: Shard) -> float:
         """Share of the SMs the MoE all-to-all holds beside the compute it overlaps: DeepEP's

@@ -115,7 +115,7 @@ def attention_refusal(runtime: str, attention: str | None) -> str | None:
     default), or None when nothing stands in the way."""
     if attention not in FOREIGN_ATTENTION:
         return None
-    return (f"{runtime}: the plan was priced with {FOREIGN_ATTENTION[attention]}, which {runtime} does not run; "
+    return (f"the plan was priced with {FOREIGN_ATTENTION[attention]}, which {runtime} does not run; "
             f"re-plan with the runtime's own kernel: {planner_command('plan', '--attention flash2')}")
 
 
@@ -123,7 +123,7 @@ def check_attention_kernel(entry: PlanEntry, runtime: str) -> None:
     """ExportError when the plan was priced with an attention kernel `runtime` does not run."""
     reason = attention_refusal(runtime, entry.attention)
     if reason is not None:
-        raise ExportError(reason)
+        raise ExportError(f"{runtime}: {reason}")
 
 
 def replan_for(runtime: str) -> str:

@@ -35,6 +35,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.compute import AttentionImpl
 from planner.cost.grad_accum import WgradAccumulation
 from planner.cost.memory import ActivationStorage, CrossEntropy, RecomputeModule, SelectivePolicy
 from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
@@ -51,7 +52,6 @@ from planner.units import GiB, MiB
 TableT = TypeVar("TableT", bound=BaseModel)
 
 Convention = Literal["palm", "megatron_hfu"]
-Attention = Literal["flash2", "flash3", "cudnn", "triton_fa1", "unfused"]
 Precision = Literal["bf16", "fp16"]
 GemmPrecision = Literal["bf16", "fp8"]
 MemoryKind = Literal["device", "reserved"]
@@ -99,7 +99,7 @@ class PublishedRun(BaseModel):
     """GEMM precision of the linear layers (CostOptions.precision): "fp8" for FP8 training."""
     global_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
-    attention: Attention
+    attention: AttentionImpl
     """The attention kernel the run used; "unfused" is Megatron's pre-2023 path (QK^T GEMM,
     fused scale-mask-softmax, dropout, AV GEMM), which keeps the b·a·s² scores."""
     precision: Precision
