@@ -42,8 +42,10 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "mosaic-llmfoundry": 0.09,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 8.7% with
     # llm-foundry's Triton attention at its own rates (9.7%), composer's per-tensor AdamW (9.3%), FSDP1's grad cat
     "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 12.9% with issue 12's fourth round, 11.0% with FEPLB's imbalance
-    "megatron-moe-modelzoo": 0.185,  # 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND);
-    # 18.3% with DeepEP's 20 SMs beside compute and combined 1F1B's per-step join and unequal chunks ('+1f1b overlap' -24.8% -> -22.3%)
+    "megatron-moe-modelzoo": 0.21,  # 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND);
+    # 18.3% with DeepEP's 20 SMs beside compute and combined 1F1B's per-step join and unequal chunks ('+1f1b overlap' -24.8% -> -22.3%);
+    # raised from 0.185 when the table's fifth row (A2A dispatcher, TP 2 EP 8 PP 32 V 3: -30.3%) joined the set
+    # in issue 12's sixth round with no model change: new data, 20.7% over the five (docs/moe.md)
 }
 """Mean |step-time error| per source, just above what the model reaches today
 (docs/accuracy_published.md: 17.7, 3.0, 16.7, 9.3, 3.0, 24.4, 11.9, 15.2%; bloom, narayanan2021,
@@ -116,8 +118,10 @@ H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
 """Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
-MOE_BOUND = 0.17
-"""Mean |step error| over the 5 MoE runs: today 16.8% with combined 1F1B's DeepEP SM share,
+MOE_BOUND = 0.195
+"""Mean |step error| over the 6 MoE runs: 19.1% since the ModelZoo's A2A row (TP 2 EP 8 PP 32 V 3,
+-30.3%, main 1e057005 like the held-out TP 4 row) was added in issue 12's sixth round with no model
+change (raised from 0.17 for that new data, not to let a change through); over the first 5: 16.8% with combined 1F1B's DeepEP SM share,
 per-step join and unequal chunk pairing (docs/moe.md; the '+1f1b overlap' row -24.8% -> -22.3%);
 17.3% before them (the same with the imbalance default at
 FEPLB's measured 1.229 instead of the 1.25 prior) with the slowest-GPU charge (19.1% before
