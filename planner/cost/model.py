@@ -83,6 +83,16 @@ class CostOptions:
     sac_fused_qkv: bool = True
     """torchtitan's per-op checkpointing counts the q, k, v projections as one matmul (0.3's
     fused wqkv) or three (its 2024 Llama: wq, wk, wv), which shifts what it keeps and recomputes."""
+    sp_seq_dim_copies: bool = False
+    """Sequence parallelism as torch DTensor runs it (torchtitan's SequenceParallel,
+    PrepareModuleInput and RowwiseParallel with Shard(1)): the activations are (batch, seq,
+    hidden) split on the sequence dim, while NCCL gathers and scatters along dim 0, so torch's
+    functional collectives copy the whole gathered activation through `torch.cat(torch.chunk(...))`
+    after each all-gather and before each reduce-scatter (`all_gather_tensor`,
+    `reduce_scatter_tensor` with gather/scatter_dim 1; later releases make the all-gather's a
+    view at batch 1, `torch._utils._maybe_view_chunk_cat`), on the compute stream
+    (`sp_copy_counts`). Megatron-LM's (seq, batch, hidden) layout gathers along dim 0 and
+    copies nothing."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2 (torchtitan's fully_shard), whose per-parameter sharding copies every
     gathered parameter out of the all-gather buffer and every gradient into the reduce-scatter
@@ -259,6 +269,27 @@ class CostOptions:
                               ("activation_storage", memory.ACTIVATION_STORAGE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+
+def sp_copy_counts(kind: str, recompute: str, selective_policy: str) -> tuple[int, int, int]:
+    """Sequence-dim copies (`CostOptions.sp_seq_dim_copies`) a layer runs in its forward, its
+    backward and its recomputation, as torchtitan's compiled Llama block runs them (inductor's
+    code for the block under torchtitan's TP plan, docs/accuracy_published.md section 14).
+    A block: one after each of its two all-gathers and one before each of its two
+    reduce-scatters in the forward; in the backward one after each all-gather of a
+    reduce-scatter's gradient, while the copies before the reduce-scatters of the input
+    gradients fuse into the kernel that sums the q/k/v (gate/up) data gradients; a recompute
+    copies again after each all-gather it re-runs: both under the per-op policy (reduce-scatter
+    outputs saved), and under full recompute the attention output's reduce-scatter too (torch's
+    checkpoint stops once the MLP's down-projection input is back). The embedding's output
+    reduce-scatter and the head's input all-gather (eager, outside the compiled blocks): one
+    each way."""
+    if kind in ("embedding", "head"):
+        return 1, 1, 0
+    if kind != "transformer":
+        return 0, 0, 0
+    again = {"full": 3, "selective": 2 if selective_policy == "every_other_matmul" else 0}.get(recompute, 0)
+    return 4, 2, again
 
 
 def analytic_compute(gpu: GpuSpec, options: CostOptions, num_gpus: int = 1) -> AnalyticCompute:
@@ -479,6 +510,10 @@ class CostModel:
         sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
         overlapped = self.options.tp_comm_overlap * sm_share
         recompute_s = self._recompute_time(kind, shard, recompute, times)
+        copy_fwd, copy_bwd, copy_recompute = self._sp_copy_times(kind, shard, recompute)
+        times = replace(times, forward_s=times.forward_s + copy_fwd,
+                        backward_input_s=times.backward_input_s + copy_bwd)
+        recompute_s += copy_recompute
         act_options = self._act_options(shard)
         saved = self._measured_activation_bytes(kind, shard, recompute)
         if saved is None:
@@ -677,6 +712,17 @@ class CostModel:
                       * spec.expert_ffn_hidden_size / shard.tp)
             seconds += analytic.elementwise_time(3 * memory.BYTES_BF16 * routed * traffic, 1)
         return seconds
+
+    def _sp_copy_times(self, kind: str, shard: Shard, recompute: str) -> tuple[float, float, float]:
+        """Seconds of DTensor's sequence-dim copies around the layer's TP collectives
+        (`sp_seq_dim_copies`) in its forward, its backward and its recomputation: each reads and
+        writes the gathered activation once."""
+        if not (self.options.sp_seq_dim_copies and shard.tp > 1 and shard.sequence_parallel):
+            return 0.0, 0.0, 0.0
+        act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
+        one = self.analytic.elementwise_time(2 * act, 1)
+        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.selective_policy)
+        return fwd * one, bwd * one, again * one
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
         """TP collectives the recomputation re-runs. Full recompute re-runs the block's forward

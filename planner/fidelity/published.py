@@ -138,6 +138,9 @@ class PublishedRun(BaseModel):
     """ZeRO-3 runs as FSDP2 (CostOptions): torchtitan's fully_shard."""
     fsdp1_grad_cat: bool = False
     """ZeRO-3 runs as FSDP1 with its flat gradient assembled by split's backward (CostOptions): composer."""
+    sp_seq_dim_copies: bool = False
+    """DTensor's sequence parallelism copies each gathered activation between dim 0 and the
+    sequence dim (CostOptions): torchtitan's TP plan."""
     sac_fused_qkv: bool = True
     """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
     cross_entropy: CrossEntropy = "fused"
@@ -351,6 +354,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         fsdp2=run.fsdp2,
         fsdp1_grad_cat=run.fsdp1_grad_cat,
         sac_fused_qkv=run.sac_fused_qkv,
+        sp_seq_dim_copies=run.sp_seq_dim_copies,
         cp_comm=run.cp_comm,
         p2p_mode=run.p2p_mode,
         bf16_optimizer=run.bf16_optimizer,
