@@ -83,6 +83,15 @@ class CostOptions:
     sac_fused_qkv: bool = True
     """torchtitan's per-op checkpointing counts the q, k, v projections as one matmul (0.3's
     fused wqkv) or three (its 2024 Llama: wq, wk, wv), which shifts what it keeps and recomputes."""
+    recompute_early_stop: bool = False
+    """Full recompute as torch's non-reentrant checkpoint runs it (`torch.utils.checkpoint` with
+    use_reentrant=False, early stop on by default: torchtitan's FullAC, the torch script's
+    checkpoint): the recomputation stops once every tensor the backward needs is back, so a
+    dense block's MLP down projection, whose output nothing saves, is not re-run, nor the
+    block's output collective after it. An MoE block is charged its whole forward: the router's
+    weights scale the experts' output, so the experts run again (the combine after them does
+    not; not priced). Megatron-LM's and DeepSpeed's
+    checkpoint functions re-run the whole forward (False)."""
     sp_seq_dim_copies: bool = False
     """Sequence parallelism as torch DTensor runs it (torchtitan's SequenceParallel,
     PrepareModuleInput and RowwiseParallel with Shard(1)): the activations are (batch, seq,
@@ -677,13 +686,14 @@ class CostModel:
         return measured(kind, shard, recompute)
 
     def _recompute_time(self, kind: str, shard: Shard, recompute: str, times: LayerTimes) -> float:
-        """Full recompute re-runs the block's forward; selective re-runs the modules of
+        """Full recompute re-runs the block's forward (less its last matmul under
+        `recompute_early_stop`); selective re-runs the modules of
         `recompute_modules` (the attention core by default) or, under the every-other-matmul
         policy, the 2nd, 4th... matmul and the elementwise ops."""
         if kind != "transformer" or recompute == "none":
             return 0.0
         if recompute == "full":
-            return times.forward_s
+            return times.forward_s - self._early_stop_gemm_time(shard)
         opts = self.options
         work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
         if opts.selective_policy == "every_other_matmul":
@@ -694,6 +704,14 @@ class CostModel:
         modules = opts.recompute_modules
         seconds = self.analytic.attention_core_times(work, opts.attention)[0] if "core_attn" in modules else 0.0
         return seconds + self._module_recompute_time(shard, modules)
+
+    def _early_stop_gemm_time(self, shard: Shard) -> float:
+        """Seconds of the forward's last matmul, the MLP down projection, that full recompute
+        skips under `recompute_early_stop` in a dense block (0 otherwise)."""
+        if not self.options.recompute_early_stop or self.spec.is_moe:
+            return 0.0
+        down = transformer_gemms(self.spec, shard)[-1]
+        return down.count * self.analytic.gemm_time(down.m, down.n, down.k)
 
     def _module_recompute_time(self, shard: Shard, modules: tuple[str, ...]) -> float:
         """Seconds the output-discarding recompute modules re-run before the backward: the two
@@ -726,18 +744,23 @@ class CostModel:
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
         """TP collectives the recomputation re-runs. Full recompute re-runs the block's forward
-        with its collectives (`forward_comm`). torchtitan's per-op policy keeps reduce-scatter
+        with its collectives (`forward_comm`), but for the output collective of a dense block
+        under `recompute_early_stop`. torchtitan's per-op policy keeps reduce-scatter
         outputs but not all-gathers or all-reduces, and its recompute runs up to the MLP's down
         projection: the two sequence-parallel all-gathers (attention and MLP inputs), or
         without sequence parallelism the attention output's all-reduce."""
         if kind != "transformer" or shard.tp == 1 or recompute == "none":
             return 0.0
-        if recompute == "full":
-            return forward_comm
-        if self.options.selective_policy != "every_other_matmul":
-            return 0.0
         net, tp = self.network, shard.tp
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
+        if recompute == "full":
+            if not self.options.recompute_early_stop or self.spec.is_moe:
+                return forward_comm
+            # the down projection's output collective is not re-run
+            output = net.reduce_scatter(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
+            return forward_comm - output
+        if self.options.selective_policy != "every_other_matmul":
+            return 0.0
         return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
 
     def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float, float]:

@@ -141,6 +141,9 @@ class PublishedRun(BaseModel):
     sp_seq_dim_copies: bool = False
     """DTensor's sequence parallelism copies each gathered activation between dim 0 and the
     sequence dim (CostOptions): torchtitan's TP plan."""
+    recompute_early_stop: bool = False
+    """Full recompute stops once the backward's tensors are back (CostOptions): torch's
+    non-reentrant checkpoint, torchtitan's FullAC."""
     sac_fused_qkv: bool = True
     """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
     cross_entropy: CrossEntropy = "fused"
@@ -355,6 +358,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         fsdp1_grad_cat=run.fsdp1_grad_cat,
         sac_fused_qkv=run.sac_fused_qkv,
         sp_seq_dim_copies=run.sp_seq_dim_copies,
+        recompute_early_stop=run.recompute_early_stop,
         cp_comm=run.cp_comm,
         p2p_mode=run.p2p_mode,
         bf16_optimizer=run.bf16_optimizer,

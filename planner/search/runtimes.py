@@ -34,8 +34,8 @@ RUNTIME_RULES: dict[str, dict] = {
 RUNTIME_COSTS: dict[str, dict] = {
     "megatron": {"p2p_mode": "megatron-lm"},
     "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
-                   "tp_backward_overlap": "none"},
-    "torch": {"tp_backward_overlap": "none"},
+                   "tp_backward_overlap": "none", "sp_seq_dim_copies": True},
+    "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True},
     "deepspeed": {"p2p_mode": "deepspeed"},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
@@ -48,7 +48,12 @@ DeepSpeed's PipelineEngine blocks on every send and receive (CostOptions.p2p_mod
 runtime, sends overlap compute, as torch.distributed.pipelining's isend / irecv do. torchtitan
 and torch tensor parallelism is DTensor's: each backward collective is its own autograd op,
 waited on before the next GEMM, with no re-gather (CostOptions.tp_backward_overlap "none");
-Megatron-LM and no runtime keep Megatron's asynchronous column-parallel backward ("async")."""
+Megatron-LM and no runtime keep Megatron's asynchronous column-parallel backward ("async").
+torchtitan's sequence parallelism shards (batch, seq, hidden) activations on the sequence dim,
+so each of its collectives copies the gathered activation (CostOptions.sp_seq_dim_copies); the
+torch script checkpoints with torch's non-reentrant checkpoint and its default early stop, so
+full recompute skips the MLP down projection (CostOptions.recompute_early_stop), which
+torchtitan 0.3.0's FullAC turns off (`early_stop=False`)."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:
