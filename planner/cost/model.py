@@ -282,7 +282,7 @@ class CostOptions:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
 
-def sp_copy_counts(kind: str, recompute: str, selective_policy: str) -> tuple[int, int, int]:
+def sp_copy_counts(kind: str, recompute: str, selective_policy: str, early_stop: bool) -> tuple[int, int, int]:
     """Sequence-dim copies (`CostOptions.sp_seq_dim_copies`) a layer runs in its forward, its
     backward and its recomputation, as torchtitan's compiled Llama block runs them (inductor's
     code for the block under torchtitan's TP plan, docs/accuracy_published.md section 14).
@@ -291,15 +291,17 @@ def sp_copy_counts(kind: str, recompute: str, selective_policy: str) -> tuple[in
     reduce-scatter's gradient, while the copies before the reduce-scatters of the input
     gradients fuse into the kernel that sums the q/k/v (gate/up) data gradients; a recompute
     copies again after each all-gather it re-runs: both under the per-op policy (reduce-scatter
-    outputs saved), and under full recompute the attention output's reduce-scatter too (torch's
-    checkpoint stops once the MLP's down-projection input is back). The embedding's output
+    outputs saved), and under full recompute the attention output's reduce-scatter too, and the
+    MLP output's unless the checkpoint stops once the down projection's input is back
+    (`early_stop`, CostOptions.recompute_early_stop). The embedding's output
     reduce-scatter and the head's input all-gather (eager, outside the compiled blocks): one
     each way."""
     if kind in ("embedding", "head"):
         return 1, 1, 0
     if kind != "transformer":
         return 0, 0, 0
-    again = {"full": 3, "selective": 2 if selective_policy == "every_other_matmul" else 0}.get(recompute, 0)
+    again = {"full": 3 if early_stop else 4,
+             "selective": 2 if selective_policy == "every_other_matmul" else 0}.get(recompute, 0)
     return 4, 2, again
 
 
@@ -741,7 +743,8 @@ class CostModel:
             return 0.0, 0.0, 0.0
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         one = self.analytic.elementwise_time(2 * act, 1)
-        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.selective_policy)
+        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.selective_policy,
+                                         self.options.recompute_early_stop)
         return fwd * one, bwd * one, again * one
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:

@@ -125,8 +125,8 @@ def _apply_ac(model, mode: str) -> None:
         return _custom_policy
 
     for name, block in list(model.layers.items()):
-        if mode == "full":
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+        if mode in ("full", "full_no_early_stop"):
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, early_stop=mode == "full")
         else:
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False,
                                          context_fn=lambda: create_selective_checkpoint_contexts(policy(defaultdict(int))))
@@ -209,7 +209,7 @@ def _per_block(ac: str) -> dict[str, Counter]:
 @pytest.fixture(scope="module")
 def runtime():
     pytest.importorskip("torch.distributed.tensor.parallel")
-    return {ac: _per_block(ac) for ac in ("none", "op", "full")}
+    return {ac: _per_block(ac) for ac in ("none", "op", "full", "full_no_early_stop")}
 
 
 def test_a_block_gathers_and_scatters_twice_each_way(runtime):
@@ -223,15 +223,19 @@ def test_a_block_gathers_and_scatters_twice_each_way(runtime):
 def test_recompute_reruns_the_all_gathers_only(runtime):
     """Per-op SAC saves the reduce-scatters' outputs and re-runs both all-gathers
     (`_recompute_comm`'s two); full AC (torch's checkpoint stops once w2's input is back) re-runs
-    them and the attention output's reduce-scatter."""
+    them and the attention output's reduce-scatter, and without its early stop (torchtitan 0.3.0's
+    FullAC) w2's reduce-scatter too."""
     op = runtime["op"]["backward"] - runtime["none"]["backward"]
     full = runtime["full"]["backward"] - runtime["none"]["backward"]
+    whole = runtime["full_no_early_stop"]["backward"] - runtime["none"]["backward"]
     assert (op["ag"], op["rs"]) == (2, 0)
     assert (full["ag"], full["rs"]) == (2, 1)
+    assert (whole["ag"], whole["rs"]) == (2, 2)
 
 
-@pytest.mark.parametrize("ac,recompute", [("none", "none"), ("op", "selective"), ("full", "full")])
-def test_copies_beside_the_collectives_are_what_the_model_counts(runtime, ac, recompute):
+@pytest.mark.parametrize("ac,recompute,early_stop", [("none", "none", True), ("op", "selective", True),
+                                                     ("full", "full", True), ("full_no_early_stop", "full", False)])
+def test_copies_beside_the_collectives_are_what_the_model_counts(runtime, ac, recompute, early_stop):
     """Every collective over the sequence dim copies the gathered activation once (eager). The
     model counts the compiled block's (docs/accuracy_published.md section 14, inductor's code):
     the same but for the two copies before the backward's reduce-scatters, which inductor fuses
@@ -245,7 +249,7 @@ def test_copies_beside_the_collectives_are_what_the_model_counts(runtime, ac, re
     cached = backward["cat_alone"]
     assert cached == (1 if ac == "op" else 0)
     again = _all_copies(backward) - _all_copies(base) - cached
-    assert sp_copy_counts("transformer", recompute, "every_other_matmul") == (_all_copies(forward),
+    assert sp_copy_counts("transformer", recompute, "every_other_matmul", early_stop) == (_all_copies(forward),
                                                                               base["cat_after_ag"], again)
 
 
@@ -257,7 +261,8 @@ def test_embedding_and_head_copy_once_each_way():
     for phase, ours in zip(("forward", "backward"), (0, 1)):
         copies = _copies(events[phase])
         outside = _all_copies(copies) - block[phase]
-        assert outside == sp_copy_counts("embedding", "none", "")[ours] + sp_copy_counts("head", "none", "")[ours]
+        assert outside == (sp_copy_counts("embedding", "none", "", True)[ours]
+                           + sp_copy_counts("head", "none", "", True)[ours])
 
 
 def test_model_charges_a_read_and_a_write_of_the_gathered_activation_per_copy():
@@ -269,7 +274,7 @@ def test_model_charges_a_read_and_a_write_of_the_gathered_activation_per_copy():
     one = on.analytic.elementwise_time(2 * 2 * sp.local_tokens * spec.hidden_size, 1)
     for kind, recompute in (("transformer", "selective"), ("transformer", "full"), ("embedding", "none"),
                             ("head", "none")):
-        fwd, bwd, again = sp_copy_counts(kind, recompute, "every_other_matmul")
+        fwd, bwd, again = sp_copy_counts(kind, recompute, "every_other_matmul", False)
         with_copies, without = on.layer_costs(kind, sp, recompute), off.layer_costs(kind, sp, recompute)
         assert with_copies.forward_s - without.forward_s == pytest.approx(fwd * one)
         assert with_copies.backward_input_s - without.backward_input_s == pytest.approx((bwd + again) * one)
@@ -326,7 +331,7 @@ def test_the_compiled_block_copies_what_the_model_counts():
         fused = sum("cat" in c and "add" in c for c in calls if c.startswith("cpp_fused"))
         return alone, fused
 
-    fwd, bwd, again = sp_copy_counts("transformer", "selective", "every_other_matmul")
+    fwd, bwd, again = sp_copy_counts("transformer", "selective", "every_other_matmul", True)
     assert copies(forward) == (fwd, 0)
     assert copies(backward) == (bwd + again, 2)
     assert (backward.count("all_gather_into_tensor"), backward.count("reduce_scatter_tensor")) == (4, 2)
