@@ -40,6 +40,9 @@ class ModelSpec(BaseModel):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     activation: Literal["swiglu", "gelu"] = "swiglu"
     position_embedding: Literal["rope", "learned", "alibi"] = "rope"
+    rotary_percent: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Share of each q and k head's width that RoPE rotates (Megatron's `rotary_percent`; the
+    rest passes through): Nemotron-4's 0.5."""
     tie_embeddings: bool = False
     """Input embedding and LM head share one matrix."""
     qkv_bias: bool = False

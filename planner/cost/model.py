@@ -140,6 +140,11 @@ class CostOptions:
     inside the weight-gradient GEMM ("fused": Megatron-LM's --gradient-accumulation-fusion,
     2022+, Transformer Engine), or by autograd adding each micro-batch's new gradient into
     `param.grad` ("autograd": Megatron-LM before 2022, Megatron-DeepSpeed's 2021 engine)."""
+    rope_fusion: bool = True
+    """RoPE as one fused kernel each way (Megatron-core's `apply_rope_fusion`, Transformer Engine),
+    or megatron-core's `apply_rotary_pos_emb_bshd` op by op on the rotated share of q and k
+    (planner/cost/shapes.py `unfused_rope_bytes`: 14 B forward and 22 B backward per q and k
+    element at Nemotron-4's rotary_percent 0.5, against 4 and 8; NeMo's default before 2.0)."""
     eager_swiglu: bool = False
     """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
     memory.ActivationOptions.eager_swiglu)."""
@@ -383,7 +388,7 @@ class AnalyticSource:
         opts = self.options
         work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout,
                           imbalance=imbalance_of(self.spec, shard, opts.moe_imbalance),
-                          loss_passes=opts.loss_passes)
+                          loss_passes=opts.loss_passes, rope_fusion=opts.rope_fusion)
         if opts.elementwise_traffic != 1.0:
             work = replace(
                 work,
@@ -699,7 +704,8 @@ class CostModel:
         if recompute == "full":
             return times.forward_s - self._early_stop_gemm_time(shard)
         opts = self.options
-        work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
+        work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout,
+                          rope_fusion=opts.rope_fusion)
         if opts.selective_policy == "every_other_matmul":
             matmuls = separate_matmuls(self.spec, shard, fused_qkv=opts.sac_fused_qkv)[1::2]
             elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic

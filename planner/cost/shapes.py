@@ -40,6 +40,27 @@ megatron/core/tensor_parallel/cross_entropy.py runs the same passes today unless
 VOCAB_PARALLEL_CE_KERNELS = 14
 """Kernels of that loss, forward (the six passes above and eight per-token ops: target masks,
 masked target, arange, gather, clone, masked fill, log, subtract)."""
+FUSED_ROPE_BYTES = (4.0, 8.0)
+"""Bytes per q and k element of a fused RoPE kernel: read and write it forward, twice that backward."""
+UNFUSED_ROPE_KERNELS = (6, 8)
+"""Kernels per rotated tensor of megatron-core's unfused RoPE (`unfused_rope_bytes`), forward and
+backward, besides the cos and sin of the small frequency table."""
+
+
+def unfused_rope_bytes(rotary_percent: float) -> tuple[float, float]:
+    """Bytes per q and k element, forward and backward, of megatron-core's RoPE without
+    `apply_rope_fusion` (`apply_rotary_pos_emb_bshd`: `t, t_pass = t[..., :rot_dim],
+    t[..., rot_dim:]`, `t = (t * cos_) + (_rotate_half(t) * sin_)`, `torch.cat((t, t_pass))`),
+    op by op in bf16, at rotated share f: forward `t * cos_` 4f, `-x2` 2f, `_rotate_half`'s cat
+    4f, `* sin_` 4f, the add 6f, the closing cat 4 (reads t and t_pass, writes q); backward the
+    two products' gradients 4f each, the negation's 2f, chunk's gradient cat 4f, the sum of the
+    two paths' gradients 6f, each slice's gradient written whole by `slice_backward` (read 2f,
+    write 2; read 2(1 - f), write 2) and their sum 6: 20f + 12; at f = 1 the rotated slice is
+    q itself and costs nothing backward: 20f + 8. Counted on megatron-core's own function by
+    tests/cost/test_unfused_rope.py."""
+    f = rotary_percent
+    slices = 6 if f < 1 else 2
+    return 20 * f + 4, 20 * f + slices + 6
 
 
 class Gemm(NamedTuple):
@@ -94,7 +115,9 @@ class LayerWork:
     elementwise_bytes_fwd: float
     elementwise_bytes_bwd: float
     kernels_fwd: int
-    """Kernel launches in the forward (the backward is charged twice as many)."""
+    """Kernel launches in the forward."""
+    kernels_bwd: int | None = None
+    """Kernel launches in the backward; None: twice the forward's."""
     attention_gemms: tuple[Gemm, ...] = ()
     """Unfused attention only: QK^T and PV as batched GEMMs (count = sequences x heads)."""
     attention_bytes_fwd: float = 0.0
@@ -232,13 +255,14 @@ def attention_passes(spec: ModelSpec, shard: Shard, dropout: bool) -> tuple[tupl
 
 
 def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "flash2",
-               dropout: bool = False, imbalance: float = 1.0, loss_passes: LossPasses = "fused") -> LayerWork:
+               dropout: bool = False, imbalance: float = 1.0, loss_passes: LossPasses = "fused",
+               rope_fusion: bool = True) -> LayerWork:
     """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`, its
     attention core run by `attention` (fused kernels, or "unfused") with or without dropout;
     an MoE block's on its busiest expert-parallel rank (`imbalance` x the mean tokens); the
-    head's loss as `loss_passes` runs it."""
+    head's loss as `loss_passes` runs it; RoPE as one fused kernel or op by op (`rope_fusion`)."""
     if kind == "transformer":
-        return _transformer_work(spec, shard, attention, dropout, imbalance)
+        return _transformer_work(spec, shard, attention, dropout, imbalance, rope_fusion)
     if kind == "embedding":
         return _embedding_work(spec, shard)
     if kind == "head":
@@ -247,7 +271,7 @@ def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "fl
 
 
 def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bool,
-                      imbalance: float = 1.0) -> LayerWork:
+                      imbalance: float = 1.0, rope_fusion: bool = True) -> LayerWork:
     h, tp = spec.hidden_size, shard.tp
     tokens, rep_tokens = shard.local_tokens, shard.elementwise_tokens
     ffn = spec.ffn_hidden_size
@@ -255,25 +279,31 @@ def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bo
         ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * imbalance + spec.shared_ffn_width
     act_width = ffn // tp
     # bf16 bytes moved by the memory-bound kernels, forward: two norms (read x, write y),
-    # two residual adds (read 2, write 1), RoPE on q and k (read, write), the activation
+    # two residual adds (read 2, write 1), RoPE on q and k (fused: read, write), the activation
     # function (SwiGLU reads 2 and writes 1 of width ffn; GeLU reads 1, writes 1).
     norm_and_residual = (2 * 2 + 2 * 3) * rep_tokens * h * 2
     if spec.is_mla:  # RoPE on the rotary part of each q head and on the one shared k part
         q_k_width = (spec.num_attention_heads / tp + 1) * spec.qk_rope_head_dim
     else:
         q_k_width = (spec.num_attention_heads + spec.num_kv_heads) * spec.kv_channels / tp
-    rope = 2 * tokens * q_k_width * 2 if spec.position_embedding == "rope" else 0.0
+    has_rope = spec.position_embedding == "rope"
+    if not rope_fusion and spec.is_mla:
+        raise ValueError("unfused RoPE is priced for megatron-core's standard attention, not MLA")
+    rope_fwd, rope_bwd = FUSED_ROPE_BYTES if rope_fusion else unfused_rope_bytes(spec.rotary_percent)
+    rope_kernels = (0, 0) if rope_fusion or not has_rope else tuple(2 * (k - 1) for k in UNFUSED_ROPE_KERNELS)
+    rope_elements = tokens * q_k_width if has_rope else 0.0
     act = (3 if spec.activation == "swiglu" else 2) * tokens * act_width * 2
-    fwd_bytes = norm_and_residual + rope + act
+    fwd_bytes = norm_and_residual + act
     flash = attention != "unfused"
     unfused = attention_passes(spec, shard, dropout) if not flash else ((), 0.0, 0.0, 0)
     return LayerWork(
         gemms=transformer_gemms(spec, shard, imbalance=imbalance),
         attention_flops=attention_core_flops(spec, shard, flash) * kernel_head_padding(spec, attention),
         attention_seq=shard.seq // shard.cp,
-        elementwise_bytes_fwd=fwd_bytes,
-        elementwise_bytes_bwd=2 * fwd_bytes,
-        kernels_fwd=14,
+        elementwise_bytes_fwd=fwd_bytes + rope_elements * rope_fwd,
+        elementwise_bytes_bwd=2 * fwd_bytes + rope_elements * rope_bwd,
+        kernels_fwd=14 + rope_kernels[0],
+        kernels_bwd=28 + rope_kernels[1],
         attention_gemms=unfused[0],
         attention_bytes_fwd=unfused[1],
         attention_bytes_bwd=unfused[2],

@@ -151,6 +151,9 @@ class PublishedRun(BaseModel):
     loss_passes: LossPasses = "fused"
     """The loss's passes over the logits (CostOptions): Megatron-LM's op-by-op
     `_VocabParallelCrossEntropy` on `logits.float()` is "vocab_parallel_fp32"."""
+    rope_fusion: bool = True
+    """RoPE as one fused kernel (CostOptions); False: megatron-core's op-by-op
+    `apply_rotary_pos_emb_bshd` (NeMo 1.x without `apply_rope_fusion`)."""
     main_grad_cast: bool = False
     """Megatron-LM's fp16 optimizer casts 16-bit gradients into fp32 main gradients (CostOptions)."""
     ddp_grad_copy_passes: int = Field(default=0, ge=0, le=3)
@@ -350,6 +353,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         selective_policy=run.selective_policy,
         cross_entropy=run.cross_entropy,
         loss_passes=run.loss_passes,
+        rope_fusion=run.rope_fusion,
         main_grad_cast=run.main_grad_cast,
         ddp_grad_copy_passes=run.ddp_grad_copy_passes,
         wgrad_accumulation=run.wgrad_accumulation,
