@@ -715,10 +715,15 @@ class CostModel:
         seconds = self.analytic.attention_core_times(work, opts.attention)[0] if "core_attn" in modules else 0.0
         return seconds + self._module_recompute_time(shard, modules)
 
+    def _stops_early(self) -> bool:
+        """Whether full recompute stops before the block's down projection
+        (`recompute_early_stop`, dense blocks only)."""
+        return self.options.recompute_early_stop and not self.spec.is_moe
+
     def _early_stop_gemm_time(self, shard: Shard) -> float:
         """Seconds of the forward's last matmul, the MLP down projection, that full recompute
         skips under `recompute_early_stop` in a dense block (0 otherwise)."""
-        if not self.options.recompute_early_stop or self.spec.is_moe:
+        if not self._stops_early():
             return 0.0
         down = transformer_gemms(self.spec, shard)[-1]
         return down.count * self.analytic.gemm_time(down.m, down.n, down.k)
@@ -765,7 +770,7 @@ class CostModel:
         net, tp = self.network, shard.tp
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         if recompute == "full":
-            if not self.options.recompute_early_stop or self.spec.is_moe:
+            if not self._stops_early():
                 return forward_comm
             # the down projection's output collective is not re-run
             output = net.reduce_scatter(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)

@@ -19,10 +19,12 @@ WIDTHS = {DIM: "h", KV_HEADS * HEAD_DIM: "kv", FFN: "ffn"}
 RUNS = Path(__file__).resolve().parents[1] / "bench" / "published_runs.toml"
 
 
-def block():
-    """torchtitan's Llama 3 block as of 2024-12 (models/llama/model.py): RMSNorm with an fp32
-    upcast, separate wq/wk/wv, RoPE by complex multiplication (`apply_rotary_emb`), `repeat_kv`
-    by expand and reshape, SDPA, `w2(silu(w1(x)) * w3(x))`, two residual adds. Tiny sizes."""
+def block(dim: int = DIM, heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
+          ffn: int = FFN, *, torch_rmsnorm: bool = False):
+    """torchtitan's Llama 3 block (models/llama/model.py): RMSNorm, separate wq/wk/wv, RoPE by
+    complex multiplication (`apply_rotary_emb`; skipped when the block gets no table), `repeat_kv`
+    by expand and reshape, SDPA, `w2(silu(w1(x)) * w3(x))`, two residual adds. Its 2024-12
+    RMSNorm upcasts to fp32 op by op; `torch_rmsnorm`: torch's nn.RMSNorm, as from 2025. Tiny sizes."""
     from torch import nn
     from torch.nn import functional as F
 
@@ -41,25 +43,30 @@ def block():
     class RMSNorm(nn.Module):
         def __init__(self):
             super().__init__()
-            self.eps, self.weight = 1e-6, nn.Parameter(torch.ones(DIM))
+            self.eps, self.weight = 1e-6, nn.Parameter(torch.ones(dim))
 
         def forward(self, x):
             y = x.float()
             return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
 
+    def norm():
+        return nn.RMSNorm(dim) if torch_rmsnorm else RMSNorm()
+
     class Attention(nn.Module):
         def __init__(self):
             super().__init__()
-            self.wq = nn.Linear(DIM, HEADS * HEAD_DIM, bias=False)
-            self.wk = nn.Linear(DIM, KV_HEADS * HEAD_DIM, bias=False)
-            self.wv = nn.Linear(DIM, KV_HEADS * HEAD_DIM, bias=False)
-            self.wo = nn.Linear(HEADS * HEAD_DIM, DIM, bias=False)
+            self.wq = nn.Linear(dim, heads * head_dim, bias=False)
+            self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
+            self.wo = nn.Linear(heads * head_dim, dim, bias=False)
 
         def forward(self, x, freqs_cis):
             bs, seq, _ = x.shape
-            xq, xk, xv = (w(x).view(bs, seq, -1, HEAD_DIM) for w in (self.wq, self.wk, self.wv))
-            xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
-            keys, values = repeat_kv(xk, HEADS // KV_HEADS), repeat_kv(xv, HEADS // KV_HEADS)
+            xq, xk, xv = (w(x).view(bs, seq, -1, head_dim) for w in (self.wq, self.wk, self.wv))
+            if freqs_cis is not None:
+                xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
+            rep = xq.shape[2] // xk.shape[2]
+            keys, values = repeat_kv(xk, rep), repeat_kv(xv, rep)
             out = F.scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
                                                  is_causal=True)
             return self.wo(out.transpose(1, 2).contiguous().view(bs, seq, -1))
@@ -67,8 +74,8 @@ def block():
     class FeedForward(nn.Module):
         def __init__(self):
             super().__init__()
-            self.w1, self.w3 = nn.Linear(DIM, FFN, bias=False), nn.Linear(DIM, FFN, bias=False)
-            self.w2 = nn.Linear(FFN, DIM, bias=False)
+            self.w1, self.w3 = nn.Linear(dim, ffn, bias=False), nn.Linear(dim, ffn, bias=False)
+            self.w2 = nn.Linear(ffn, dim, bias=False)
 
         def forward(self, x):
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -77,7 +84,7 @@ def block():
         def __init__(self):
             super().__init__()
             self.attention, self.feed_forward = Attention(), FeedForward()
-            self.attention_norm, self.ffn_norm = RMSNorm(), RMSNorm()
+            self.attention_norm, self.ffn_norm = norm(), norm()
 
         def forward(self, x, freqs_cis):
             h = x + self.attention(self.attention_norm(x), freqs_cis)
@@ -86,32 +93,45 @@ def block():
     return Block()
 
 
-def checkpointed(block, ac: str):
-    """torchtitan's `_apply_ac_to_transformer_block` (2024-12): "full", or "op" (per-op SAC:
-    `_save_list` of mm and the attention ops, every second mm recomputed; CPU's flash attention
-    op joins the list, as CUDA's is on it)."""
+SAVE_2024_12 = frozenset({torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                          torch.ops.aten._scaled_dot_product_flash_attention.default,
+                          torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default})
+"""torchtitan's 2024-12 per-op SAC `_save_list` (CPU's flash attention op joins it, as CUDA's is
+on it)."""
+
+
+def per_op_sac(block, save_ops):
+    """`block` wrapped as torchtitan's per-op SAC wraps it: the ops in `save_ops` kept, but every
+    second mm (counted separately in the forward and in the recompute) recomputed, all else
+    recomputed."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    if ac == "full":
-        return checkpoint_wrapper(block, preserve_rng_state=False)
-    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default}
+    mm = torch.ops.aten.mm.default
 
     def policy():
         meta = defaultdict(int)
 
         def _custom_policy(ctx, func, *args, **kwargs):
             key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-            if func == torch.ops.aten.mm.default:
+            if func == mm:
                 meta[key] += 1
-            to_save = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+            to_save = func in save_ops and not (func == mm and meta[key] % 2 == 0)
             return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
         return _custom_policy
 
     return checkpoint_wrapper(block, preserve_rng_state=False,
                               context_fn=lambda: create_selective_checkpoint_contexts(policy()))
+
+
+def checkpointed(block, ac: str):
+    """torchtitan's `_apply_ac_to_transformer_block` (2024-12): "full", or "op" (per-op SAC over
+    `SAVE_2024_12`)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    if ac == "full":
+        return checkpoint_wrapper(block, preserve_rng_state=False)
+    return per_op_sac(block, SAVE_2024_12)
 
 
 def inputs():

@@ -6,7 +6,7 @@ SequenceParallel / PrepareModuleInput and loss_parallel, against what the cost m
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -16,57 +16,25 @@ from planner.cost.model import CostModel, CostOptions, sp_copy_counts
 from planner.cost.shapes import Shard
 from planner.spec import Cluster
 
+pytest.importorskip("torch")
+
+from tests.cost.llama_block import SAVE_2024_12, block, per_op_sac  # noqa: E402  (needs torch)
+
 TP, DIM, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, BATCH, SEQ = 4, 64, 8, 4, 8, 128, 256, 2, 16
 
 
 def _llama(layers: int):
     """A Llama 3 of `layers` blocks shaped as torchtitan 820504e's (the benchmark's commit,
-    models/llama3/model.py): separate wq, wk, wv; `w2(silu(w1(x)) * w3(x))`; RMSNorm; tok_embeddings,
-    norm, output. Tiny sizes; RoPE leaves the collectives alone and is left out."""
-    import torch.nn.functional as F
+    models/llama3/model.py): tests/cost/llama_block.py's block with torch's RMSNorm, between
+    tok_embeddings and norm, output. Tiny sizes; RoPE leaves the collectives alone and is left out."""
     from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wq = nn.Linear(DIM, HEADS * HEAD_DIM, bias=False)
-            self.wk = nn.Linear(DIM, KV_HEADS * HEAD_DIM, bias=False)
-            self.wv = nn.Linear(DIM, KV_HEADS * HEAD_DIM, bias=False)
-            self.wo = nn.Linear(HEADS * HEAD_DIM, DIM, bias=False)
-
-        def forward(self, x, freqs_cis):
-            bs, seq, _ = x.shape
-            q, k, v = (w(x).view(bs, seq, -1, HEAD_DIM) for w in (self.wq, self.wk, self.wv))
-            rep = q.shape[2] // k.shape[2]
-            k, v = k.repeat_interleave(rep, 2), v.repeat_interleave(rep, 2)
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=True)
-            return self.wo(out.transpose(1, 2).contiguous().view(bs, seq, -1))
-
-    class FeedForward(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w1, self.w3 = nn.Linear(DIM, FFN, bias=False), nn.Linear(DIM, FFN, bias=False)
-            self.w2 = nn.Linear(FFN, DIM, bias=False)
-
-        def forward(self, x):
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.attention, self.feed_forward = Attention(), FeedForward()
-            self.attention_norm, self.ffn_norm = nn.RMSNorm(DIM), nn.RMSNorm(DIM)
-
-        def forward(self, x, freqs_cis):
-            h = x + self.attention(self.attention_norm(x), freqs_cis)
-            return h + self.feed_forward(self.ffn_norm(h))
 
     class Llama(nn.Module):
         def __init__(self):
             super().__init__()
             self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-            self.layers = nn.ModuleDict({str(i): Block() for i in range(layers)})
+            self.layers = nn.ModuleDict({str(i): block(DIM, HEADS, KV_HEADS, HEAD_DIM, FFN, torch_rmsnorm=True)
+                                         for i in range(layers)})
             self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
 
         def forward(self, tokens):
@@ -89,8 +57,8 @@ def _apply_tp(model, mesh) -> None:
         "norm": SequenceParallel(),
         "output": ColwiseParallel(input_layouts=Sharded(1), output_layouts=Sharded(-1), use_local_output=False),
     })
-    for block in model.layers.values():
-        parallelize_module(block, mesh, {
+    for layer in model.layers.values():
+        parallelize_module(layer, mesh, {
             "attention_norm": SequenceParallel(),
             "attention": PrepareModuleInput(input_layouts=(Sharded(1), None), desired_input_layouts=(Replicate(), None)),
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
@@ -103,33 +71,18 @@ def _apply_tp(model, mesh) -> None:
 
 
 def _apply_ac(model, mode: str) -> None:
-    """torchtitan 820504e's `_apply_ac_to_transformer_block`: "full", or "op" (per-op SAC:
-    `_save_list` of mm, the flash/efficient attention ops, `_c10d_functional.reduce_scatter_tensor`
-    and max, every second mm recomputed). CPU's flash attention op joins the list, as CUDA's is on it."""
+    """torchtitan 820504e's `_apply_ac_to_transformer_block`: "full" (torch's default early stop;
+    "full_no_early_stop" without it), or "op" (per-op SAC whose `_save_list` adds
+    `_c10d_functional.reduce_scatter_tensor` and max to the 2024-12 list)."""
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-            torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops.aten.max.default}
-
-    def policy(meta):
-        def _custom_policy(ctx, func, *args, **kwargs):
-            key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-            if func == torch.ops.aten.mm.default:
-                meta[key] += 1
-            to_save = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-            return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
-        return _custom_policy
-
-    for name, block in list(model.layers.items()):
+    save = SAVE_2024_12 | {torch.ops._c10d_functional.reduce_scatter_tensor.default, torch.ops.aten.max.default}
+    for name, layer in list(model.layers.items()):
         if mode in ("full", "full_no_early_stop"):
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, early_stop=mode == "full")
+            wrapped = checkpoint_wrapper(layer, preserve_rng_state=False, early_stop=mode == "full")
         else:
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False,
-                                         context_fn=lambda: create_selective_checkpoint_contexts(policy(defaultdict(int))))
+            wrapped = per_op_sac(layer, save)
         model.layers.register_module(name, wrapped)
 
 
@@ -303,9 +256,9 @@ def _compiled_block_calls() -> list[list[str]]:
         model = _llama(1)
         _apply_tp(model, init_device_mesh("cpu", (TP,)))
         _apply_ac(model, "op")
-        block = torch.compile(model.layers["0"], fullgraph=True)
+        compiled = torch.compile(model.layers["0"], fullgraph=True)
         x = torch.randn(BATCH, SEQ // TP, DIM, requires_grad=True)
-        _, codes = run_and_get_code(lambda: block(x, None).sum().backward())
+        _, codes = run_and_get_code(lambda: compiled(x, None).sum().backward())
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
