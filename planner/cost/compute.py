@@ -96,6 +96,12 @@ class AnalyticCompute:
         self._gemm_table = self._table(gemm_dtype or dtype)
         self._batched_table = self._table(dtype)
 
+    @property
+    def _measured_pace(self) -> float:
+        """Factor on the compute-bound time of the measured rates (GEMM table, attention):
+        the job's slowest GPU, over the GPU's sustained share of those burst measurements."""
+        return self.compute_slowdown / self.eff.sustained_compute
+
     def _table(self, dtype: str) -> GemmTable | None:
         """The GPU's measured GEMM table where it applies to `dtype`, else None."""
         if self.eff.gemm_table is None or dtype not in TABLE_DTYPES:
@@ -111,7 +117,7 @@ class AnalyticCompute:
         where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
         its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
-            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale / self.compute_slowdown
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale / self._measured_pace
         return (peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
                 / self.compute_slowdown)
 
@@ -151,7 +157,7 @@ class AnalyticCompute:
         if backward:
             flops *= FLASH_BACKWARD_FLOP_RATIO
         rate = bwd_rate if backward else fwd_rate
-        return flops * self.compute_slowdown / (self.peak * rate * self._saturation(seq))
+        return flops * self._measured_pace / (self.peak * rate * self._saturation(seq))
 
     def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
         """Forward and backward seconds of a layer's attention core under `attention`."""

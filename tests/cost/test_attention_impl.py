@@ -14,11 +14,11 @@ from planner.cost.shapes import Shard, layer_work
 from planner.errors import PlannerError
 from planner.search.runtimes import default_attention, runtime_cost_options
 from planner.spec import Cluster
+from tests.cost.burst_rates import burst_rates
 
-_PRESET = resolve_gpu("h100")
-H100 = _PRESET.model_copy(update={"efficiency": _PRESET.efficiency.model_copy(update={"layer_scale": 1.0})})
-"""The H100's component rates, without the measured-layer anchor that multiplies them all
-(tests/cost/test_layer_scale.py): these tests check the kernels against their own sources."""
+H100 = burst_rates("h100")
+"""The H100's component rates, without the measured-layer anchor and the sustained clock that
+multiply them (tests/cost/burst_rates.py): these tests check the kernels against their own sources."""
 LLAMA = resolve_model("llama3-8b")
 # The FlashAttention-3 paper's benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
 BENCH = LLAMA.model_copy(update=dict(hidden_size=2048, num_attention_heads=16, num_kv_heads=16))

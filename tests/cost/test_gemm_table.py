@@ -18,6 +18,7 @@ from planner.cost.calibrate import transfer
 from planner.cost.compute import AnalyticCompute
 from planner.cost.gemm_table import load_gemm_table
 from planner.cost.shapes import Gemm
+from tests.cost.burst_rates import burst_rates
 
 TABLE_FILE = "gemm_h100_sxm_xla.toml"
 RAW = tomllib.loads(resources.files("planner.presets").joinpath(TABLE_FILE).read_text())
@@ -45,15 +46,8 @@ def test_the_data_file_holds_the_sources_figures():
     assert len(MEASURED) == 125 and len(batched) == 50
 
 
-def _table_rates(name: str):
-    """`name`'s component rates: the preset without its measured-layer anchor (`layer_scale`,
-    tests/cost/test_layer_scale.py), which multiplies every rate."""
-    gpu = resolve_gpu(name)
-    return gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"layer_scale": 1.0})})
-
-
 def test_the_model_reproduces_every_measured_gemm():
-    h100 = AnalyticCompute(_table_rates("h100"))
+    h100 = AnalyticCompute(burst_rates("h100"))
     for (m, n, k), flops in MEASURED.items():
         memory = 2.0 * (m * k + k * n + m * n) / h100.mem_bw
         assert 2.0 * m * n * k / flops > memory  # every point is compute-bound at the preset's HBM rate
@@ -81,15 +75,15 @@ def test_beyond_the_grid_large_dimensions_hold_the_edge_and_small_ones_the_time(
         2 * 4096 * 256 * 4096 / table.measured(4096, 256, 4096))
 
 
-def test_the_preset_runs_the_table_times_its_layer_anchor():
-    gpu = resolve_gpu("h100")
-    assert gpu.efficiency.layer_scale < 1.0
-    assert _compute_rate(AnalyticCompute(gpu), 4096, 4096, 4096) == pytest.approx(
-        MEASURED[(4096, 4096, 4096)] * gpu.efficiency.layer_scale, rel=1e-9)
+def test_the_preset_runs_the_table_times_its_layer_anchor_and_sustained_clock():
+    eff = resolve_gpu("h100").efficiency
+    assert eff.layer_scale < 1.0 and eff.sustained_compute < 1.0
+    assert _compute_rate(AnalyticCompute(resolve_gpu("h100")), 4096, 4096, 4096) == pytest.approx(
+        MEASURED[(4096, 4096, 4096)] * eff.layer_scale * eff.sustained_compute, rel=1e-9)
 
 
 def test_large_gemms_run_at_the_independently_measured_maximum():
-    h100 = AnalyticCompute(_table_rates("h100"))
+    h100 = AnalyticCompute(burst_rates("h100"))
     largest = _compute_rate(h100, 16384, 8192, 8192)
     assert largest == pytest.approx(MAMF_H100_SXM_TFLOPS * 1e12, rel=0.02)
     shapes = itertools.product((2048, 8192, 16384, 65536), (128, 1024, 3584, 8192, 28672), (1024, 4096, 16384))
@@ -143,7 +137,7 @@ def test_a100_prior_agrees_with_a_sustained_gemm_measurement():
 
 
 def test_a_batched_kernel_runs_at_the_tables_batched_measurement():
-    h100 = AnalyticCompute(_table_rates("h100"))
+    h100 = AnalyticCompute(burst_rates("h100"))
     batched = {(b, m, n, k): tflops * 1e12 for b, m, n, k, tflops in RAW["batched"]}
     g = Gemm(name="scores", m=4096, n=1024, k=4096, count=4)
     assert g.flops / (h100.batched_gemm_time(g) - h100.overhead_s) == pytest.approx(batched[(4, 4096, 1024, 4096)])

@@ -16,6 +16,7 @@ import pytest
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.shapes import Shard, layer_work
+from tests.cost.burst_rates import burst_rates
 
 MEASURED_MS = (4.585, 9.906)
 """Forward and backward of the measured block (see the module docstring)."""
@@ -24,9 +25,11 @@ GH100_PARTS = ("h100", "h800", "h200", "h100-96gb")
 
 
 def _block_ms(gpu_name: str, layer_scale: float | None = None) -> tuple[float, float]:
-    gpu = resolve_gpu(gpu_name)
-    if layer_scale is not None:
-        gpu = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"layer_scale": layer_scale})})
+    """The block's forward and backward ms on `gpu_name` at burst rates, as it was measured
+    (a profile of 3 warm-up and 10 timed repeats: tests/cost/burst_rates.py)."""
+    if layer_scale is None:
+        layer_scale = resolve_gpu(gpu_name).efficiency.layer_scale
+    gpu = burst_rates(gpu_name, layer_scale=layer_scale)
     work = layer_work(resolve_model("llama3-8b"), "transformer", Shard(mbs=4, seq=8192, tp=8))
     times = AnalyticCompute(gpu, "bf16").layer_times(work, "flash2")
     return times.forward_s * 1e3, times.backward_s * 1e3

@@ -13,15 +13,10 @@ from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
 from planner.errors import PlannerError
 from planner.spec import Cluster
+from tests.cost.burst_rates import burst_rates
 
 
-def _unscaled(name: str):
-    """The GPU's component rates without the measured-layer anchor (tests/cost/test_layer_scale.py)."""
-    gpu = resolve_gpu(name)
-    return gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(update={"layer_scale": 1.0})})
-
-
-H100, A100 = _unscaled("h100"), _unscaled("a100-80gb")
+H100, A100 = burst_rates("h100"), burst_rates("a100-80gb")
 # The FlashAttention-2 / -3 papers' benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
 BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16,
                                                           num_kv_heads=16))
