@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from planner.catalog import gpu_presets, model_presets, resolve_gpu
@@ -37,3 +39,18 @@ def cli(capsys):
         return exit_info.value.code, out, err
 
     return invoke
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_group_outlives_its_module():
+    """Tear down a default process group (and megatron-core's model-parallel state over it) that
+    a module's tests left behind, e.g. the megatron profile block's one-process group, so a later
+    module can start its own (torch's fake world) in any test order."""
+    yield
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+        return
+    parallel_state = sys.modules.get("megatron.core.parallel_state")
+    if parallel_state is not None:
+        parallel_state.destroy_model_parallel()
+    distributed.destroy_process_group()
