@@ -20,6 +20,7 @@ from pathlib import Path
 from planner.spec import GpuEfficiency, ModelSpec
 
 DATA = Path(__file__).parents[1] / "presets" / "kernel_counts.toml"
+MEGATRON_MOE_DATA = Path(__file__).parents[1] / "presets" / "megatron_moe_counts.toml"
 
 STYLES: dict[str, tuple[str, dict]] = {
     "rmsnorm-swiglu-rope": ("tiny-llama", {}),
@@ -48,6 +49,10 @@ class OpCounts:
     forward_views: int
     backward_kernels: int
     backward_views: int
+    forward_cpp: int = 0
+    """Ops issued from C++ without Python (DeepEP's allocations and kernels, TE's per-expert
+    GEMMs): charged at the host's C++ per-op time, `host_op_us_backward`."""
+    backward_cpp: int = 0
 
 
 def style_of(spec: ModelSpec) -> str:
@@ -80,8 +85,38 @@ def op_counts(spec: ModelSpec, kind: str, unfused_attention: bool = False, dropo
     )
 
 
+@cache
+def load_megatron_moe_counts() -> dict[str, dict[str, int]]:
+    """Megatron-core's MoE layer counts (flex dispatcher on DeepEP) and the dense MLP they replace."""
+    return tomllib.loads(MEGATRON_MOE_DATA.read_text())["megatron-deepep"]
+
+
+def megatron_moe_block(dense: OpCounts, local_experts: int) -> OpCounts:
+    """The ops of an MoE block as Megatron-core runs it with the flex (DeepEP) dispatcher, TE's
+    fused permute and GroupedLinear: the traced block `dense` with its dense MLP's ops
+    replaced by the MoE layer's, whose count grows with the rank's `local_experts`."""
+    data = load_megatron_moe_counts()
+    moe, mlp = data["moe_layer"], data["dense_mlp"]
+
+    def layer(key: str) -> int:
+        return moe[key] + moe.get(f"{key}_per_expert", 0) * local_experts
+
+    return OpCounts(
+        forward_kernels=dense.forward_kernels - mlp["forward_kernels"] + layer("forward_kernels"),
+        forward_views=dense.forward_views - mlp["forward_views"] + layer("forward_views"),
+        backward_kernels=dense.backward_kernels - mlp["backward_kernels"] + layer("backward_kernels"),
+        backward_views=dense.backward_views - mlp["backward_views"] + layer("backward_views"),
+        forward_cpp=dense.forward_cpp + layer("forward_cpp"),
+        backward_cpp=dense.backward_cpp + layer("backward_cpp"),
+    )
+
+
 def host_times(counts: OpCounts, eff: GpuEfficiency) -> tuple[float, float]:
-    """Host seconds to dispatch a layer's forward and its backward."""
-    forward = eff.host_op_us_forward * (counts.forward_kernels + VIEW_HOST_SHARE * counts.forward_views)
-    backward = eff.host_op_us_backward * (counts.backward_kernels + VIEW_HOST_SHARE * counts.backward_views)
+    """Host seconds to dispatch a layer's forward and its backward: Python-dispatched ops at the
+    pass's per-op time (views at `VIEW_HOST_SHARE`), C++-issued ones at the C++ path's
+    (`host_op_us_backward`: the same op without the Python call and binding)."""
+    forward = (eff.host_op_us_forward * (counts.forward_kernels + VIEW_HOST_SHARE * counts.forward_views)
+               + eff.host_op_us_backward * counts.forward_cpp)
+    backward = eff.host_op_us_backward * (counts.backward_kernels + VIEW_HOST_SHARE * counts.backward_views
+                                          + counts.backward_cpp)
     return forward * 1e-6, backward * 1e-6

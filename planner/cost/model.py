@@ -19,7 +19,7 @@ from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
-from planner.cost.kernel_counts import host_times, op_counts
+from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_sm_fraction, deepep_times,
                               dispatch_bytes, imbalance_of, moe_gemms)
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
@@ -230,6 +230,12 @@ class CostOptions:
     (Megatron's `--moe-token-dispatcher-type alltoall`); "deepep", DeepEP's normal kernels
     (`--moe-token-dispatcher-type flex --moe-enable-deepep`), one copy per destination node
     across nodes or rank inside one, at DeepEP's measured bandwidths (planner/cost/moe.py)."""
+    megatron_moe_ops: bool = False
+    """An MoE block's host floor counts the ops Megatron-core's MoELayer launches with the flex
+    dispatcher on DeepEP (`moe_dispatcher` "deepep"), TE's fused permute and GroupedLinear: router,
+    aux loss, DeepEP's layout / dispatch / combine, permutation, and one GEMM per local expert
+    each way (kernel_counts.megatron_moe_block; counted by tests/bench/megatron_moe_op_counts.py
+    from Megatron-LM 1e057005, TE v2.3, DeepEP aae9fa9); otherwise the traced dense block's."""
     moe_ep_overlap: bool = False
     """Megatron's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`; default off):
     interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
@@ -399,6 +405,8 @@ class AnalyticSource:
         if opts.cuda_graphs:
             return times
         counts = op_counts(self.spec, kind, not opts.flash_attention, opts.dropout)
+        if kind == "transformer" and self.spec.is_moe and opts.megatron_moe_ops and opts.moe_dispatcher == "deepep":
+            counts = megatron_moe_block(counts, self.spec.num_experts // shard.ep)
         if opts.launch_blocking:
             return host_serial(times, *host_times(counts, self.compute.eff))
         return host_floor(times, *host_times(counts, self.compute.eff))

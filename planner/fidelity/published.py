@@ -173,6 +173,8 @@ class PublishedRun(BaseModel):
     """The MoE token dispatcher (CostOptions): "deepep" for Megatron's flex dispatcher on DeepEP."""
     moe_ep_overlap: bool = False
     """Megatron's --overlap-moe-expert-parallel-comm, combined 1F1B (CostOptions)."""
+    megatron_moe_ops: bool = False
+    """An MoE block charges the ops Megatron-core's MoE layer launches on DeepEP (CostOptions)."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -372,6 +374,7 @@ def cost_options(run: PublishedRun) -> CostOptions:
         parameter_copies=run.parameter_copies,
         moe_dispatcher=run.moe_dispatcher,
         moe_ep_overlap=run.moe_ep_overlap,
+        megatron_moe_ops=run.megatron_moe_ops,
         **({} if run.cuda_context_mib is None else {"cuda_context_bytes": run.cuda_context_mib * MiB}),
     )
 

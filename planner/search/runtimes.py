@@ -32,7 +32,7 @@ RUNTIME_RULES: dict[str, dict] = {
 """What each runtime fixes, as SearchSpace fields (intersected with the user's choices)."""
 
 RUNTIME_COSTS: dict[str, dict] = {
-    "megatron": {"p2p_mode": "megatron-lm"},
+    "megatron": {"p2p_mode": "megatron-lm", "megatron_moe_ops": True},
     "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
                    "tp_backward_overlap": "none", "sp_seq_dim_copies": True},
     "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True},
@@ -44,7 +44,8 @@ stock recipes run the model eager, so SwiGLU keeps silu's output (measured on it
 tests/profile/test_blocks.py), and it shards data-parallel weights with FSDP2's fully_shard,
 whose copy kernels run on the compute stream (planner/cost/step.py `fsdp2_copy_time`).
 Megatron-LM blocks on its pipeline exchange in plain 1F1B and overlaps it in interleaved 1F1B;
-DeepSpeed's PipelineEngine blocks on every send and receive (CostOptions.p2p_mode). Without a
+DeepSpeed's PipelineEngine blocks on every send and receive (CostOptions.p2p_mode). Megatron-LM's
+MoE blocks on DeepEP launch its MoE layer's ops (CostOptions.megatron_moe_ops). Without a
 runtime, sends overlap compute, as torch.distributed.pipelining's isend / irecv do. torchtitan
 and torch tensor parallelism is DTensor's: each backward collective is its own autograd op,
 waited on before the next GEMM, with no re-gather (CostOptions.tp_backward_overlap "none");
