@@ -16,6 +16,7 @@ from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import combined_1f1b_runs
 from planner.search.runtimes import runtime_cost_options
+from planner.spec import GpuEfficiency
 from planner.errors import LayoutError
 
 
@@ -104,3 +105,18 @@ def cost_command(
     if cost_model.source.name == "analytic":
         stdout.print(f"compute efficiencies of {cluster.gpu.name}: {cluster.gpu.efficiency.source}",
                      markup=False, highlight=False)
+        anchors = rate_anchors(cluster.gpu.efficiency)
+        if anchors:
+            stdout.print(anchors, markup=False, highlight=False)
+
+
+def rate_anchors(eff: GpuEfficiency) -> str:
+    """One line naming the factors on a GPU's component rates (its measured-layer anchor and
+    sustained clock), or "" when it has none."""
+    parts = []
+    if eff.layer_scale != 1.0:
+        parts.append(f"every rate x layer_scale {eff.layer_scale:g} (a block measured on this GPU)")
+    if eff.sustained_compute != 1.0:
+        parts.append(f"the measured compute-bound rates x sustained_compute {eff.sustained_compute:g} "
+                     "(a GPU held at its power limit)")
+    return "; ".join(parts) + " (docs/h100_rates.md)" if parts else ""

@@ -69,3 +69,12 @@ def test_a_fit_carries_the_factor_it_was_fitted_under():
     without one they keep it, as they keep `layer_scale`."""
     moved = transfer(resolve_gpu("h100").efficiency, resolve_gpu("a100-80gb"))
     assert moved.sustained_compute == resolve_gpu("h100").efficiency.sustained_compute
+
+
+def test_planner_cost_names_the_factors_on_the_rates(cli):
+    code, out, _ = cli("cost", "--model", "llama3-8b", "--seq", "2048", "--gpu", "h100")
+    assert code == 0
+    assert "sustained_compute 0.88 (a GPU held at its power limit)" in out
+    assert "layer_scale 0.948" in out
+    code, out, _ = cli("cost", "--model", "llama3-8b", "--seq", "2048", "--gpu", "a100-80gb")
+    assert code == 0 and "sustained_compute" not in out and "layer_scale" not in out
