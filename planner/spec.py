@@ -211,9 +211,9 @@ class GpuEfficiency(BaseModel):
     measured on this GPU to what its component rates predict for it (1: no such measurement)."""
     layer_scale_source: str = ""
     sustained_compute: float = Field(default=1.0, gt=0, le=1)
-    """Factor on the compute-bound rates (GEMMs, attention) for a training run's steady state:
-    the GPU's sustained over its burst matmul throughput where the rates above were measured in
-    short bursts (1: they are sustained rates, or no such measurement)."""
+    """Factor on the measured compute-bound rates (`gemm_table`, attention) for a training run's
+    steady state: the GPU's sustained over its burst matmul throughput where those rates were
+    measured in short bursts (1: they are sustained rates or priors, or no such measurement)."""
     sustained_compute_source: str = ""
 
 

@@ -26,8 +26,11 @@ planner/cost/gemm_table.py), its bf16/fp16 GEMMs take peak * e_gemm * s(m) s(n) 
 table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
 and c stay. Every rate (peak, table, HBM) is multiplied by the GPU's `layer_scale`: the
 ratio of a layer measured on that GPU to what these component rates predict for it (1 where
-no layer was measured). The efficiencies are per-GPU data (presets/gpus.toml); `planner
-profile` measurements fit them.
+no layer was measured). Those measurements were bursts; a training run holds the GPU at its
+power limit, so the measured compute-bound rates (the GEMM table, attention) also take the GPU's
+`sustained_compute`, its sustained over its burst matmul throughput (1 where the rates are
+sustained ones or priors; docs/h100_rates.md section e). The efficiencies are per-GPU data
+(presets/gpus.toml); `planner profile` measurements fit them.
 
 A job waits for its slowest GPU: `compute_slowdown` (planner/cost/stragglers.py) lowers every
 compute-bound rate (GEMMs, attention) by the expected slowest-of-N factor; HBM-bound terms and c
