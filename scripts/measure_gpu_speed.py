@@ -7,6 +7,9 @@ node works):
     srun --ntasks-per-node=1 python scripts/measure_gpu_speed.py measure --out speeds/
     python scripts/measure_gpu_speed.py collect speeds/ --name my-h100-cluster > my-h100-cluster.toml
     planner plan ... --gpu-speed-spread my-h100-cluster.toml
+
+The collected file also gives the median sustained over burst GEMM rate (`sustained_over_burst`),
+to compare with the GPU preset's `sustained_compute` (docs/h100_rates.md section e).
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{socket.gethostname()}.json").write_text(json.dumps(records, indent=1))
         for r in records:
-            print(f"{r['host']} GPU {r['index']}: {r['tflops']:.1f} TFLOP/s", file=sys.stderr)
+            burst = 2 * r["gemm_size"] ** 3 / r["burst_seconds_per_gemm"] / 1e12
+            print(f"{r['host']} GPU {r['index']}: {r['tflops']:.1f} TFLOP/s sustained, {burst:.1f} in a burst",
+                  file=sys.stderr)
     else:
         sys.stdout.write(collect(args.directory, args.name))
 

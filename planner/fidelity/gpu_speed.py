@@ -3,7 +3,10 @@
 
 On each node, every local GPU runs the same bf16 GEMM back to back at once (all GPUs loaded
 together, as in training, so each reaches the clock its power limit and cooling allow), and
-the node writes one JSON record per GPU. `collect` turns the records of all nodes into one
+the node writes one JSON record per GPU. Before the load, each GPU also times one burst of the
+GEMM after an idle second (the regime of short benchmarks and of `planner profile`, at the boost
+clock), so a record gives the GPU's sustained over its burst rate, the quantity the GPU presets
+carry as `sustained_compute` (docs/h100_rates.md section e). `collect` turns the records of all nodes into one
 population in the format of planner/presets/gpu_speed_spread.toml, which
 `planner plan|evaluate|sweep --gpu-speed-spread FILE` reads.
 """
@@ -30,6 +33,7 @@ def _measure_one(index: int, size: int, warmup_s: float, seconds: float, queue) 
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
     batch = 20
+    burst = _burst_seconds(lambda: torch.matmul(a, b, out=out), batch)
     start = time.monotonic()
     while time.monotonic() - start < warmup_s:
         for _ in range(batch):
@@ -51,7 +55,34 @@ def _measure_one(index: int, size: int, warmup_s: float, seconds: float, queue) 
         "name": props.name, "gemm_size": size, "windows": len(windows),
         "seconds_per_gemm": statistics.median(windows),
         "tflops": 2 * size ** 3 / statistics.median(windows) / 1e12,
+        "burst_seconds_per_gemm": burst,
     })
+
+
+def _burst_seconds(gemm, batch: int, idle_s: float = 1.0) -> float:
+    """Seconds per GEMM over one burst of `batch` GEMMs started after `idle_s` of idle (after
+    three untimed ones that set up cuBLAS)."""
+    import torch
+
+    for _ in range(3):
+        gemm()
+    torch.cuda.synchronize()
+    time.sleep(idle_s)
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(batch):
+        gemm()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / batch
+
+
+def sustained_over_burst(records: list[dict]) -> float | None:
+    """Median over GPUs of the sustained over the burst GEMM rate (burst time over sustained
+    time), or None when a record has no burst timing (records of an older script)."""
+    if not records or any("burst_seconds_per_gemm" not in r for r in records):
+        return None
+    return statistics.median(r["burst_seconds_per_gemm"] / r["seconds_per_gemm"] for r in records)
 
 
 def measure_node(size: int = GEMM_SIZE, warmup_s: float = 30.0, seconds: float = 60.0) -> list[dict]:
@@ -88,7 +119,19 @@ def population_toml(name: str, records: list[dict]) -> str:
             f'benchmark = "bf16 GEMM {size}^3, all GPUs of a node at once"\n'
             f'unit = "s per GEMM"\n'
             f"source = {json.dumps(source)}\n"
-            f"times = [{', '.join(f'{t:.9g}' for t in times)}]\n")
+            f"times = [{', '.join(f'{t:.9g}' for t in times)}]\n"
+            + _ratio_line(records))
+
+
+def _ratio_line(records: list[dict]) -> str:
+    """The population's sustained-over-burst line, for comparison with the GPU preset's
+    `sustained_compute` (not read by the straggler model), or "" without burst timings."""
+    ratio = sustained_over_burst(records)
+    if ratio is None:
+        return ""
+    return (f"# sustained over burst GEMM rate, median over GPUs: {ratio:.3f} "
+            "(compare `sustained_compute` in planner/presets/gpus.toml)\n"
+            f"sustained_over_burst = {ratio:.4f}\n")
 
 
 def collect(directory: Path, name: str) -> str:

@@ -192,6 +192,29 @@ def test_measured_node_records_collect_into_a_population_the_planner_reads(tmp_p
     assert spread.slowdown(4) == pytest.approx(expected_slowest([0.99, 1.0, 1.02, 1.05], 4))
 
 
+def test_collected_records_with_bursts_give_the_sustained_over_burst_ratio(tmp_path):
+    """Each GPU's sustained rate over its burst rate (burst time over sustained time), the
+    median over GPUs, written beside the population, which still loads."""
+    import tomllib
+
+    from planner.fidelity.gpu_speed import collect
+
+    ratios = (0.86, 0.88, 0.90, 0.95)
+    records = [{"host": "node-a", "index": i, "uuid": f"a-{i}", "name": "NVIDIA H100 80GB HBM3",
+                "gemm_size": 8192, "windows": 100, "seconds_per_gemm": 1.6e-3, "tflops": 0.0,
+                "burst_seconds_per_gemm": 1.6e-3 * r} for i, r in enumerate(ratios)]
+    (tmp_path / "node-a.json").write_text(json.dumps(records))
+    text = collect(tmp_path, "bursts")
+    assert tomllib.loads(text)["bursts"]["sustained_over_burst"] == pytest.approx(0.89, abs=5e-5)
+    path = tmp_path / "bursts.toml"
+    path.write_text(text)
+    assert len(load_speed_spread(str(path)).times) == 4
+    for r in records:
+        del r["burst_seconds_per_gemm"]
+    (tmp_path / "node-a.json").write_text(json.dumps(records))
+    assert "sustained_over_burst" not in collect(tmp_path, "old")
+
+
 def test_another_jobs_analytic_source_is_costed_at_this_jobs_pace():
     """`planner plan`'s hints re-cost a request at other GPU counts with the first model's source."""
     spec, gpu = resolve_model("llama3-8b"), resolve_gpu("h100")
