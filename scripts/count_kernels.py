@@ -65,6 +65,18 @@ class _FusedRMSNorm(RMSNorm):
         return _fused_rms_norm(x, self.weight, eps)
 
 
+def op_kind(func, out) -> str | None:
+    """"view" for an op whose outputs alias its inputs, "kernel" for any other op that returns a
+    tensor, None for the rest (no GPU work)."""
+    schema = func._schema
+    aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+    if aliases or func.is_view or "_unsafe_view" in schema.name:
+        return "view"
+    if any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(out)):
+        return "kernel"
+    return None
+
+
 class _OpCounter(TorchDispatchMode):
     """Counts kernel-launching ops and aliasing (view) ops."""
 
@@ -75,11 +87,10 @@ class _OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-        if aliases or func.is_view or "_unsafe_view" in schema.name:
+        kind = op_kind(func, out)
+        if kind == "view":
             self.views += 1
-        elif any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(out)):
+        elif kind == "kernel":
             self.kernels += 1
         return out
 
@@ -104,9 +115,14 @@ def count_layer(cfg: BlockConfig, kind: str) -> dict[str, int]:
         x = torch.randint(0, cfg.vocab_size, (TRACE_MBS, TRACE_SEQ))
     else:
         x = torch.randn(TRACE_MBS, TRACE_SEQ, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    return count_module(layer, x)
+
+
+def count_module(module: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
+    """Kernels and views of `module`'s forward on `x` and of its backward from a random gradient."""
     forward, backward = _OpCounter(), _OpCounter()
     with forward:
-        out = layer(x)
+        out = module(x)
     grad = torch.randn_like(out)
     with backward:
         out.backward(grad)

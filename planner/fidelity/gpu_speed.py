@@ -33,22 +33,20 @@ def _measure_one(index: int, size: int, warmup_s: float, seconds: float, queue) 
     b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(size, size, device="cuda", dtype=torch.bfloat16)
     batch = 20
-    burst = _burst_seconds(lambda: torch.matmul(a, b, out=out), batch)
+
+    def gemm() -> None:
+        torch.matmul(a, b, out=out)
+
+    burst = _burst_seconds(gemm, batch)
     start = time.monotonic()
     while time.monotonic() - start < warmup_s:
         for _ in range(batch):
-            torch.matmul(a, b, out=out)
+            gemm()
         torch.cuda.synchronize()
     windows = []
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        begin.record()
-        for _ in range(batch):
-            torch.matmul(a, b, out=out)
-        end.record()
-        end.synchronize()
-        windows.append(begin.elapsed_time(end) / 1e3 / batch)
+        windows.append(_timed_batch(gemm, batch))
     props = torch.cuda.get_device_properties(index)
     queue.put({
         "host": socket.gethostname(), "index": index, "uuid": str(getattr(props, "uuid", index)),
@@ -68,6 +66,13 @@ def _burst_seconds(gemm, batch: int, idle_s: float = 1.0) -> float:
         gemm()
     torch.cuda.synchronize()
     time.sleep(idle_s)
+    return _timed_batch(gemm, batch)
+
+
+def _timed_batch(gemm, batch: int) -> float:
+    """Seconds per GEMM over `batch` back-to-back GEMMs, timed by CUDA events."""
+    import torch
+
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
     for _ in range(batch):

@@ -36,6 +36,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from scripts.count_kernels import TRACE_MBS, TRACE_SEQ, count_module, op_kind
+
 MIRROR = Path("/work/.mirror/NVIDIA+Megatron-LM/repo")
 COMMIT = "1e057005"
 TP, EP, WORLD = 4, 8, 32
@@ -93,7 +95,7 @@ class Tally:
 
 
 class _Counter(TorchDispatchMode):
-    """Counts kernel-launching ops and views (scripts/count_kernels.py's classification)."""
+    """Counts kernel-launching ops and views (scripts/count_kernels.py's `op_kind`)."""
 
     def __init__(self, tally: Tally):
         super().__init__()
@@ -101,11 +103,10 @@ class _Counter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        schema = func._schema
-        aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-        if aliases or func.is_view or "_unsafe_view" in schema.name:
+        kind = op_kind(func, out)
+        if kind == "view":
             self.tally.views += 1
-        elif any(isinstance(t, torch.Tensor) for t in torch.utils._pytree.tree_leaves(out)):
+        elif kind == "kernel":
             self.tally.kernels += 1
         if func in (torch.ops.aten._local_scalar_dense.default,):
             self.tally.syncs.append(f"{func} (.item()/.tolist() of a CPU tensor here)")
@@ -381,19 +382,11 @@ def dense_mlp() -> dict[str, int]:
     style), which the MoE layer replaces, counted as scripts/count_kernels.py counts the block."""
     from planner.catalog import resolve_model
     from planner.torch_blocks import BlockConfig, FeedForward
-    from scripts.count_kernels import TRACE_MBS, TRACE_SEQ, _OpCounter
     torch.manual_seed(0)
     cfg = BlockConfig(**resolve_model("tiny-llama").block_fields(1, TRACE_SEQ))
     mlp = FeedForward(cfg).to(torch.bfloat16)
     x = torch.randn(TRACE_MBS, TRACE_SEQ, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
-    forward, backward = _OpCounter(), _OpCounter()
-    with forward:
-        out = mlp(x)
-    grad = torch.randn_like(out)
-    with backward:
-        out.backward(grad)
-    return {"forward_kernels": forward.kernels, "forward_views": forward.views,
-            "backward_kernels": backward.kernels, "backward_views": backward.views}
+    return count_module(mlp, x)
 
 
 def main(argv: list[str] | None = None) -> int:
