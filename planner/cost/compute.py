@@ -19,7 +19,9 @@ rates per GPU, `flash3_*`, `cudnn_*` and `triton_fa1_*`), or unfused attention: 
 batched GEMMs over the full s x s score matrix, and the softmax (with its scale and mask) and
 dropout as memory-bound passes over the b * a * s^2 scores (`shapes.attention_passes`). The backward of a GEMM is a data-gradient GEMM
 (m, k, n), charged to backward-input (I), and a weight-gradient GEMM (k, n, m), charged to
-backward-weight (W), as the zero-bubble schedules split them (Qi et al. 2024).
+backward-weight (W), as the zero-bubble schedules split them (Qi et al. 2024). A W GEMM that
+accumulates into an fp32 main gradient reads and writes it (8 bytes per weight in the memory
+term, not 2; planner/cost/grad_accum.py).
 
 Where a GPU has a measured GEMM table (`gemm_table` in presets/gpus.toml, read by
 planner/cost/gemm_table.py), its bf16/fp16 GEMMs take peak * e_gemm * s(m) s(n) s(k) from the
@@ -82,8 +84,12 @@ class AnalyticCompute:
     """Layer times on one GPU from FLOPs, bytes and the GPU's efficiency curves."""
 
     def __init__(self, gpu: GpuSpec, dtype: str = "bf16", efficiency: GpuEfficiency | None = None,
-                 gemm_dtype: str | None = None, compute_slowdown: float = 1.0):
+                 gemm_dtype: str | None = None, compute_slowdown: float = 1.0,
+                 wgrad_output_bytes: float = 2.0):
         self.gpu = gpu
+        self.wgrad_output_bytes = wgrad_output_bytes
+        """HBM bytes per weight a weight-gradient GEMM moves for its output (2: a new 16-bit
+        gradient; 8: an fp32 main gradient accumulated in place, planner/cost/grad_accum.py)."""
         self.compute_slowdown = compute_slowdown
         """Factor on the compute-bound time of GEMMs and attention: the job's slowest GPU
         (planner/cost/stragglers.py); memory-bound time and per-kernel overhead keep theirs."""
@@ -124,10 +130,10 @@ class AnalyticCompute:
         return (peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
                 / self.compute_slowdown)
 
-    def gemm_time(self, m: int, n: int, k: int) -> float:
-        """Seconds for one (m x k) @ (k x n) GEMM."""
+    def gemm_time(self, m: int, n: int, k: int, output_bytes: float = 2.0) -> float:
+        """Seconds for one (m x k) @ (k x n) GEMM whose output moves `output_bytes` per element."""
         compute = 2.0 * m * n * k / self._gemm_rate(m, n, k, self.gemm_peak, self._gemm_table)
-        memory = 2.0 * (m * k + k * n + m * n) / self.mem_bw
+        memory = (2.0 * (m * k + k * n) + output_bytes * m * n) / self.mem_bw
         return max(compute, memory) + self.overhead_s
 
     def batched_gemm_time(self, g: Gemm) -> float:
@@ -182,12 +188,12 @@ class AnalyticCompute:
 
     def gemms_times(self, gemms: Iterable[Gemm]) -> LayerTimes:
         """Forward, backward-input (data-gradient GEMMs) and backward-weight (weight-gradient
-        GEMMs) seconds of `gemms`."""
+        GEMMs, their output at `wgrad_output_bytes`) seconds of `gemms`."""
         forward = backward_input = backward_weight = 0.0
         for g in gemms:
             forward += g.count * self.gemm_time(g.m, g.n, g.k)
             backward_input += g.count * self.gemm_time(g.m, g.k, g.n)
-            backward_weight += g.count * self.gemm_time(g.k, g.n, g.m)
+            backward_weight += g.count * self.gemm_time(g.k, g.n, g.m, self.wgrad_output_bytes)
         return LayerTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=backward_weight)
 
     def layer_times(self, work: LayerWork, attention: str = "flash2") -> LayerTimes:

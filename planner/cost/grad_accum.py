@@ -11,6 +11,15 @@ tensor that autograd's `AccumulateGrad` adds into `param.grad` in place
 gradients and writes one, 3 x the gradient's bytes per parameter, on the compute stream inside
 the backward. The first micro-batch after `zero_grad(set_to_none=True)` pays nothing (autograd
 steals its gradient), so over a step of M micro-batches a parameter is added M - 1 times.
+
+The fused accumulation is not free either: the weight-gradient GEMM runs with beta = 1 into
+the main gradient (Megatron's `wgrad_gemm_accum_fp32`: cublasGemmEx with an fp32 C operand;
+Transformer Engine's `general_gemm(..., out=main_grad, accumulate=True)` and its grouped
+GEMM's `accumulate=True` for MoE experts), so every micro-batch it reads and writes the whole
+weight gradient in the main gradient's dtype: 8 bytes per weight in fp32 against the 2 a fresh
+bf16 gradient writes. The GEMM's compute hides that traffic when it contracts over many tokens;
+it does not when few tokens reach a weight, as with the routed experts of a fine-grained MoE
+(hundreds of tokens per expert per micro-batch): `wgrad_output_bytes`.
 """
 
 from __future__ import annotations
@@ -19,11 +28,21 @@ from typing import Literal, get_args
 
 from planner.cost.compute import AnalyticCompute
 
-WgradAccumulation = Literal["fused", "autograd"]
+WgradAccumulation = Literal["fused", "autograd", "none"]
 WGRAD_ACCUMULATION: tuple[str, ...] = get_args(WgradAccumulation)
 
 ACCUMULATE_READS_WRITES = 3
 """`param.grad += new_grad`: read both gradients, write the sum."""
+
+NEW_GRADIENT_BYTES = 2
+"""A weight-gradient GEMM that writes a fresh 16-bit gradient: 2 bytes per weight."""
+
+
+def wgrad_output_bytes(accumulation: WgradAccumulation, main_grad_bytes: int) -> float:
+    """HBM bytes per weight that a weight-gradient GEMM moves for its output: the main gradient
+    read and written in place (`main_grad_bytes` each way) under the fused accumulation, else
+    a new 16-bit gradient written once."""
+    return 2.0 * main_grad_bytes if accumulation == "fused" else float(NEW_GRADIENT_BYTES)
 
 
 def autograd_accumulation_s(compute: AnalyticCompute, params: float, grad_bytes: int, microbatches: int) -> float:

@@ -18,7 +18,7 @@ from typing import Literal, Protocol, get_args
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
-from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
+from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation, wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_sm_fraction, deepep_times,
                               dispatch_bytes, imbalance_of, moe_gemms)
@@ -68,7 +68,8 @@ class CostOptions:
     exposed, none gathered again (Megatron-LM before 2021-09, Megatron-DeepSpeed, torch
     DTensor TP)."""
     grad_reduce_bytes: int = 4
-    """Bytes per gradient element in the data-parallel reduction (fp32 by default)."""
+    """Bytes per gradient element in the data-parallel reduction (fp32 by default); Megatron's
+    DDP keeps its main gradients in the same dtype (`grad_reduce_in_fp32`)."""
     cp_comm: CpComm = "ring"
     """How context parallelism moves K and V: a ring of sends hidden behind the
     attention core (Megatron-LM, torchtitan), or one all-gather before it and a
@@ -137,9 +138,13 @@ class CostOptions:
     that reduces its gradient buffer in place (Megatron's contiguous buffers)."""
     wgrad_accumulation: WgradAccumulation = "fused"
     """How weight gradients accumulate over a step's micro-batches (planner/cost/grad_accum.py):
-    inside the weight-gradient GEMM ("fused": Megatron-LM's --gradient-accumulation-fusion,
-    2022+, Transformer Engine), or by autograd adding each micro-batch's new gradient into
-    `param.grad` ("autograd": Megatron-LM before 2022, Megatron-DeepSpeed's 2021 engine)."""
+    inside the weight-gradient GEMM, which reads and writes the main gradient (in the
+    `grad_reduce_bytes` dtype) every micro-batch ("fused": Megatron-LM's
+    --gradient-accumulation-fusion, 2022+, Transformer Engine); by autograd adding each
+    micro-batch's new gradient into `param.grad` ("autograd": Megatron-LM before 2022,
+    Megatron-DeepSpeed's 2021 engine); or not at full size ("none": each micro-batch's GEMM
+    writes a new 16-bit gradient that the runtime reduces or adds elsewhere: FSDP's
+    per-micro-batch reduce-scatter, DeepSpeed's BF16_Optimizer, `bf16_optimizer`)."""
     rope_fusion: bool = True
     """RoPE as one fused kernel each way (Megatron-core's `apply_rope_fusion`, Transformer Engine),
     or megatron-core's `apply_rotary_pos_emb_bshd` op by op on the rotated share of q and k
@@ -320,7 +325,9 @@ def analytic_compute(gpu: GpuSpec, options: CostOptions, num_gpus: int = 1) -> A
     """The analytic roofline for `options`: its dtype, fp8 GEMMs under FP8 precision, and the
     compute pace of the slowest of a job's `num_gpus` GPUs (`compute_slowdown`)."""
     return AnalyticCompute(gpu, options.dtype, gemm_dtype="fp8" if options.precision == "fp8" else None,
-                           compute_slowdown=compute_slowdown(gpu, options, num_gpus))
+                           compute_slowdown=compute_slowdown(gpu, options, num_gpus),
+                           wgrad_output_bytes=wgrad_output_bytes(options.wgrad_accumulation,
+                                                                 options.grad_reduce_bytes))
 
 
 def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float:

@@ -159,9 +159,11 @@ class PublishedRun(BaseModel):
     ddp_grad_copy_passes: int = Field(default=0, ge=0, le=3)
     """The DDP's read-and-write passes over the gradients around the all-reduce (CostOptions):
     2 for torch DDP, 3 for Megatron-LM's 2021 local DDP without contiguous buffers."""
-    wgrad_accumulation: WgradAccumulation = "fused"
+    wgrad_accumulation: WgradAccumulation | None = None
     """How weight gradients accumulate over micro-batches (CostOptions): "autograd" where the
-    runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022)."""
+    runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022).
+    None: the runtime's way (`FUSED_WGRAD_RUNTIMES` accumulate in the GEMM, the others take
+    each micro-batch's new gradient as it comes)."""
     recompute_modules: list[RecomputeModule] = ["core_attn"]
     """What `selective` recompute re-runs (CostOptions): Megatron-LM's --recompute-modules;
     DeepSeek-V3's RMSNorm, MLA up-projection and SwiGLU recompute is layernorm, mla_up_proj, moe_act."""
@@ -338,6 +340,12 @@ def throughput_as_tokens_per_s_per_gpu(run: PublishedRun, spec: ModelSpec, peak_
     return run.mfu * peak_flops / per_token
 
 
+FUSED_WGRAD_RUNTIMES = ("megatron-lm", "nemo")
+"""Runtimes whose weight-gradient GEMMs accumulate into the main gradient in place (Megatron-LM's
+--gradient-accumulation-fusion, on by default since 2022; NeMo's `gradient_accumulation_fusion`),
+unless a run names otherwise."""
+
+
 def cost_options(run: PublishedRun) -> CostOptions:
     """The CostOptions that describe what the run used: its attention kernel, precision,
     dropout, overlap flags and runtime behaviours."""
@@ -358,7 +366,8 @@ def cost_options(run: PublishedRun) -> CostOptions:
         rope_fusion=run.rope_fusion,
         main_grad_cast=run.main_grad_cast,
         ddp_grad_copy_passes=run.ddp_grad_copy_passes,
-        wgrad_accumulation=run.wgrad_accumulation,
+        wgrad_accumulation=run.wgrad_accumulation or (
+            "fused" if run.runtime in FUSED_WGRAD_RUNTIMES else "none"),
         optimizer_kernels=run.optimizer_kernels,
         fsdp2=run.fsdp2,
         fsdp1_grad_cat=run.fsdp1_grad_cat,

@@ -34,9 +34,9 @@ RUNTIME_RULES: dict[str, dict] = {
 RUNTIME_COSTS: dict[str, dict] = {
     "megatron": {"p2p_mode": "megatron-lm", "megatron_moe_ops": True},
     "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
-                   "tp_backward_overlap": "none", "sp_seq_dim_copies": True},
-    "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True},
-    "deepspeed": {"p2p_mode": "deepspeed"},
+                   "tp_backward_overlap": "none", "sp_seq_dim_copies": True, "wgrad_accumulation": "none"},
+    "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True, "wgrad_accumulation": "autograd"},
+    "deepspeed": {"p2p_mode": "deepspeed", "wgrad_accumulation": "none"},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
 (what the torchtitan exporter writes for `selective`) recomputes every other matmul, its
@@ -54,7 +54,11 @@ torchtitan's sequence parallelism shards (batch, seq, hidden) activations on the
 so each of its collectives copies the gathered activation (CostOptions.sp_seq_dim_copies); the
 torch script checkpoints with torch's non-reentrant checkpoint and its default early stop, so
 full recompute skips the MLP down projection (CostOptions.recompute_early_stop), which
-torchtitan 0.3.0's FullAC turns off (`early_stop=False`)."""
+torchtitan 0.3.0's FullAC turns off (`early_stop=False`). Weight gradients: Megatron-LM's
+GEMMs accumulate into its fp32 main gradients in place; torchtitan's FSDP2 reduce-scatters each
+micro-batch's new gradient and DeepSpeed's engine takes each one as it comes (nothing
+accumulated at full size); the torch script's pipelining schedules let autograd add each
+micro-batch's gradient into `.grad` (CostOptions.wgrad_accumulation)."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:

@@ -48,7 +48,8 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "mosaic-llmfoundry": 0.055,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 5.4% at the sustained clock; 8.7% with
     # llm-foundry's Triton attention at its own rates (9.7%), composer's per-tensor AdamW (9.3%), FSDP1's grad cat
     "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 12.9% with issue 12's fourth round, 11.0% with FEPLB's imbalance
-    "megatron-moe-modelzoo": 0.165,  # 16.1% at the sustained clock; 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND);
+    "megatron-moe-modelzoo": 0.145,  # 14.1% with the measured forward per-op host time (held-out TP 4 row -27.4% -> -17.9%)
+    # and the fused weight-gradient accumulation's fp32 traffic (-27.9% -> -27.4%); 16.1% at the sustained clock; 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND);
     # 18.3% with DeepEP's 20 SMs beside compute and combined 1F1B's per-step join and unequal chunks ('+1f1b overlap' -24.8% -> -22.3%);
     # raised from 0.185 when the table's fifth row (A2A dispatcher, TP 2 EP 8 PP 32 V 3: -30.3%) joined the set
     # in issue 12's sixth round with no model change: new data, 20.7% over the five (docs/moe.md); 17.8% once the
@@ -119,7 +120,9 @@ BLOOM_MEMORY_BOUND = 0.04
 docs/accuracy_published.md, 'BLOOM's memory')."""
 SIGNED_BOUND = 0.035
 """Mean signed step error over all runs, dense and MoE (issue 12's clause: within +-5%): today
--3.0%, -6.2% before the sustained clock."""
+-2.8% (-2.9% before the measured forward per-op host time), -6.2% before the sustained clock."""
+ISSUE_WORST_BOUND = 0.20
+"""Issue 12's clause: no published run, dense or MoE, worse than 20% (today 18.3%)."""
 RUN_MEMORY_BOUND = 0.10
 """Issue 12's clause: every run that publishes its memory within 10%."""
 WORST_BOUND = 0.185
@@ -134,8 +137,9 @@ H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
 """Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
-MOE_BOUND = 0.155
-"""Mean |step error| over the 6 MoE runs: 15.3% at the sustained clock (docs/h100_rates.md section e), 16.7% with the ModelZoo rows' unfused loss (docs/moe.md, "What
+MOE_BOUND = 0.14
+"""Mean |step error| over the 6 MoE runs: 13.6% with the measured forward per-op host time on the H100
+presets (docs/kernel_floor.md; the held-out TP 4 row -27.4% -> -17.9%), 15.3% at the sustained clock (docs/h100_rates.md section e), 16.7% with the ModelZoo rows' unfused loss (docs/moe.md, "What
 main 1e057005 runs"), 19.1% since the ModelZoo's A2A row (TP 2 EP 8 PP 32 V 3,
 -30.3%, main 1e057005 like the held-out TP 4 row) was added in issue 12's sixth round with no model
 change (raised from 0.17 for that new data, not to let a change through); over the first 5: 16.8% with combined 1F1B's DeepEP SM share,
@@ -155,8 +159,10 @@ bandwidth (README table), instead of NCCL's all-to-all of every routed copy (EP 
 with it. 27.7% before the runs' stated recompute modules were encoded and the measured H100 GEMM
 table. Raised once, with its reason, from 0.25 (24.6%): ZeRO-3's gathers and reduce-scatters in
 every micro-batch moved the Qwen3-235B FSDP row from +2.0% to +14.5%."""
-MOE_WORST_BOUND = 0.28
-"""27.9% once Megatron's MoE layer ops set its host floor (docs/moe.md), 28.2% at the sustained clock, the held-out TP 4 row; 33.8% with the unfused loss the ModelZoo rows ran (the held-out TP 4 row, -35.8% -> -33.8%); before it, 35.8% (35.4% with the 1.25 imbalance prior, 38.0% before the slowest-GPU charge, 37.2% before the asynchronous TP backward, 39.4% before the H100 measured-layer anchor), the held-out Qwen3-235B TP 4 EP 8 PP 8 V4 row (167 TFLOP/s
+MOE_WORST_BOUND = 0.185
+"""18.3%, the FSDP row (+18.3%), since the measured forward per-op host time moved the held-out TP 4 row
+from -27.4% to -17.9% (-27.9% -> -27.4% with the fused weight-gradient accumulation's fp32 traffic);
+27.9% once Megatron's MoE layer ops set its host floor (docs/moe.md), 28.2% at the sustained clock, the held-out TP 4 row; 33.8% with the unfused loss the ModelZoo rows ran (the held-out TP 4 row, -35.8% -> -33.8%); before it, 35.8% (35.4% with the 1.25 imbalance prior, 38.0% before the slowest-GPU charge, 37.2% before the asynchronous TP backward, 39.4% before the H100 measured-layer anchor), the held-out Qwen3-235B TP 4 EP 8 PP 8 V4 row (167 TFLOP/s
 published, predicted too fast; -37.5% before DeepEP's intranode kernels, which deduplicate a
 token's copies per rank, shrank its all-to-all, and -39.4% before Transformer Engine's
 asynchronous TP backward was charged: component-level mechanisms the runtime has, kept though
@@ -286,6 +292,11 @@ def test_step_error_stays_under_recorded_bounds_overall_and_held_out(results):
 
 def test_no_systematic_optimism_over_all_runs(results):
     assert abs(summarize(results).mean_signed) <= SIGNED_BOUND
+
+
+def test_no_run_is_worse_than_twenty_percent(results):
+    worst = max(results, key=lambda r: abs(r.step_error))
+    assert abs(worst.step_error) <= ISSUE_WORST_BOUND, worst.run.name
 
 
 def test_memory_error_stays_within_ten_percent_per_run_and_bloom_s_bound(results):
