@@ -173,15 +173,15 @@ def _median(samples: list[float | None]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _timed(device: str, issue: Callable[[], Any], sleep_cycles: int) -> tuple[float, float | None, float | None, Any]:
-    """One pass three ways (module docstring); returns host, gpu, eager seconds and the last
-    pass's result."""
+def _timed(device: str, issue: Callable[[], Any], sleep_cycles: int) -> tuple[float, float | None, float | None]:
+    """One pass three ways (module docstring): host, gpu and eager seconds. On CUDA `issue`
+    runs twice (held behind a sleep, then from an idle GPU), on a CPU once."""
     import torch
 
     if device != "cuda":
         start = time.perf_counter()
-        result = issue()
-        return time.perf_counter() - start, None, None, result
+        issue()
+        return time.perf_counter() - start, None, None
     torch.cuda.synchronize()
     torch.cuda._sleep(sleep_cycles)
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -193,10 +193,10 @@ def _timed(device: str, issue: Callable[[], Any], sleep_cycles: int) -> tuple[fl
     torch.cuda.synchronize()
     gpu = first.elapsed_time(last) * 1e-3
     first.record()
-    result = issue()
+    issue()
     last.record()
     torch.cuda.synchronize()
-    return host, gpu, first.elapsed_time(last) * 1e-3, result
+    return host, gpu, first.elapsed_time(last) * 1e-3
 
 
 def _sleep_cycles(device: str) -> int:
@@ -217,13 +217,14 @@ def measure(shapes: ExpertShapes, impl: str, device: str, repeats: int = 20, war
     cycles = _sleep_cycles(device)
     forward: list[tuple] = []
     backward: list[tuple] = []
+    graphs_per_pass = 2 if device == "cuda" else 1
     for step in range(warmup + repeats):
-        host, gpu, eager, _ = _timed(device, experts.forward, cycles)
-        outs = [experts.forward(), experts.forward()]  # one graph for each timed backward below
-        b_host, b_gpu, b_eager, _ = _timed(device, lambda: experts.backward(outs.pop()), cycles)
+        forward_times = _timed(device, experts.forward, cycles)
+        outs = [experts.forward() for _ in range(graphs_per_pass)]  # one graph per timed backward
+        backward_times = _timed(device, lambda: experts.backward(outs.pop()), cycles)
         if step >= warmup:
-            forward.append((host, gpu, eager))
-            backward.append((b_host, b_gpu, b_eager))
+            forward.append(forward_times)
+            backward.append(backward_times)
     return {name: PassTimes(*(_median([row[i] for row in rows]) for i in range(3)))
             for name, rows in (("forward", forward), ("backward", backward))}
 
