@@ -42,8 +42,9 @@ from planner.cost.model import CostModel
 from planner.cost.moe import imbalance_of, moe_gemms
 from planner.cost.shapes import Shard
 
-SLEEP_MARGIN = 2.0
-"""The queued sleep lasts this many times the host's issue time, so the host never waits."""
+SLEEP_S = 0.2
+"""Seconds the queued sleep kernel holds the GPU: far longer than the host takes to issue one
+pass of the experts (milliseconds), so no launch waits for the GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,14 +201,14 @@ def _timed(device: str, issue: Callable[[], Any], sleep_cycles: int) -> tuple[fl
 
 
 def _sleep_cycles(device: str) -> int:
-    """Clock cycles of a sleep kernel that outlasts a pass's issue (a tenth of a second at the
-    GPU's clock, times `SLEEP_MARGIN`)."""
+    """Clock cycles of a sleep kernel that lasts `SLEEP_S` at the GPU's clock (its reported
+    clock rate, else an H100's 1.98 GHz boost)."""
     if device != "cuda":
         return 0
     import torch
 
     clock_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 1_980_000)
-    return int(SLEEP_MARGIN * 0.1 * clock_khz * 1e3)
+    return int(SLEEP_S * clock_khz * 1e3)
 
 
 def measure(shapes: ExpertShapes, impl: str, device: str, repeats: int = 20, warmup: int = 3) -> dict[str, PassTimes]:
