@@ -35,7 +35,7 @@ RUNTIME_COSTS: dict[str, dict] = {
     "megatron": {"p2p_mode": "megatron-lm", "megatron_moe_ops": True},
     "torchtitan": {"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
                    "tp_backward_overlap": "none", "sp_seq_dim_copies": True, "wgrad_accumulation": "none"},
-    "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True, "wgrad_accumulation": "autograd"},
+    "torch": {"tp_backward_overlap": "none", "recompute_early_stop": True, "wgrad_accumulation": "none"},
     "deepspeed": {"p2p_mode": "deepspeed", "wgrad_accumulation": "none"},
 }
 """How each runtime runs what the plan names, as CostOptions fields: torchtitan's `SelectiveAC`
@@ -58,7 +58,9 @@ torchtitan 0.3.0's FullAC turns off (`early_stop=False`). Weight gradients: Mega
 GEMMs accumulate into its fp32 main gradients in place; torchtitan's FSDP2 reduce-scatters each
 micro-batch's new gradient and DeepSpeed's engine takes each one as it comes (nothing
 accumulated at full size); the torch script's pipelining schedules let autograd add each
-micro-batch's gradient into `.grad` (CostOptions.wgrad_accumulation)."""
+micro-batch's gradient into `.grad`, which a profile (`--profile`, as validate_node uses) already
+holds, since `planner profile` accumulates gradients across its repeats: not charged again
+(CostOptions.wgrad_accumulation)."""
 
 
 def default_attention(runtime: str | None, gpu: GpuSpec | None) -> str:
