@@ -39,6 +39,9 @@ def cost_command(
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool = opt.CUDA_GRAPHS,
+    runtime: str | None = typer.Option(None, "--runtime", help="Cost the layers as this runtime runs them "
+                                       "(megatron: its MoE layer's ops on DeepEP; torchtitan: its per-op "
+                                       "selective checkpointing); default Megatron-LM's."),
     as_json: bool = opt.JSON,
 ) -> None:
     """Per-layer forward / backward (input, weight) time, TP communication, activation
@@ -53,8 +56,10 @@ def cost_command(
     dp = max(1, ep * expert_tp // (tp * cp))  # the fewest data-parallel ranks the expert degrees fold over
     check_expert_parallel(spec, tp, cp, dp, ep, expert_tp)
     cluster = opt.build_cluster(gpu, tp * cp * dp)
-    options = opt.moe_cost_options(runtime_cost_options(None, cluster.gpu, opt.check_attention(attention), cuda_graphs),
-                                   precision, moe_imbalance, moe_dispatcher, moe_ep_overlap)
+    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
+    options = opt.moe_cost_options(
+        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime), cuda_graphs),
+        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap)
     cost_model = opt.build_cost_model(spec, cluster, profile, options)
     shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1,
                   ep=ep, etp=etp if spec.is_moe else None)
@@ -85,12 +90,13 @@ def cost_command(
             "attention": options.attention, "cuda_graphs": options.cuda_graphs,
             "ep": ep, "etp": shard.etp, "precision": options.precision,
             "moe_dispatcher": options.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
-            "moe_ep_overlap": bool(paired),
+            "moe_ep_overlap": bool(paired), "runtime": runtime,
             "layers": layers,
         }, indent=2))
         return
+    as_run = f", as {runtime} runs it" if runtime else ""
     table = Table(title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
-                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.attention} attention)")
+                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.attention} attention{as_run})")
     columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms",
                "activations MiB", "params (M)")
     for column in columns:

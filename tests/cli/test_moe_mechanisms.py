@@ -11,6 +11,9 @@ import pytest
 
 from test_moe_explain import rows
 
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
+
 # Qwen3-30B-A3B on 8 nodes of 8 H100s; EP 32 spans 4 nodes
 JOB = ("--model", "qwen3-30b-a3b", "--gpus", "64", "--gpu", "h100", "--global-batch", "256", "--seq", "4096")
 LAYOUT = ("--tp", "1", "--pp", "2", "--vpp", "2", "--mbs", "1", "--ep", "32", "--etp", "1")
@@ -98,6 +101,23 @@ def test_cost_shows_the_all_to_all_of_each_mechanism(cli):
     one_rank = _json(cli, "cost", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--seq", "4096",
                      "--moe-dispatcher", "deepep")
     assert one_rank["layers"]["transformer"]["moe_all_to_all_ms"] == 0 and one_rank["moe_dispatcher"] == "alltoall"
+
+
+def test_cost_as_megatron_runs_it_counts_its_moe_layer_ops(cli):
+    """`--runtime megatron` on DeepEP prices the MoE block at Megatron's own MoE-layer op count
+    (kernel_counts.megatron_moe_block): at Qwen3-235B's TP 4 / EP 8 shard the forward is the
+    host's, the count times the H100 preset's per-op times."""
+    job = ("cost", "--model", "qwen3-235b-a22b", "--gpu", "h100", "--tp", "4", "--sp", "--ep", "8", "--etp", "1",
+           "--seq", "4096", "--moe-dispatcher", "deepep")
+    default, megatron = _json(cli, *job), _json(cli, *job, "--runtime", "megatron")
+    assert (default["runtime"], megatron["runtime"]) == (None, "megatron")
+    spec, eff = resolve_model("qwen3-235b-a22b"), resolve_gpu("h100").efficiency
+    counts = megatron_moe_block(op_counts(spec, "transformer"), spec.num_experts // 8)
+    host_forward_ms = host_times(counts, eff)[0] * 1e3
+    assert megatron["layers"]["transformer"]["forward_ms"] == pytest.approx(host_forward_ms)
+    assert default["layers"]["transformer"]["forward_ms"] < host_forward_ms
+    code, out, err = cli(*job, "--runtime", "torch")
+    assert code == 2 and "--moe-dispatcher deepep: torch sends tokens" in err
 
 
 @pytest.mark.parametrize("command", [
