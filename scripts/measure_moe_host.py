@@ -18,9 +18,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from planner.cost.shapes import Shard
 from planner.fidelity.moe_host import measure, model_charges, report, shapes_of
 from planner.fidelity.published import build, load_runs
+from planner.predict import layout_shard
 
 RUNS = Path(__file__).resolve().parents[1] / "tests" / "bench" / "published_runs.toml"
 
@@ -45,9 +45,7 @@ def main() -> None:
     impl = args.impl or ("te" if device == "cuda" and importlib.util.find_spec("transformer_engine") else "torch")
     run = runs[args.run]
     model, layout = build(run)
-    shard = Shard(mbs=layout.mbs, seq=run.seq, tp=layout.tp, cp=layout.cp,
-                  sequence_parallel=layout.sequence_parallel, ep=layout.ep, etp=layout.etp)
-    shapes = shapes_of(model, shard)
+    shapes = shapes_of(model, layout_shard(layout, run.seq))
     if args.tokens_per_expert:
         shapes = replace(shapes, tokens_per_expert=args.tokens_per_expert)
     full = measure(shapes, impl, device, args.repeats)

@@ -9,9 +9,10 @@ import typer
 from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import AnalyticSource, CostModel, CostOptions, analytic_compute
-from planner.cost.shapes import LAYER_KINDS, Shard
+from planner.cost.shapes import LAYER_KINDS
 from planner.errors import ConfigError, LayoutError, PlannerError
 from planner.layout import Layout
+from planner.predict import layout_shard
 from planner.search.search import Accept
 from planner.spec import Cluster, ModelSpec
 
@@ -219,12 +220,6 @@ def build_cost_model(
     fallback = AnalyticSource(spec, analytic_compute(gpu, options))  # as the fit: flash, fused traffic
     source = MeasuredFirst(measured, fallback, "calibrated", calibration)
     return CostModel(spec, cluster.model_copy(update={"gpu": gpu}), options, source, network)
-
-
-def layout_shard(layout: Layout, seq: int) -> Shard:
-    """The micro-batch shape one GPU of the layout sees."""
-    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
-                 ep=layout.ep, etp=layout.etp)
 
 
 def cost_sources(cost_model: CostModel, layout: Layout, seq: int) -> dict[str, str]:

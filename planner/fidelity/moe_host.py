@@ -37,10 +37,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from planner.cost.kernel_counts import load_megatron_moe_counts
+from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.model import CostModel
 from planner.cost.moe import imbalance_of, moe_gemms
-from planner.cost.shapes import Shard
+from planner.cost.shapes import Gemm, Shard
 
 SLEEP_S = 0.2
 """Seconds the queued sleep kernel holds the GPU: far longer than the host takes to issue one
@@ -101,20 +101,16 @@ def shapes_of(model: CostModel, shard: Shard) -> ExpertShapes:
 
 
 def model_charges(model: CostModel, shapes: ExpertShapes) -> ModelCharges:
-    """The cost model's GPU and host seconds per local expert at `shapes`, each way."""
+    """The cost model's GPU and host seconds per local expert at `shapes`, each way: the
+    expert's two GEMMs as the layer prices them, and what one more local expert adds to the
+    MoE block's host time."""
     compute = model.analytic
-    t, h, f = shapes.tokens_per_expert, shapes.hidden, shapes.ffn
-    gemms = ((t, shapes.up_columns, h), (t, h, f))  # (tokens, out, in) of fc1 and fc2
-    forward = sum(compute.gemm_time(m, out, k) for m, out, k in gemms)
-    backward = sum(compute.gemm_time(m, k, out) + compute.gemm_time(k, out, m, compute.wgrad_output_bytes)
-                   for m, out, k in gemms)
-    eff, layer = compute.eff, load_megatron_moe_counts()["moe_layer"]
-    host_forward = (eff.host_op_us_forward * layer.get("forward_kernels_per_expert", 0)
-                    + eff.host_op_us_backward * layer.get("forward_cpp_per_expert", 0))
-    host_backward = eff.host_op_us_backward * (layer.get("backward_kernels_per_expert", 0)
-                                               + layer.get("backward_cpp_per_expert", 0))
-    return ModelCharges(gpu_forward_s=forward, gpu_backward_s=backward,
-                        host_forward_s=host_forward * 1e-6, host_backward_s=host_backward * 1e-6)
+    t, h = shapes.tokens_per_expert, shapes.hidden
+    gpu = compute.gemms_times([Gemm("expert_up", t, shapes.up_columns, h), Gemm("expert_down", t, h, shapes.ffn)])
+    dense = op_counts(model.spec, "transformer")
+    host_one, host_none = (host_times(megatron_moe_block(dense, n), compute.eff) for n in (1, 0))
+    return ModelCharges(gpu_forward_s=gpu.forward_s, gpu_backward_s=gpu.backward_s,
+                        host_forward_s=host_one[0] - host_none[0], host_backward_s=host_one[1] - host_none[1])
 
 
 class _Experts:

@@ -13,6 +13,7 @@ from planner.cost.shapes import Gemm, Shard
 from planner.fidelity.published import cost_options, load_runs
 from planner.search.runtimes import runtime_cost_options
 from planner.spec import Cluster
+from tests.cost.roofline import closed_form_gemm_s
 
 RUNS = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
@@ -23,24 +24,12 @@ GPU = "a100-80gb"
 """A GPU without a measured GEMM table: its GEMM rate is the closed-form roofline."""
 
 
-def _roofline_s(compute: AnalyticCompute, m: int, n: int, k: int, output_bytes: float) -> float:
-    """One GEMM by the roofline written out by hand: peak x e_gemm x s(m) s(n) s(k) against both
-    16-bit operands read and the output moved."""
-    eff = compute.eff
-    falloff = 1.0
-    for dim in (m, n, k):
-        falloff *= dim / (dim + eff.gemm_half_dim)
-    flops_s = 2.0 * m * n * k / (compute.gpu.peak_flops("bf16") * eff.gemm * falloff)
-    bytes_s = (2.0 * (m * k + k * n) + output_bytes * m * n) / (compute.gpu.hbm_bw_gbps * 1e9 * eff.hbm)
-    return max(flops_s, bytes_s) + eff.kernel_overhead_us * 1e-6
-
-
 @pytest.mark.parametrize("output_bytes", [2.0, 4.0, 8.0])
 def test_weight_gradient_moves_its_output_bytes(output_bytes):
     compute = AnalyticCompute(resolve_gpu(GPU), wgrad_output_bytes=output_bytes)
     assert compute.eff.gemm_table is None and compute.eff.layer_scale == 1.0
     weight_s = compute.gemms_times([Gemm("linear", TOKENS, COLS, ROWS)]).backward_weight_s
-    assert weight_s == pytest.approx(_roofline_s(compute, ROWS, COLS, TOKENS, output_bytes), rel=1e-12)
+    assert weight_s == pytest.approx(closed_form_gemm_s(compute, ROWS, COLS, TOKENS, output_bytes), rel=1e-12)
 
 
 def test_output_bytes_leave_forward_and_data_gradient_alone():

@@ -12,6 +12,7 @@ from planner.cost.moe import DEFAULT_IMBALANCE
 from planner.cost.shapes import Shard
 from planner.fidelity.moe_host import ExpertShapes, PassTimes, measure, model_charges, per_expert, report, shapes_of
 from planner.spec import Cluster
+from tests.cost.roofline import closed_form_gemm_s
 
 PRESETS = Path(__file__).parents[2] / "planner" / "presets"
 
@@ -46,12 +47,7 @@ def test_charges_are_the_roofline_and_the_per_expert_op_count():
     shapes = ExpertShapes(experts=16, tokens_per_expert=629, hidden=4096, ffn=1536)
 
     def roofline(m, n, k, out_bytes=2.0):
-        falloff = 1.0
-        for dim in (m, n, k):
-            falloff *= dim / (dim + eff.gemm_half_dim)
-        flops_s = 2.0 * m * n * k / (model.cluster.gpu.peak_flops("bf16") * eff.gemm * falloff)
-        bytes_s = (2.0 * (m * k + k * n) + out_bytes * m * n) / (model.cluster.gpu.hbm_bw_gbps * 1e9 * eff.hbm)
-        return max(flops_s, bytes_s) + eff.kernel_overhead_us * 1e-6
+        return closed_form_gemm_s(model.analytic, m, n, k, out_bytes)
 
     charges = model_charges(model, shapes)
     assert charges.gpu_forward_s == pytest.approx(roofline(629, 3072, 4096) + roofline(629, 4096, 1536))
