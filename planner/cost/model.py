@@ -268,6 +268,15 @@ class CostOptions:
     2x per device against DualPipeV's PP/2 devices). Memory only: the copies' gradient
     all-reduce is not timed."""
 
+    @classmethod
+    def of(cls, **fields) -> CostOptions:
+        """Options from field names as `planner runtimes` and `--set` spell them (flat)."""
+        return cls(**fields)
+
+    def with_fields(self, **fields) -> CostOptions:
+        """These options with the named fields (flat names) replaced."""
+        return replace(self, **fields)
+
     @property
     def flash_attention(self) -> bool:
         """A fused attention kernel (anything but "unfused")."""
