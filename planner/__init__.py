@@ -1,8 +1,11 @@
-"""planner: auto-parallel configuration planner for transformer training."""
+"""planner: auto-parallel configuration planner for transformer training.
 
-from importlib.metadata import PackageNotFoundError, version
+The Python API (planner/api.py): `Request`, `plan`, `evaluate`; the same objects the command
+line prints as JSON.
+"""
 
-try:
-    __version__ = version("planner")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
+from planner.api import evaluate, plan
+from planner.request import Request
+from planner.version import __version__
+
+__all__ = ["Request", "__version__", "evaluate", "plan"]

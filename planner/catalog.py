@@ -4,6 +4,7 @@ each either a preset name or a path to a file."""
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from functools import cache
 from importlib import resources
@@ -40,19 +41,21 @@ def gpu_presets() -> dict[str, GpuSpec]:
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a model read from a file: a Hugging Face `config.json`, or a
-    planner ModelSpec in JSON or TOML."""
+    """A preset by name, or a model read from a file: a Hugging Face `config.json` (or the
+    folder holding one, as a Hugging Face checkpoint does), or a planner ModelSpec in JSON or TOML."""
     presets = model_presets()
     if name_or_path in presets:
         return presets[name_or_path]
     path = Path(name_or_path)
+    if path.is_dir():
+        path = _config_in_folder(path)
     if not path.is_file():
         raise UnknownPresetError(
-            f"unknown model '{name_or_path}': not a preset ({', '.join(presets)}) "
-            "and not a config file"
+            f"unknown model '{name_or_path}': not a preset ({', '.join(presets)}), "
+            "a config file or a folder holding config.json"
         )
     data = _read_mapping(path)
-    label = path.stem if path.name != "config.json" else path.parent.name or path.stem
+    label = path.stem if path.name != "config.json" else Path(os.path.abspath(path)).parent.name or path.stem
     if "family" in data:
         try:
             return ModelSpec(**{"name": label, **data})
@@ -68,6 +71,14 @@ def resolve_gpu(name: str) -> GpuSpec:
     if key not in presets:
         raise UnknownPresetError(f"unknown GPU '{name}': choose one of {', '.join(presets)}")
     return presets[key]
+
+
+def _config_in_folder(folder: Path) -> Path:
+    """The config.json of a model folder; ConfigError when it has none."""
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"model folder {folder} holds no config.json")
+    return config
 
 
 def _read_mapping(path: Path) -> dict[str, Any]:

@@ -27,3 +27,7 @@ class NoFeasiblePlanError(PlannerError):
 
 class ExportError(PlannerError):
     """A plan the target runtime cannot run."""
+
+
+class OutputExistsError(PlannerError):
+    """An output file that already exists, and no --force to overwrite it."""

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.errors import LayoutError
-from planner.plan import PlanEntry, Predicted, virtual_stage
+from planner.plan import PlanEntry, Predicted
+from planner.schedule.registry import virtual_stage
 from planner.spec import Cluster, ModelSpec
 
 LayerRange = tuple[int, int]

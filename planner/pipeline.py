@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.schedule import SimResult, StageCosts, compile_schedule, simulate
+from planner.schedule import ExchangeProgram, SimResult, StageCosts, compile_schedule, simulate
 
 Table = list[list[float]]
 """[pipeline rank][chunk] -> value for one micro-batch."""
@@ -37,9 +37,9 @@ class ChunkCosts:
     (`StageCosts.send_hold_forward_s`); 0 when sends overlap compute."""
     send_hold_backward_s: float = 0.0
     """The same after a backward that sends its input gradient."""
-    paired_exchanges: bool = False
-    """The holds are Megatron-LM's blocking exchange calls: the simulator pairs them
-    (`compile_schedule(..., paired_exchanges=True)`)."""
+    exchanges: ExchangeProgram | None = None
+    """The runtime's blocking exchange calls the holds belong to: the simulator pairs them
+    (`compile_schedule`); None: a hold after each sender."""
     expert_params: list[float] | None = None
     """Per rank, the part of `params` that are routed experts (their grads and optimizer
     state shard over the expert data-parallel group); None: no experts."""
@@ -60,8 +60,8 @@ def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_mic
                     timeline: bool = False) -> PipelineTiming:
     """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs
     (with `timeline`, every action's start and end too)."""
-    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments,
-                             costs.paired_exchanges and bool(costs.send_hold_forward_s or costs.send_hold_backward_s))
+    holds = bool(costs.send_hold_forward_s or costs.send_hold_backward_s)
+    order = compile_schedule(schedule, pp, num_microbatches, vpp, costs.segments, costs.exchanges if holds else None)
     return simulate(order, stage_costs(costs), timeline=timeline)
 
 

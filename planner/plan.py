@@ -12,40 +12,22 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import ConfigError
+from planner.request import Request
+from planner.schedule.registry import schedule_info, virtual_stage
 from planner.spec import ModelSpec, validation_message
 
 ScheduleName = Literal[
     "gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev", "chimera", "seq1f1b"
 ]
+"""The contract's schedule names: those of planner/schedule/registry.py's table."""
 RecomputeName = Literal["none", "selective", "full"]
 LayerKindName = Literal["embedding", "transformer", "head"]
 CostSourceName = Literal["measured", "calibrated", "analytic"]
 
-SCHEDULES: tuple[str, ...] = ScheduleName.__args__  # type: ignore[attr-defined]
 RECOMPUTE_MODES: tuple[str, ...] = RecomputeName.__args__  # type: ignore[attr-defined]
-SIMULATED_ONLY_SCHEDULES = {
-    "chimera": "two pipelines in opposite directions, each rank holding two weight replicas "
-               "(torch's schedule CSV would chain stage P-1 into stage P as one V pipeline)",
-    "seq1f1b": "sequence segments as the pipelined unit, attending to earlier segments' keys and "
-               "values (torch's schedule CSV would run each segment as a whole micro-batch)",
-}
-"""Schedules `planner plan` searches and `planner simulate` draws but no runtime the planner
-exports to runs, and why: every exporter refuses a plan naming one (planner/export/common.py)."""
-V_SHAPED_SCHEDULES = frozenset({"zbv", "dualpipev", "chimera"})
-"""Schedules whose two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P.
-Chimera's second chunk is the up pipeline's stage 2P-1-r, which runs the model's stage P-1-r:
-its 2P virtual stages are the model's P stages twice (down, then up)."""
 
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 LayerRange = tuple[int, int]
-
-
-def virtual_stage(rank: int, chunk: int, pp: int, schedule: str) -> int:
-    """The model-order index of chunk `chunk` on pipeline rank `rank`: chunk * pp + rank for
-    looped placement, and 2 * pp - 1 - rank for the second chunk of a V-shaped schedule."""
-    if schedule in V_SHAPED_SCHEDULES and chunk == 1:
-        return 2 * pp - 1 - rank
-    return chunk * pp + rank
 
 
 class MemoryBreakdown(BaseModel):
@@ -71,18 +53,33 @@ class Predicted(BaseModel):
     mfu: float
     """Model FLOPs (no recompute) per second per GPU over the dense bf16 peak."""
     bubble_fraction: float
+    """The pipeline bubble: the pipeline ranks' mean idle share of the longest rank's span,
+    from its first action's start to its last action's end (Qi et al. 2024's measure;
+    (P-1)/(M+P-1) for 1F1B with uniform costs). Every table's `bubble` is this."""
     memory_gb_per_stage: list[float]
     """Peak device memory per pipeline rank, GiB: the caching allocator's reserved memory plus
     the CUDA context and NCCL buffers outside it (what must fit in the GPU)."""
     memory_breakdown_gb: MemoryBreakdown
     time_breakdown_s: dict[str, float] = Field(default_factory=dict)
-    """Where the step goes: compute, bubble, exposed TP / PP / DP communication, the tied
-    embedding's gradient all-reduce, fp16's loss-scale check, the gradient norm, optimizer."""
+    """Where the step goes on the rank that finishes last: compute, exposed TP / PP / DP
+    communication, its idle time until its last action (`pipeline_bubble`, shown as
+    "pipeline idle": seconds of that one rank, not `bubble_fraction`), the tied embedding's
+    gradient all-reduce, fp16's loss-scale check, the gradient norm, optimizer."""
     memory_reserved_gb_per_stage: list[float] = Field(default_factory=list)
     """Peak reserved memory of the caching allocator per pipeline rank (what
     torch.cuda.max_memory_reserved reports), GiB."""
     memory_allocated_gb_per_stage: list[float] = Field(default_factory=list)
     """Peak memory of the tensors per pipeline rank (torch.cuda.max_memory_allocated), GiB."""
+
+
+TIME_PART_NAMES = {"pipeline_bubble": "pipeline idle", "tp_cp_comm": "TP/CP comm", "moe_all_to_all": "MoE all-to-all",
+                   "pp_p2p_blocked": "PP send/recv blocked", "dp_comm_exposed": "DP comm exposed"}
+"""How the tables and the report name a `time_breakdown_s` key (others: its words)."""
+
+
+def time_part_name(key: str) -> str:
+    """The name people read for a `time_breakdown_s` key."""
+    return TIME_PART_NAMES.get(key, key.replace("_", " "))
 
 
 class PlanEntry(BaseModel):
@@ -146,14 +143,15 @@ class PlanEntry(BaseModel):
             raise ValueError(f"stage_layers has {len(self.stage_layers)} ranks, pp is {self.pp}")
         if isinstance(self.recompute, list) and len(self.recompute) != self.pp:
             raise ValueError(f"recompute lists {len(self.recompute)} ranks, pp is {self.pp}")
-        if self.segments > 1 and self.schedule != "seq1f1b":
+        schedule = schedule_info(self.schedule)
+        if self.segments > 1 and not schedule.segmented:
             raise ValueError(f"segments {self.segments}: only seq1f1b splits micro-batches into sequence segments")
         if self.seq % self.segments:
             raise ValueError(f"segments {self.segments} do not divide seq {self.seq}")
         ordered = self.ranges_in_model_order()
-        if self.schedule == "chimera" and self.vpp == 2:  # the model's stages twice: down, then up
+        if schedule.bidirectional and self.vpp == 2:  # the model's stages twice: down, then up
             if ordered[: self.pp] != ordered[self.pp:]:
-                raise ValueError(f"chimera's up pipeline must run the down pipeline's stages: {ordered}")
+                raise ValueError(f"{self.schedule}'s up pipeline must run the down pipeline's stages: {ordered}")
             ordered = ordered[: self.pp]
         if ordered[0][0] != 0 or any(a[1] != b[0] for a, b in zip(ordered, ordered[1:])):
             raise ValueError(f"stage_layers do not cover the layers contiguously: {ordered}")
@@ -247,8 +245,10 @@ class PlanFile(BaseModel):
     cost_source: str = ""
     """"analytic" or the profile file the costs came from (each plan's `cost_sources` says,
     per layer kind, whether the profile measured it or the calibrated model filled it in)."""
+    request: Request | None = None
+    """The request the plans answer (`planner report` rebuilds the job from it)."""
     inputs: PlanInputs | None = None
-    """What re-costing the plans needs beyond model and cluster; None in files written before."""
+    """The older record of the request, read from files written before `request`."""
 
 
 def parse_plan_file(text: str, origin: str = "plan file") -> PlanFile:

@@ -7,7 +7,7 @@ data-parallel communication and the per-step work after the backward, memory per
 finish_r is when pipeline rank r ends its last compute action in the schedule simulation (the
 simulator charges the p2p time, latency plus bytes over bandwidth, on every cross-rank
 dependency, the warm-up's P - 1 hops included; when the runtime's sends block, the sending
-action holds its rank for it instead: `send_holds`, CostOptions.p2p_mode); exposed_dp_r
+action holds its rank for it instead: `send_holds`, CostOptions.pipeline.p2p_mode); exposed_dp_r
 is the part of its gradient reduction (and, with a distributed optimizer, the parameter
 all-gather) that its buckets cannot hide behind the last micro-batch's backward (first
 micro-batch's forward), one collective call per Megatron-LM DDP bucket (FSDP: per layer), each
@@ -34,16 +34,12 @@ from planner.cost.shapes import Shard, model_flops_per_token
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts, PipelineTiming, pipeline_timing
 from planner.plan import MemoryBreakdown, Predicted
+from planner.runtimes.megatron_exchange import exchange_program
 from planner.schedule import head_rank
 from planner.schedule.registry import SCHEDULES
 from planner.schedule.seq1f1b import weighted_inflight
 from planner.spec import ModelSpec
 from planner.units import GiB
-
-PAIRED_SCHEDULES = frozenset({"dualpipev"})
-"""Schedules that run one micro-batch's forward beside another's backward on the same rank
-and overlap each one's MoE all-to-all with the other's compute (DeepSeek-V3 report, section
-3.2.1: DualPipe's computation-communication overlap)."""
 
 
 def pairs_moe_comm(model: CostModel, layout: Layout) -> bool | str:
@@ -51,13 +47,13 @@ def pairs_moe_comm(model: CostModel, layout: Layout) -> bool | str:
     compute, as `CostModel.layer_costs`'s `paired` takes it: DUALPIPEV_PAIRING for DualPipeV
     with a pipeline (its own whole-pass overlap, whatever `moe_ep_overlap` says), True where
     Megatron's combined 1F1B runs the layout (`runs_combined_1f1b`), else False."""
-    if layout.schedule in PAIRED_SCHEDULES:
+    if SCHEDULES[layout.schedule].paired:
         return DUALPIPEV_PAIRING if layout.pp > 1 else False
     return runs_combined_1f1b(model.options, model.spec, layout)
 
 
 def runs_combined_1f1b(options: CostOptions, spec: ModelSpec, layout: Layout) -> bool:
-    """Whether Megatron's combined 1F1B (`CostOptions.moe_ep_overlap`: --overlap-moe-expert-
+    """Whether Megatron's combined 1F1B (`CostOptions.moe.moe_ep_overlap`: --overlap-moe-expert-
     parallel-comm with --delay-wgrad-compute) runs this layout, as megatron-core 0.19.2 decides:
     schedules.py sends training without a pipeline (forward_backward_no_pipelining ->
     combined_1f1b_schedule_for_no_pipelining) and interleaved 1F1B
@@ -73,7 +69,7 @@ def combined_1f1b_runs(options: CostOptions, spec: ModelSpec, schedule: str, pp:
                        recompute: tuple[str, ...]) -> bool:
     """`runs_combined_1f1b` of a layout of this schedule, PP and EP whose ranks recompute
     in the modes `recompute` (the search asks with none, then costs a mode `full` unpaired)."""
-    if not (options.moe_ep_overlap and spec.is_moe) or schedule in PAIRED_SCHEDULES:
+    if not (options.moe.moe_ep_overlap and spec.is_moe) or SCHEDULES[schedule].paired:
         return False
     if ep == 1 or spec.mtp_depth > 1 or "full" in recompute:
         return False
@@ -86,9 +82,9 @@ def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dic
     MoE model with EP > 1) and whether Megatron's combined-1F1B all-to-all overlap was
     (`runs_combined_1f1b`). A dense model records the MoE defaults whatever was asked. The
     attention kernel, always."""
-    deepep = options.moe_dispatcher == "deepep" and spec.is_moe and layout.ep > 1
-    return {"precision": options.precision, "moe_dispatcher": "deepep" if deepep else "alltoall",
-            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout), "attention": options.attention}
+    deepep = options.moe.moe_dispatcher == "deepep" and spec.is_moe and layout.ep > 1
+    return {"precision": options.kernels.precision, "moe_dispatcher": "deepep" if deepep else "alltoall",
+            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout), "attention": options.kernels.attention}
 
 
 def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
@@ -99,7 +95,7 @@ def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
     the overlap schedules "to ensure the forward and backward computations are independent"),
     and without a pipeline the first forward and the last backward (1 of M). 0 where nothing is
     paired, and under DualPipeV (charged paired throughout)."""
-    if not pairs_moe_comm(model, layout) or layout.schedule in PAIRED_SCHEDULES:
+    if not pairs_moe_comm(model, layout) or SCHEDULES[layout.schedule].paired:
         return 0.0
     total = layout.num_microbatches * layout.vpp
     if layout.pp == 1:
@@ -296,22 +292,24 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
             fwd[rank] = [t + per_pass for t in fwd[rank]]
             bwd_in[rank] = [t + per_pass for t in bwd_in[rank]]
             tp_comm[rank] += excess / k
-    if model.options.wgrad_accumulation == "autograd" or model.options.bf16_optimizer:
+    if model.options.data.wgrad_accumulation == "autograd" or model.options.data.bf16_optimizer:
         for rank, row in enumerate(chunk_params):
             for chunk, held in enumerate(row):
                 bwd_w[rank][chunk] += _grad_accumulation_s(model, held, layout.num_microbatches) / k
-    if model.options.p2p_mode in ("deepspeed", "deepspeed-whole-grads") and pp > 1 and k == 1:
+    if model.options.pipeline.p2p_mode in ("deepspeed", "deepspeed-whole-grads") and pp > 1 and k == 1:
         _add_pipe_engine_buffers(model, layout, shard, act, extra, last_rank)
     p2p_bytes = model.dtype_bytes * shard.local_tokens / k * spec.hidden_size / layout.tp
     p2p_s = model.network.p2p(p2p_bytes, pp, layout.tp * layout.cp * layout.dp) if pp > 1 else 0.0
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
+    blocking = p2p_mode(model, layout) == "blocking"
     return ChunkCosts(
         forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
         activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
         chunk_params=chunk_params, expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
         send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
-        paired_exchanges=p2p_mode(model, layout) == "blocking", segments=k,
+        exchanges=exchange_program(layout.schedule, pp, layout.num_microbatches) if blocking else None,
+        segments=k,
         cached_segment_bytes=_bf16_optimizer_segments(model, layout, shard, params, last_rank),
     )
 
@@ -321,9 +319,9 @@ def _grad_accumulation_s(model: CostModel, params: float, microbatches: int) -> 
     `params` parameters outside the GEMMs: autograd's add into `.grad`, and DeepSpeed's
     BF16_Optimizer's add into its fp32 accumulators (planner/cost/grad_accum.py)."""
     opts, seconds = model.options, 0.0
-    if opts.wgrad_accumulation == "autograd":
+    if opts.data.wgrad_accumulation == "autograd":
         seconds += autograd_accumulation_s(model.analytic, params, model.dtype_bytes, microbatches)
-    if opts.bf16_optimizer:
+    if opts.data.bf16_optimizer:
         seconds += hp_grad_add_s(model.analytic, params)
     return seconds
 
@@ -344,14 +342,14 @@ def _bf16_optimizer_segments(model: CostModel, layout: Layout, shard: Shard, par
     """Per rank, the allocator segments DeepSpeed's BF16_Optimizer's transients add
     (`memory.bf16_optimizer_transients`, `memory.new_segment_bytes`); None without it."""
     opts = model.options
-    if not opts.bf16_optimizer or layout.zero_stage > 1:
+    if not opts.data.bf16_optimizer or layout.zero_stage > 1:
         return None
     spec = model.spec
-    largest_tensor = memory.largest_activation_tensor(spec, shard, opts.flash_attention)
+    largest_tensor = memory.largest_activation_tensor(spec, shard, opts.kernels.flash_attention)
     segments = []
     for rank in range(layout.pp):
         largest = memory.largest_param_count(spec, layout.tp, embedding=rank == 0, head=rank == last_rank)
-        transients = memory.bf16_optimizer_transients(largest, params[rank], opts.grad_reduce_bytes)
+        transients = memory.bf16_optimizer_transients(largest, params[rank], opts.data.grad_reduce_bytes)
         freed = memory.bf16_optimizer_freed_before(params[rank], _dp_shards(layout), largest_tensor)
         segments.append(memory.new_segment_bytes(transients, freed))
     return segments
@@ -392,9 +390,9 @@ def mtp_places(model: CostModel, layout: Layout) -> tuple[tuple[int, int], ...]:
 
 
 def p2p_mode(model: CostModel, layout: Layout) -> str:
-    """The layout's pipeline send mode, CostOptions.p2p_mode with "megatron-lm" resolved:
+    """The layout's pipeline send mode, CostOptions.pipeline.p2p_mode with "megatron-lm" resolved:
     "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B."""
-    mode = model.options.p2p_mode
+    mode = model.options.pipeline.p2p_mode
     if mode == "megatron-lm":
         return "overlapped" if layout.schedule == "interleaved_1f1b" and layout.vpp > 1 else "blocking"
     return mode
@@ -492,7 +490,7 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
     step = grads_done + sum(tail.values())
     tokens = global_batch * seq
     model_flops = model_flops_per_token(model.spec, seq) * tokens
-    peak = model.cluster.gpu.peak_flops(model.options.dtype)
+    peak = model.cluster.gpu.peak_flops(model.options.kernels.dtype)
     mfu = model_flops / (step * layout.num_gpus * peak)
     busy = timing.busy_s[critical]
     blocked = timing.blocked_s[critical] if timing.blocked_s else 0.0
@@ -537,7 +535,7 @@ def replica_sync_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> l
     edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp) if any(experts) else 1
     owned = [dp_equivalent_params(layout.zero_stage, shards, edp, p, e) / shards for p, e in zip(costs.params, experts)]
     stride = layout.tp * layout.cp * layout.dp
-    return [model.network.all_reduce(params * model.options.grad_reduce_bytes, 2, stride) for params in owned]
+    return [model.network.all_reduce(params * model.options.data.grad_reduce_bytes, 2, stride) for params in owned]
 
 
 def peak_activation_bytes(model: CostModel, layout: Layout, seq: int, costs: ChunkCosts,
@@ -565,7 +563,7 @@ def _tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) ->
     spec = model.spec
     # DeepSpeed's BF16_Optimizer all-reduces the fp32 `weight._hp_grad` (pipe/engine.py
     # `_exec_reduce_tied_grads`), whatever the DP reduction's communication dtype
-    grad_bytes = memory.BYTES_FP32 if model.options.bf16_optimizer else model.options.grad_reduce_bytes
+    grad_bytes = memory.BYTES_FP32 if model.options.data.bf16_optimizer else model.options.data.grad_reduce_bytes
     reduce = step_costs.tied_embedding_time(
         model.network, spec.vocab_size, spec.hidden_size, grad_bytes,
         layout.tp, layout.cp, layout.dp, layout.pp)
@@ -585,15 +583,15 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float],
     most = max(dp_equivalent_params(layout.zero_stage, _dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
     opts = model.options
     return {
-        **({"ddp_grad_copies": step_costs.ddp_grad_copy_time(compute, most, opts.grad_reduce_bytes,
-                                                             opts.ddp_grad_copy_passes)}
-           if opts.ddp_grad_copy_passes else {}),
+        **({"ddp_grad_copies": step_costs.ddp_grad_copy_time(compute, most, opts.data.grad_reduce_bytes,
+                                                             opts.data.ddp_grad_copy_passes)}
+           if opts.data.ddp_grad_copy_passes else {}),
         **({"main_grad_cast": step_costs.main_grad_cast_time(compute, most, layout.zero_stage, _dp_shards(layout))}
-           if opts.main_grad_cast else {}),
+           if opts.data.main_grad_cast else {}),
         "loss_scale_check": step_costs.loss_scale_time(
-            compute, net, model.options.dtype, most, *shape, layout.zero_stage),
+            compute, net, model.options.kernels.dtype, most, *shape, layout.zero_stage),
         "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,
-                                               model.options.optimizer_kernels),
+                                               model.options.data.optimizer_kernels),
         "optimizer": optimizer_time(model, layout.zero_stage, _dp_shards(layout), most),
     }
 
@@ -638,7 +636,7 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if shards == 1 and edp == 1:
         return 0.0
     net, opts = model.network, model.options
-    if _per_chunk_grad_sync(layout, opts.overlap_grad_reduce, experts > 0):
+    if _per_chunk_grad_sync(layout, opts.data.overlap_grad_reduce, experts > 0):
         return interleaved_dp_exposed(model, layout, costs, rank)
     params = costs.params[rank]
     root = fsdp_root_params(model, layout, rank) if layout.zero_stage == 3 else 0.0
@@ -650,11 +648,11 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     for group_params, group_shards, stride, with_root in groups:
         if group_shards == 1 or group_params <= 0:
             continue
-        n = _dp_calls(layout, rank, group_params, opts.overlap_grad_reduce, group_shards) + with_root
+        n = _dp_calls(layout, rank, group_params, opts.data.overlap_grad_reduce, group_shards) + with_root
         calls += n
-        grad_bytes = group_params * opts.grad_reduce_bytes / n
+        grad_bytes = group_params * opts.data.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
-        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.bf16_optimizer):
+        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.data.bf16_optimizer):
             reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
         else:
             reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
@@ -671,16 +669,16 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = costs.segments * (sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank]))
     forward = costs.segments * sum(costs.forward_s[rank])
-    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
+    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.cluster.interference)
     last_share = min(1.0, edge / params) if params else 0.0
 
     def overlapped(total: float, window: float) -> float:
         stream = step_costs.exposed_after_window(total, window, params, bucket, edge)
         return max(stream, overlapped_extra_time(total, window, sm_share, total * last_share))
 
-    exposed = overlapped(reduce, backward) if opts.overlap_grad_reduce else reduce
+    exposed = overlapped(reduce, backward) if opts.data.overlap_grad_reduce else reduce
     if gather:
-        exposed += overlapped(gather, forward) if opts.overlap_param_gather else gather
+        exposed += overlapped(gather, forward) if opts.data.overlap_param_gather else gather
     return exposed + _earlier_microbatch_collectives(layout, reduce, gather, forward, backward, sm_share)
 
 
@@ -714,13 +712,13 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
     One FSDP unit per transformer layer and the root's (the embedding, final norm and head). 0
     unless ZeRO-3 runs as FSDP2 or with FSDP1's gradient assembly."""
     opts = model.options
-    if not (opts.fsdp2 or opts.fsdp1_grad_cat) or layout.zero_stage != 3 or _dp_shards(layout) == 1:
+    if not (opts.data.fsdp2 or opts.data.fsdp1_grad_cat) or layout.zero_stage != 3 or _dp_shards(layout) == 1:
         return 0.0
     m = layout.num_microbatches if layout.pp == 1 else 1
     calls = _layers_on(layout, rank) + (fsdp_root_params(model, layout, rank) > 0)
-    if opts.fsdp1_grad_cat:
+    if opts.data.fsdp1_grad_cat:
         return step_costs.fsdp1_grad_cat_time(model.analytic, params, model.dtype_bytes, reduces=m, calls=calls)
-    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, opts.grad_reduce_bytes,
+    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, opts.data.grad_reduce_bytes,
                                       gathers=2 * m, reduces=m, calls=calls)
 
 
@@ -760,7 +758,7 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     for chunk, params in enumerate(costs.chunk_params[rank]):
         calls = max(1, grad_bucket_count(params, shards, rank if chunk == 0 else 1, True,
                                          every_rank=layout.zero_stage == 2))
-        grad_bytes, param_bytes = params * opts.grad_reduce_bytes / calls, params * model.dtype_bytes / calls
+        grad_bytes, param_bytes = params * opts.data.grad_reduce_bytes / calls, params * model.dtype_bytes / calls
         if layout.zero_stage == 0:
             reduce.append(calls * net.all_reduce(grad_bytes, shards, stride) if params else 0.0)
             gather.append(0.0)
@@ -771,14 +769,14 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     windows = [max(0.0, group * sum(backward[:c]) - lag * backward[c - 1]) if c else 0.0 for c in range(vpp)]
     order = sorted(range(vpp), key=lambda c: -windows[c])
     ends = step_costs.serial_stream_ends([-windows[c] for c in order], [reduce[c] for c in order])
-    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.interference)
+    sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.cluster.interference)
     exposed = overlapped_extra_time(sum(reduce), group * sum(backward), sm_share, max(0.0, ends[-1]))
     if sum(gather):
         deadlines = [group * sum(forward[:c]) for c in range(vpp)]
         launches = [max(0.0, deadlines[c - 1] - lag * forward[c - 2]) if c >= 2 else 0.0 for c in range(vpp)]
         ends = step_costs.serial_stream_ends(launches, gather)
         late = max(0.0, *(end - due for end, due in zip(ends, deadlines, strict=True)))
-        if opts.overlap_param_gather:
+        if opts.data.overlap_param_gather:
             exposed += overlapped_extra_time(sum(gather), group * sum(forward), sm_share, late)
         else:
             exposed += sum(gather)
@@ -798,7 +796,7 @@ def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: i
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:
     """The Adam step over the parameters this GPU owns, as multi-tensor kernels, and the copy
     of the updated fp32 main parameters into the model's (planner/cost/step.py)."""
-    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards, model.options.optimizer_kernels)
+    return step_costs.adam_time(model.analytic, params, zero_stage, dp_shards, model.options.data.optimizer_kernels)
 
 
 def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
@@ -819,10 +817,10 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
     expert parameter (`memory.state_bytes_per_param` over DP x CP and over EDP)."""
     params = costs.params[rank]
     activations = peak_activations + costs.extra_bytes[rank]
-    if model.options.parameter_copies > 1:  # the schedule's further copies of the rank's layers
+    if model.options.memory.parameter_copies > 1:  # the schedule's further copies of the rank's layers
         layer_params, layer_experts = _layer_params(model, layout, rank)
-        params += (model.options.parameter_copies - 1) * layer_params
-        expert_params += (model.options.parameter_copies - 1) * layer_experts
+        params += (model.options.memory.parameter_copies - 1) * layer_params
+        expert_params += (model.options.memory.parameter_copies - 1) * layer_experts
     dense = params - expert_params
     weights = dense * state.weights + expert_params * expert.weights
     if layout.zero_stage == 3:  # unsharded bf16 copies of the block being computed, the one
@@ -830,13 +828,13 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
         block = (costs.params[rank] - root) / max(1, _layers_on(layout, rank))
         weights += model.dtype_bytes * (2 * block + root)
     grads = dense * state.grads + expert_params * expert.grads
-    if model.options.bf16_optimizer and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
+    if model.options.data.bf16_optimizer and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
         grads += params * model.dtype_bytes
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations
     outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,
                                              _in_embedding_group(model, layout, rank),
-                                             model.options.cuda_context_bytes)
+                                             model.options.memory.cuda_context_bytes)
     segments = costs.cached_segment_bytes[rank] if costs.cached_segment_bytes else 0.0
     return RankMemory(
         weights=weights,
@@ -850,7 +848,7 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
 
 def _layer_params(model: CostModel, layout: Layout, rank: int) -> tuple[float, float]:
     """Parameters of the transformer layers on pipeline rank `rank` (one shard), and the routed
-    experts' among them: what `CostOptions.parameter_copies` repeats (the embedding, head and
+    experts' among them: what `CostOptions.memory.parameter_copies` repeats (the embedding, head and
     multi-token-prediction modules are not: DualPipe holds them once on each end rank)."""
     spec, etp = model.spec, layout.expert_tp
     per_kind = {"transformer": (memory.transformer_param_count(spec, layout.tp, layout.ep, etp),

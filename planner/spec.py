@@ -17,6 +17,33 @@ from planner.units import GiB
 FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+class RopeScaling(BaseModel):
+    """RoPE frequency scaling for a context longer than the one first trained: Llama 3.1's
+    ("llama3": wavelengths above original / low_freq_factor divided by `factor`, those below
+    original / high_freq_factor kept, the band between blended) or YaRN ("yarn", DeepSeek-V3:
+    frequencies ramped between interpolation and extrapolation by beta_fast / beta_slow, the
+    attention scaled by mscale)."""
+
+    model_config = FROZEN
+
+    rope_type: Literal["llama3", "yarn"]
+    factor: float = Field(gt=0)
+    original_max_position_embeddings: int = Field(gt=0)
+    low_freq_factor: float = Field(default=1.0, gt=0)
+    """llama3 only."""
+    high_freq_factor: float = Field(default=4.0, gt=0)
+    """llama3 only."""
+    beta_fast: float = Field(default=32.0, gt=0)
+    """yarn only: rotations at which the ramp starts interpolating."""
+    beta_slow: float = Field(default=1.0, gt=0)
+    """yarn only: rotations below which frequencies are fully interpolated."""
+    mscale: float = 1.0
+    """yarn only: the cos/sin tables' scale factor (0.1 mscale ln(factor) + 1 over that of
+    mscale_all_dim)."""
+    mscale_all_dim: float = 0.0
+    """yarn only: the softmax scale is multiplied by (0.1 mscale_all_dim ln(factor) + 1)^2."""
+
+
 class ModelSpec(BaseModel):
     """A decoder-only transformer: Llama style (RMSNorm, GQA, SwiGLU, RoPE) or GPT style
     (LayerNorm, MHA with biases, GeLU MLP, learned or ALiBi positions), optionally MoE."""
@@ -36,13 +63,29 @@ class ModelSpec(BaseModel):
     ffn_hidden_size: int = Field(gt=0)
     """Width of the MLP's hidden layer (per expert for MoE unless moe_ffn_hidden_size)."""
     vocab_size: int = Field(gt=0)
+    """Rows of the word embedding (and LM head) as the model's checkpoint has them, any
+    padding of the tokenizer's vocabulary included (GPT-2's 50257, Megatron's GPT runs' 51200)."""
     max_position_embeddings: int = Field(gt=0)
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
-    activation: Literal["swiglu", "gelu"] = "swiglu"
+    norm_eps: float = Field(default=1e-5, gt=0)
+    """Epsilon of every norm (RMSNorm's rms_norm_eps, LayerNorm's layer_norm_epsilon)."""
+    activation: Literal["swiglu", "gelu", "squared_relu"] = "swiglu"
+    """MLP activation: SwiGLU (gate and up matrices), GeLU or squared ReLU (Nemotron-4; one up
+    matrix like GeLU's)."""
     position_embedding: Literal["rope", "learned", "alibi"] = "rope"
+    rope_theta: float = Field(default=10000.0, gt=0)
+    """RoPE base: the rotation of channel pair i is position / rope_theta^(2i/d)."""
+    rope_scaling: RopeScaling | None = None
+    """Long-context RoPE scaling (Llama 3.1, DeepSeek-V3); None: plain RoPE."""
     rotary_percent: float = Field(default=1.0, gt=0.0, le=1.0)
     """Share of each q and k head's width that RoPE rotates (Megatron's `rotary_percent`; the
     rest passes through): Nemotron-4's 0.5."""
+    qk_norm: bool = False
+    """An RMSNorm over each head's query and key before RoPE, one head_dim-wide weight each,
+    shared by the heads (Qwen3's q_norm and k_norm)."""
+    sliding_window: int | None = Field(default=None, gt=0)
+    """Each token attends to the last `sliding_window` positions only (Mistral-7B v0.1: 4096);
+    None: full causal attention. Sequences no longer than the window see no difference."""
     tie_embeddings: bool = False
     """Input embedding and LM head share one matrix."""
     qkv_bias: bool = False
@@ -55,8 +98,22 @@ class ModelSpec(BaseModel):
     moe_top_k: int = Field(default=0, ge=0)
     moe_ffn_hidden_size: int | None = Field(default=None, gt=0)
     num_shared_experts: int = Field(default=0, ge=0)
-    # Mixture-of-experts layout, multi-head latent attention and multi-token prediction
-    # (issue 14). Defaults keep a dense model, or an MoE model with every layer MoE, as before.
+    moe_score_function: Literal["softmax", "sigmoid"] = "softmax"
+    """How the router turns its logits into expert scores."""
+    moe_norm_topk_prob: bool = True
+    """The top-k scores renormalised to sum to 1 (Mixtral, Qwen3, DeepSeek-V3); False: used as
+    they are (Qwen2-MoE, DeepSeek-V2)."""
+    moe_routed_scaling_factor: float = Field(default=1.0, gt=0)
+    """Factor on the routed experts' weights (DeepSeek-V3's routed_scaling_factor 2.5)."""
+    moe_router_num_groups: int | None = Field(default=None, gt=0)
+    """Group-limited routing: the experts in this many equal groups, a token choosing its
+    top-k among the `moe_router_group_topk` best groups only (DeepSeek-V3: 8 groups, 4 chosen)."""
+    moe_router_group_topk: int | None = Field(default=None, gt=0)
+    moe_router_expert_bias: bool = False
+    """A per-expert bias added to the scores to choose the experts, not to weight them
+    (DeepSeek-V3's aux-loss-free balancing, `e_score_correction_bias`)."""
+    moe_shared_expert_gate: bool = False
+    """The shared experts' output scaled by sigmoid(x . w), one hidden-wide weight (Qwen2-MoE)."""
     shared_expert_ffn_hidden_size: int | None = Field(default=None, gt=0)
     """Total hidden width of the shared experts; num_shared_experts x the expert width when unset."""
     first_dense_layers: int = Field(default=0, ge=0)
@@ -100,7 +157,22 @@ class ModelSpec(BaseModel):
             raise ValueError("first_dense_layers and moe_layer_freq leave no MoE layer")
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             raise ValueError("latent attention (kv_lora_rank) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
+        if self.qk_norm and (self.kv_lora_rank or self.norm != "rmsnorm"):
+            raise ValueError("qk_norm is a per-head RMSNorm of queries and keys in a RMSNorm model without latent "
+                             "attention (which normalises its latents instead)")
+        if self.rope_scaling is not None and self.position_embedding != "rope":
+            raise ValueError("rope_scaling needs position_embedding 'rope'")
+        self._check_router_groups()
         return self
+
+    def _check_router_groups(self) -> None:
+        """Group-limited routing: both numbers or neither, groups dividing the experts."""
+        groups, chosen = self.moe_router_num_groups, self.moe_router_group_topk
+        if (groups is None) != (chosen is None):
+            raise ValueError("moe_router_num_groups and moe_router_group_topk go together")
+        if groups is not None and (self.num_experts % groups or chosen > groups):
+            raise ValueError(f"moe_router_num_groups ({groups}) must divide num_experts ({self.num_experts}) "
+                             f"and be at least moe_router_group_topk ({chosen})")
 
     @property
     def kv_channels(self) -> int:
@@ -149,8 +221,13 @@ class ModelSpec(BaseModel):
             "vocab_size": self.vocab_size,
             "max_seq_len": seq or self.max_position_embeddings,
             "norm": self.norm,
+            "norm_eps": self.norm_eps,
             "activation": self.activation,
             "position_embedding": self.position_embedding,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling.model_dump() if self.rope_scaling else None,
+            "rotary_percent": self.rotary_percent,
+            "qk_norm": self.qk_norm,
             "tie_embeddings": self.tie_embeddings,
             "qkv_bias": self.qkv_bias,
             "linear_bias": self.linear_bias,
@@ -313,26 +390,34 @@ def validation_message(exc: ValidationError, what: str) -> str:
 _HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe",
                    "deepseek_v2", "deepseek_v3"}
 _HF_GPT_TYPES = {"gpt2", "gpt_bigcode", "bloom"}
+HF_MODEL_TYPES = tuple(sorted(_HF_LLAMA_TYPES | _HF_GPT_TYPES))
+"""The Hugging Face `model_type`s whose config.json the planner reads; it refuses any other."""
 
 
 def model_from_hf_config(config: dict[str, Any], name: str = "custom") -> ModelSpec:
-    """A ModelSpec from a Hugging Face `config.json` dictionary (llama/mistral/qwen2/mixtral
-    keys such as `hidden_size`, `num_key_value_heads`, `intermediate_size`; gpt2 keys such as
-    `n_embd`, `n_head`, `n_layer`, `n_inner`, `n_positions`). ConfigError names the field."""
+    """A ModelSpec from a Hugging Face `config.json` dictionary of one of HF_MODEL_TYPES
+    (llama/mistral/qwen/mixtral/deepseek keys such as `hidden_size`, `num_key_value_heads`,
+    `intermediate_size`; gpt2/gpt_bigcode/bloom keys such as `n_embd`, `n_head`, `n_layer`,
+    `n_inner`, `n_positions`). ConfigError names the field, or the model_type it does not read."""
     model_type = str(config.get("model_type", "")).lower()
-    if model_type in _HF_GPT_TYPES or "n_embd" in config:
+    if model_type in _HF_GPT_TYPES:
         fields = _gpt_fields(config)
-    elif model_type in _HF_LLAMA_TYPES or "hidden_size" in config:
+    elif model_type in _HF_LLAMA_TYPES:
         fields = _llama_fields(config, model_type)
     else:
-        raise ConfigError(
-            f"model config {name}: unknown model_type '{model_type}' and no llama "
-            "(hidden_size) or gpt2 (n_embd) keys"
-        )
+        raise ConfigError(_unknown_model_type(name, model_type))
     try:
         return ModelSpec(name=name, source="Hugging Face config.json", **fields)
     except ValidationError as exc:
         raise ConfigError(validation_message(exc, f"model config {name}")) from None
+
+
+def _unknown_model_type(name: str, model_type: str) -> str:
+    """Why a config.json of an architecture the planner does not read is refused, and the
+    ones it does."""
+    what = f"model_type '{model_type}' is not" if model_type else "no model_type names"
+    return (f"model config {name}: {what} an architecture the planner reads (supported model_types: "
+            f"{', '.join(HF_MODEL_TYPES)}); describe another in a planner model file with `family` llama or gpt")
 
 
 def _require(config: dict[str, Any], *keys: str) -> Any:
@@ -355,20 +440,31 @@ def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
         "ffn_hidden_size": _require(config, "intermediate_size"),
         "vocab_size": _require(config, "vocab_size"),
         "max_position_embeddings": config.get("max_position_embeddings", 4096),
+        # Source: transformers' config classes (MixtralConfig rms_norm_eps 1e-5, the others 1e-6)
+        "norm_eps": config.get("rms_norm_eps") or (1e-5 if model_type == "mixtral" else 1e-6),
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
         "qkv_bias": bool(config.get("attention_bias", model_type.startswith("qwen2"))),
         "linear_bias": bool(config.get("mlp_bias", False)),
+        "qk_norm": model_type in _HF_QK_NORM_TYPES,
+        "sliding_window": _sliding_window(config, model_type),
+        **_rope_fields(config),
     }
+    activation = config.get("hidden_act", "silu")
+    if activation not in ("silu", "swish"):
+        raise ConfigError(f"model config: hidden_act '{activation}' is not supported; a {model_type} MLP the "
+                          "planner reads is SwiGLU (silu)")
     if config.get("head_dim"):
         fields["head_dim"] = config["head_dim"]
     if experts:
         fields["num_experts"] = experts
         fields["moe_top_k"] = _require(config, "num_experts_per_tok")
+        fields |= _router_fields(config, model_type)
         if config.get("moe_intermediate_size"):
             fields["moe_ffn_hidden_size"] = config["moe_intermediate_size"]
         if config.get("shared_expert_intermediate_size"):  # qwen2_moe: one gated shared expert
             fields["num_shared_experts"] = 1
             fields["shared_expert_ffn_hidden_size"] = config["shared_expert_intermediate_size"]
+            fields["moe_shared_expert_gate"] = True
         if config.get("n_shared_experts"):  # deepseek: n experts of moe_intermediate_size
             fields["num_shared_experts"] = config["n_shared_experts"]
         if config.get("first_k_dense_replace"):
@@ -390,10 +486,61 @@ def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     return fields
 
 
+_HF_QK_NORM_TYPES = {"qwen3", "qwen3_moe"}
+"""model_types whose attention normalises each head's query and key (Qwen3's q_norm, k_norm)."""
+
+
+def _rope_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """rope_theta and rope_scaling of a config.json (transformers 4's `rope_theta` and
+    `rope_scaling`, or 5's `rope_parameters`); ConfigError for a scaling the planner does
+    not model."""
+    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    fields: dict[str, Any] = {"rope_theta": float(config.get("rope_theta") or params.get("rope_theta") or 10000.0)}
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return fields
+    if kind not in ("llama3", "yarn"):
+        raise ConfigError(f"model config: rope_scaling type '{kind}' is not supported (llama3, yarn)")
+    keys = set(RopeScaling.model_fields) - {"rope_type"}
+    fields["rope_scaling"] = {"rope_type": kind, **{k: params[k] for k in keys if params.get(k) is not None}}
+    return fields
+
+
+def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
+    """The attention window of a config.json: Mistral's `sliding_window` (every layer); Qwen's
+    only with `use_sliding_window`, refused (it keeps the first max_window_layers layers full)."""
+    if not model_type.startswith("qwen"):
+        return config.get("sliding_window")
+    if config.get("use_sliding_window"):
+        raise ConfigError("model config: use_sliding_window (a window on the layers after max_window_layers) "
+                          "is not supported")
+    return None
+
+
+def _router_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The MoE router of a config.json: score function, renormalised top-k, routed scaling
+    factor, group-limited routing and DeepSeek-V3's expert bias (`topk_method` noaux_tc)."""
+    # Source: transformers' modeling code: Mixtral always renormalises, DeepSeek-V3 always routes
+    # by noaux_tc; DeepseekV3Config's norm_topk_prob defaults to True, the other configs' to False
+    method = config.get("topk_method") or ("noaux_tc" if model_type == "deepseek_v3" else "greedy")
+    fields = {
+        "moe_score_function": config.get("scoring_func", "softmax"),
+        "moe_norm_topk_prob": model_type == "mixtral" or bool(config.get("norm_topk_prob", model_type == "deepseek_v3")),
+        "moe_routed_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
+        "moe_router_expert_bias": method == "noaux_tc",
+    }
+    if method in ("group_limited_greedy", "noaux_tc") and (config.get("n_group") or 1) > 1:
+        fields |= {"moe_router_num_groups": config["n_group"], "moe_router_group_topk": _require(config, "topk_group")}
+    return fields
+
+
 def _gpt_fields(config: dict[str, Any]) -> dict[str, Any]:
-    hidden = _require(config, "n_embd", "hidden_size")
+    hidden = _require(config, "n_embd", "hidden_size", "n_embed")  # n_embed: early BLOOM configs
     heads = _require(config, "n_head", "num_attention_heads")
     is_bloom = str(config.get("model_type", "")).lower() == "bloom"
+    activation = config.get("activation_function", "gelu")
+    if not activation.startswith("gelu"):
+        raise ConfigError(f"model config: activation_function '{activation}' is not supported (GeLU)")
     return {
         "family": "gpt",
         "num_layers": _require(config, "n_layer", "num_hidden_layers"),
@@ -406,6 +553,7 @@ def _gpt_fields(config: dict[str, Any]) -> dict[str, Any]:
         or config.get("seq_length")
         or 2048,
         "norm": "layernorm",
+        "norm_eps": config.get("layer_norm_epsilon", 1e-5),  # Source: transformers' GPT2Config / BloomConfig default
         "activation": "gelu",
         "position_embedding": "alibi" if is_bloom else "learned",
         "tie_embeddings": bool(config.get("tie_word_embeddings", True)),

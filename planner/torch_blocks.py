@@ -37,20 +37,27 @@ class BlockConfig:
     vocab_size: int
     max_seq_len: int
     norm: str = "rmsnorm"  # or "layernorm"
-    activation: str = "swiglu"  # or "gelu"
+    activation: str = "swiglu"  # or "gelu", "squared_relu"
     position_embedding: str = "rope"  # or "learned", "alibi"
     tie_embeddings: bool = False
     qkv_bias: bool = False
     linear_bias: bool = False
     embedding_norm: bool = False
     norm_eps: float = 1e-5
-    rope_theta: float = 500000.0
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # planner.spec.RopeScaling's fields: "llama3" or "yarn"
+    rotary_percent: float = 1.0  # share of each head's channels RoPE rotates (the first ones)
+    qk_norm: bool = False  # RMSNorm over each head's query and key before RoPE (Qwen3)
     num_experts: int = 0  # routed experts of a mixture-of-experts layer; 0: every layer dense
     moe_top_k: int = 0
     expert_ffn_hidden_size: int = 0
     shared_ffn_hidden_size: int = 0  # all shared experts together, as one SwiGLU MLP; 0: none
     first_dense_layers: int = 0
     moe_layer_freq: int = 1
+    moe_score_function: str = "softmax"  # or "sigmoid"
+    moe_norm_topk_prob: bool = True  # the top-k weights renormalised to sum to 1
+    moe_routed_scaling_factor: float = 1.0
+    moe_shared_expert_gate: bool = False  # shared experts' output times sigmoid(x . w) (Qwen2-MoE)
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether layer `index` has routed experts: after the first dense ones, every
@@ -101,22 +108,66 @@ def make_norm(cfg: BlockConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
 
-def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables of rotary embeddings, shape (seq_len, head_dim // 2)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+def rope_tables(rotary_dim: int, seq_len: int, theta: float,
+                scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables of rotary embeddings over `rotary_dim` channels, shape (seq_len,
+    rotary_dim // 2), with Llama 3.1's or YaRN's frequency scaling (`scaling`) if given."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    magnitude = 1.0
+    if scaling is not None and scaling["rope_type"] == "llama3":
+        inv_freq = _llama3_frequencies(inv_freq, scaling)
+    elif scaling is not None and scaling["rope_type"] == "yarn":
+        inv_freq = _yarn_frequencies(inv_freq, rotary_dim, theta, scaling)
+        magnitude = _yarn_mscale(scaling["factor"], scaling["mscale"]) / _yarn_mscale(
+            scaling["factor"], scaling["mscale_all_dim"])
+    elif scaling is not None:
+        raise ValueError(f"unknown RoPE scaling {scaling['rope_type']!r}")
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
-    return angles.cos(), angles.sin()
+    return angles.cos() * magnitude, angles.sin() * magnitude
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's scaled RoPE frequencies: long wavelengths divided by the factor, short ones
+    kept, the band between blended (Meta's `apply_scaling`)."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    context = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+    medium = (wavelength >= context / high) & (wavelength <= context / low)
+    return torch.where(medium, blended, scaled)
+
+
+def _yarn_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN's frequencies: interpolated (divided by the factor) below beta_slow rotations over
+    the original context, kept above beta_fast, ramped linearly between (channel indices
+    floored and ceiled, as DeepSeek and Hugging Face do)."""
+    def channel(rotations: float) -> float:
+        return rotary_dim * math.log(scaling["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (
+            2 * math.log(theta))
+
+    low = max(math.floor(channel(scaling["beta_fast"])), 0)
+    high = min(math.ceil(channel(scaling["beta_slow"])), rotary_dim - 1)
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return inv_freq / scaling["factor"] * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's attention magnitude 0.1 mscale ln(factor) + 1 (1 without extension)."""
+    return 0.1 * mscale * math.log(factor) + 1.0 if factor > 1 else 1.0
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of channels of x (batch, seq, heads, head_dim) by the position angle.
-    The result stays in (batch, seq, heads) order, so attention's output in that order
-    reshapes to (batch, seq, hidden) without a copy."""
-    seq = x.shape[1]
+    """Rotate pairs of the first 2 x cos.shape[-1] channels of x (batch, seq, heads, head_dim)
+    by the position angle, the rest passing through. The result stays in (batch, seq, heads)
+    order, so attention's output in that order reshapes to (batch, seq, hidden) without a copy."""
+    seq, rotary_dim = x.shape[1], 2 * cos.shape[-1]
     cos, sin = cos[:seq, None].to(x.dtype), sin[:seq, None].to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
-    return rotated.flatten(-2)
+    rotary, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
 
 
 def alibi_bias(num_heads: int, seq_len: int, head_offset: int = 0, total_heads: int | None = None):
@@ -146,8 +197,12 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.wv = nn.Linear(cfg.hidden_size, kv_out, bias=cfg.qkv_bias)
         self.wo = nn.Linear(q_out, cfg.hidden_size, bias=cfg.linear_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
         if cfg.position_embedding == "rope":
-            cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+            rotary_dim = int(cfg.head_dim * cfg.rotary_percent)
+            cos, sin = rope_tables(rotary_dim, cfg.max_seq_len, cfg.rope_theta, cfg.rope_scaling)
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -157,6 +212,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, cfg.head_dim)
         k = self.wk(x).view(batch, seq, -1, cfg.head_dim)
         v = self.wv(x).view(batch, seq, -1, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if cfg.position_embedding == "rope":
             q = apply_rope(q, self.rope_cos, self.rope_sin)
             k = apply_rope(k, self.rope_cos, self.rope_sin)
@@ -189,10 +246,12 @@ class _SwiGLUFunction(torch.autograd.Function):
 
 
 class FeedForward(nn.Module):
-    """SwiGLU (w2(silu(w1 x) * w3 x)) or GeLU (w2(gelu(w1 x))) MLP."""
+    """SwiGLU (w2(silu(w1 x) * w3 x)), GeLU (w2(gelu(w1 x))) or squared-ReLU
+    (w2(relu(w1 x)^2)) MLP."""
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
+        self.activation = cfg.activation
         self.swiglu = cfg.activation == "swiglu"
         self.w1 = nn.Linear(cfg.hidden_size, cfg.ffn_hidden_size, bias=cfg.linear_bias)
         self.w2 = nn.Linear(cfg.ffn_hidden_size, cfg.hidden_size, bias=cfg.linear_bias)
@@ -202,6 +261,8 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu:
             return self.w2(_SwiGLUFunction.apply(self.w1(x), self.w3(x)))
+        if self.activation == "squared_relu":
+            return self.w2(F.relu(self.w1(x)).square())
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
@@ -278,34 +339,49 @@ class GroupedExperts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Mixture-of-experts MLP: a softmax router picks top-k experts per token (weights
-    renormalised over the k, as Mixtral and Qwen3-MoE do), the routed experts' outputs are
-    summed with those weights, and the shared experts (if any) see every token. Dropless:
-    every routed token is computed."""
+    """Mixture-of-experts MLP: the router scores the experts (softmax or sigmoid) and picks
+    top-k per token (weights renormalised over the k where the model does, as Mixtral and
+    Qwen3-MoE do, times its routed scaling factor), the routed experts' outputs are summed with
+    those weights, and the shared experts (if any, gated for Qwen2-MoE) see every token.
+    Dropless: every routed token is computed."""
 
     def __init__(self, cfg: BlockConfig):
         super().__init__()
-        self.top_k = cfg.moe_top_k
+        self.cfg = cfg
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = GroupedExperts(cfg.num_experts, cfg.hidden_size, cfg.expert_ffn_hidden_size)
         self.shared_experts = (
             FeedForward(replace(cfg, ffn_hidden_size=cfg.shared_ffn_hidden_size, activation="swiglu",
                                 linear_bias=False))
             if cfg.shared_ffn_hidden_size else None)
+        if cfg.moe_shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, experts) of each token's top-k choice, fp32 weights."""
+        cfg = self.cfg
+        logits = self.router(tokens).float()
+        scores = logits.softmax(dim=-1) if cfg.moe_score_function == "softmax" else logits.sigmoid()
+        weights, experts = scores.topk(cfg.moe_top_k, dim=-1)
+        if cfg.moe_norm_topk_prob:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights * cfg.moe_routed_scaling_factor, experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])
-        probs = F.softmax(self.router(tokens).float(), dim=-1)
-        weights, experts = probs.topk(self.top_k, dim=-1)
-        weights = weights / weights.sum(-1, keepdim=True)
+        weights, experts = self.route(tokens)
+        top_k = self.cfg.moe_top_k
         order = experts.flatten().argsort(stable=True)  # (token, choice) pairs sorted by expert
-        source = order // self.top_k
+        source = order // top_k
         counts = torch.bincount(experts.flatten(), minlength=self.experts.num_experts)
         out = self.experts(tokens[source], counts)
         out = out * weights.flatten()[order, None].to(out.dtype)
         combined = torch.zeros_like(tokens).index_add(0, source, out)
         if self.shared_experts is not None:
-            combined = combined + self.shared_experts(tokens)
+            shared = self.shared_experts(tokens)
+            if self.cfg.moe_shared_expert_gate:
+                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+            combined = combined + shared
         return combined.view(x.shape)
 
 

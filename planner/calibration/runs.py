@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner import __version__
 from planner.calibration.fit import BOUNDS, KNOBS, FitResult, Residual, Run
 from planner.calibration.logs import Measured
 from planner.calibration.schema import (
@@ -17,9 +16,10 @@ from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError, PlannerError
 from planner.layout import check_layout, layout_from_entry
 from planner.plan import PlanFile
-from planner.search.runtimes import runtime_cost_options
+from planner.job import runtime_cost_options
 from planner.spec import Cluster, GpuEfficiency
 from planner.units import GiB
+from planner.version import __version__
 
 LOG_RUNTIMES = {"megatron": None, "torchtitan": "torchtitan"}
 """The runtime whose cost options (planner/search/runtimes.py) a log format implies."""

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from planner.errors import ConfigError
+from planner.output import write_atomic
 from planner.spec import GpuEfficiency, validation_message
 
 SCHEMA_VERSION = 1
@@ -163,8 +164,5 @@ def load(path: Path) -> CalibrationFile:
 
 
 def save(path: Path, calibration: CalibrationFile) -> None:
-    """Write the calibration file (indented JSON)."""
-    try:
-        Path(path).write_text(calibration.model_dump_json(indent=2) + "\n")
-    except OSError as exc:
-        raise ConfigError(f"cannot write calibration file {path}: {exc.strerror}") from None
+    """Write the calibration file (indented JSON) atomically."""
+    write_atomic(path, calibration.model_dump_json(indent=2) + "\n", what="calibration file")

@@ -5,6 +5,7 @@ from planner.cli.app import app, run
 
 # Command modules register themselves on `app` when imported.
 from planner.cli import catalog as _catalog  # noqa: F401,E402
+from planner.cli import runtimes_cmd as _runtimes_cmd  # noqa: F401,E402
 from planner.cli import simulate as _simulate  # noqa: F401,E402
 from planner.cli import cost as _cost  # noqa: F401,E402
 from planner.cli import evaluate as _evaluate  # noqa: F401,E402

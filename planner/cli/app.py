@@ -10,21 +10,28 @@ from rich.console import Console
 
 from planner.errors import PlannerError
 
+HELP_WIDTH = 120
+"""Widest `--help` text: the terminal's width up to this."""
 app = typer.Typer(
     name="planner",
     help="Plan tensor / pipeline / data parallel layouts for transformer training.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: every option name whole at 80 columns, where rich's boxed panels cut them
+    rich_markup_mode=None,
+    context_settings={"max_content_width": HELP_WIDTH},
 )
 
 PIPE_WIDTH = 200
 """Output width when stdout is not a terminal (a pipe or file): wide tables stay unsquashed."""
-stdout = Console(
-    soft_wrap=True,
-    width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH,
-)
+stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
+
+
+def fit_to_terminal() -> None:
+    """Lay stdout out in the terminal's width (COLUMNS when set), or PIPE_WIDTH for a pipe or file."""
+    stdout.width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
 
 EXIT_USER_ERROR = 2
 
@@ -43,6 +50,7 @@ def print_json(text: str) -> None:
 
 def run(argv: list[str] | None = None) -> None:
     """Run the app, mapping PlannerError to one line on stderr and exit code 2."""
+    fit_to_terminal()
     try:
         code = app(args=argv, standalone_mode=False)
     except PlannerError as exc:

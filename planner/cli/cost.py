@@ -15,7 +15,7 @@ from planner.cost.shapes import LAYER_KINDS, Shard
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import combined_1f1b_runs
-from planner.search.runtimes import runtime_cost_options
+from planner.job import build
 from planner.spec import GpuEfficiency
 from planner.errors import LayoutError
 
@@ -32,16 +32,15 @@ def cost_command(
     recompute: str = typer.Option("none", "--recompute", help="none | selective | full"),
     ep: int = opt.EP,
     etp: int | None = opt.ETP,
-    precision: str = opt.PRECISION,
+    precision: str | None = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
-    moe_dispatcher: str = opt.MOE_DISPATCHER,
-    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
+    moe_dispatcher: str | None = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
-    cuda_graphs: bool = opt.CUDA_GRAPHS,
-    runtime: str | None = typer.Option(None, "--runtime", help="Cost the layers as this runtime runs them "
-                                       "(megatron: its MoE layer's ops on DeepEP; torchtitan: its per-op "
-                                       "selective checkpointing); default Megatron-LM's."),
+    cuda_graphs: bool | None = opt.CUDA_GRAPHS,
+    runtime: str | None = opt.RUNTIME,
+    sets: list[str] | None = opt.SET,
     as_json: bool = opt.JSON,
 ) -> None:
     """Per-layer forward / backward (input, weight) time, TP communication, activation
@@ -55,12 +54,12 @@ def cost_command(
     expert_tp = (etp or tp) if spec.is_moe else tp
     dp = max(1, ep * expert_tp // (tp * cp))  # the fewest data-parallel ranks the expert degrees fold over
     check_expert_parallel(spec, tp, cp, dp, ep, expert_tp)
-    cluster = opt.build_cluster(gpu, tp * cp * dp)
-    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
-    options = opt.moe_cost_options(
-        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime), cuda_graphs),
-        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap)
-    cost_model = opt.build_cost_model(spec, cluster, profile, options)
+    job = build(opt.request_of(
+        model, tp * cp * dp, gpu, runtime=runtime, attention=attention, precision=precision,
+        moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_ep_overlap=moe_ep_overlap,
+        cuda_graphs=cuda_graphs, sets=sets, profile=profile), spec)
+    cluster, cost_model = job.cluster, job.cost_model
+    options = cost_model.options
     shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1,
                   ep=ep, etp=etp if spec.is_moe else None)
     # Megatron's combined 1F1B pairs the MoE blocks' passes where it runs (one micro-batch, no pipeline)
@@ -87,16 +86,16 @@ def cost_command(
             "efficiency_source": cluster.gpu.efficiency.source,
             "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
                       "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
-            "attention": options.attention, "cuda_graphs": options.cuda_graphs,
-            "ep": ep, "etp": shard.etp, "precision": options.precision,
-            "moe_dispatcher": options.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
+            "attention": options.kernels.attention, "cuda_graphs": options.kernels.cuda_graphs,
+            "ep": ep, "etp": shard.etp, "precision": options.kernels.precision,
+            "moe_dispatcher": options.moe.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
             "moe_ep_overlap": bool(paired), "runtime": runtime,
             "layers": layers,
         }, indent=2))
         return
     as_run = f", as {runtime} runs it" if runtime else ""
     table = Table(title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
-                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.attention} attention{as_run})")
+                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.kernels.attention} attention{as_run})")
     columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms",
                "activations MiB", "params (M)")
     for column in columns:

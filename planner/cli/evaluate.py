@@ -8,30 +8,14 @@ import typer
 
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.cli.report import breakdown_table, plan_file, plan_json, plans_table, write_plan_file
+from planner.api import evaluate_layout, layout_of, plan_document
+from planner.cli.report import breakdown_table, plan_json, plans_view, write_plan_file
 from planner.cli.plan import print_cost_sources
-from planner.cli.simulate import DEFAULT_SEGMENTS
-from planner.errors import LayoutError, PlannerError
-from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
-from planner.plan import RECOMPUTE_MODES
-from planner.predict import predict, priced_options
-from planner.schedule import check_shape
-from planner.schedule.registry import SEGMENTED
-from planner.search.runtimes import runtime_cost_options, with_runtimes
+from planner.errors import PlannerError
+from planner.job import build
+from planner.layout import check_layout
+from planner.output import refuse_existing
 from planner.units import GiB
-
-
-def parse_recompute(text: str, pp: int) -> tuple[str, ...]:
-    """One recompute mode for every pipeline rank, or a comma list with one per rank."""
-    modes = [m.strip() for m in text.split(",")]
-    for mode in modes:
-        if mode not in RECOMPUTE_MODES:
-            raise LayoutError(f"unknown recompute mode '{mode}': choose {', '.join(RECOMPUTE_MODES)}")
-    if len(modes) == 1:
-        return (modes[0],) * pp
-    if len(modes) != pp:
-        raise LayoutError(f"--recompute lists {len(modes)} modes for {pp} pipeline ranks; give 1 or {pp}")
-    return tuple(modes)
 
 
 @app.command("evaluate")
@@ -57,62 +41,45 @@ def evaluate_command(
     zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage (1 = distributed optimizer)."),
     ep: int = opt.EP,
     etp: int | None = opt.ETP,
-    precision: str = opt.PRECISION,
+    precision: str | None = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
-    moe_dispatcher: str = opt.MOE_DISPATCHER,
-    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
+    moe_dispatcher: str | None = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
     stage_layers: str | None = typer.Option(None, "--stage-layers", help="Layers per virtual stage in "
                                             "model order, comma-separated (default: as even as possible)."),
-    runtime: str | None = typer.Option(None, "--runtime", help="Cost the layout as this runtime runs it "
-                                       "(torchtitan: its per-op selective checkpointing); default Megatron-LM's."),
+    runtime: str | None = opt.RUNTIME,
+    sets: list[str] | None = opt.SET,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     intra_node_bw: float | None = opt.INTRA_BW,
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
-    cuda_graphs: bool = opt.CUDA_GRAPHS,
-    interference: bool = opt.INTERFERENCE,
-    stragglers: bool = opt.STRAGGLERS,
+    cuda_graphs: bool | None = opt.CUDA_GRAPHS,
+    interference: bool | None = opt.INTERFERENCE,
+    stragglers: bool | None = opt.STRAGGLERS,
     speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
+    force: bool = opt.FORCE,
+    wide: bool = opt.WIDE,
 ) -> None:
     """Predict step time, throughput, MFU, bubble and memory per GPU of one layout."""
-    spec = opt.load_model(model)
-    calibrated = opt.load_calibration(calibration)
-    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
-    if gpus % (tp * pp * cp):
-        raise LayoutError(f"{gpus} GPUs are not divisible by tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}")
-    dp = gpus // (tp * pp * cp)
-    if global_batch % (dp * mbs):
-        raise LayoutError(
-            f"global batch {global_batch} is not divisible by dp {dp} x mbs {mbs} = {dp * mbs}"
-        )
-    num_microbatches = global_batch // (dp * mbs)
-    schedule = schedule or ("interleaved_1f1b" if vpp > 1 else "1f1b")
-    if segments is None:
-        segments = DEFAULT_SEGMENTS if schedule in SEGMENTED else 1
-    check_shape(schedule, pp, num_microbatches, vpp, segments)
-    if stage_layers is None:
-        cuts = even_stage_layers(spec.num_layers, pp, vpp, schedule)
-    else:
-        counts = list(opt.int_list(stage_layers, "--stage-layers"))
-        cuts = stage_layers_from_counts(counts, spec.num_layers, pp, vpp, schedule)
-    layout = Layout(
-        tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
-        schedule=schedule, recompute=parse_recompute(recompute, pp),
-        sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel and tp > 1,
-        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
-    )
+    refuse_existing(out, force=force)
+    request = opt.request_of(
+        model, gpus, gpu, global_batch, seq, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
+        inter_node_bw=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime, attention=attention,
+        precision=precision, moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher,
+        moe_ep_overlap=moe_ep_overlap, cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers,
+        speed_spread=speed_spread, sets=sets, profile=profile, profile_only=profile_only, calibration=calibration)
+    job = build(request)
+    spec, cluster, cost_model = job.spec, job.cluster, job.cost_model
+    layout = layout_of(spec, request, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, schedule=schedule, segments=segments,
+                       recompute=recompute, sequence_parallel=sequence_parallel, zero=zero, ep=ep, etp=etp,
+                       stage_layers=None if stage_layers is None else list(opt.int_list(stage_layers, "--stage-layers")))
     check_layout(layout, spec, cluster, global_batch, seq)
-    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
-    cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
-                             cuda_graphs, interference),
-        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
         raise PlannerError(
@@ -123,11 +90,9 @@ def evaluate_command(
     if check is not None and check(layout) is not None:
         stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
                      markup=False, highlight=False)
-    prediction = predict(cost_model, layout, global_batch, seq)
-    entry = entry_from_layout(layout, global_batch, seq, prediction.to_predicted(),
-                              **priced_options(cost_model.options, spec, layout)).model_copy(
-        update={"cost_sources": sources})
-    document = with_runtimes(plan_file([entry], spec, cluster, opt.cost_source(cost_model, calibrated)))
+    evaluation = evaluate_layout(job, layout)
+    prediction = evaluation.prediction
+    document = plan_document(job, [evaluation.entry().model_copy(update={"cost_sources": sources})])
     entry = document.plans[0]
     limit = cluster.memory_limit_bytes
     if prediction.peak_memory_bytes > limit:
@@ -143,7 +108,7 @@ def evaluate_command(
         return
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})")
-    stdout.print(plans_table([entry], title))
+    stdout.print(plans_view([entry], title, stdout.width, wide), soft_wrap=False)
     if profile is not None:
         print_cost_sources([entry], cost_model)
     stdout.print(breakdown_table(entry, limit / GiB))

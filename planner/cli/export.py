@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
 
 from planner.cli.app import app, stdout
-from planner.errors import ConfigError
+from planner.errors import ConfigError, ExportError
 from planner.export import EXPORTERS, export_plan
+from planner.output import refuse_existing, write_atomic
 from planner.plan import parse_plan_file
+from planner.runtimes import RUNTIMES, resolve
 
 EXECUTABLE_SUFFIXES = (".sh",)
+
+
+def exporter_of(target: str) -> str:
+    """The exporter of `--to NAME[@VERSION]`: only a runtime's newest version is written."""
+    if "@" not in target:
+        return target
+    version = resolve(target)
+    if version.exporter is None:
+        newest = RUNTIMES[version.runtime][0]
+        raise ExportError(f"{version.name} is priced, not exported: the exporters write the newest version of a "
+                          f"runtime ({newest.name}{'' if newest.exporter else ', which has none either'})")
+    return version.exporter
 
 
 @app.command("export")
 def export_command(
     plan: Path = typer.Argument(..., help="Plan file written by `planner plan -o` (JSON)."),
-    to: str = typer.Option(..., "--to", "-t", help=f"Runtime: {' | '.join(EXPORTERS)}."),
+    to: str = typer.Option(..., "--to", "-t", help=f"Runtime: {' | '.join(EXPORTERS)}, or NAME@VERSION of its "
+                           "newest version (`planner runtimes`)."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the files into (created if missing)."),
     index: int = typer.Option(0, "--index", "-i", help="Which plan of the file (0 = the best).", min=0),
+    force: bool = typer.Option(False, "--force", help="Overwrite the export's files that exist in the folder "
+                               "(its other files stay)."),
 ) -> None:
     """Write the launch configuration of one plan for Megatron-LM, torchtitan, a
     torch.distributed.pipelining script or DeepSpeed."""
@@ -28,16 +44,14 @@ def export_command(
         text = plan.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
-    files = export_plan(parse_plan_file(text, str(plan)), to, index)
+    files = export_plan(parse_plan_file(text, str(plan)), exporter_of(to), index)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output path {out} exists and is not a folder")
+    refuse_existing(*(out / name for name in files), force=force)
     out.mkdir(parents=True, exist_ok=True)
     width = max(len(name) for name in files)
     stdout.print(f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:",
                  markup=False, highlight=False)
     for name, content in files.items():
-        path = out / name
-        path.write_text(content)
-        if name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"):
-            os.chmod(path, 0o755)
+        write_atomic(out / name, content, executable=name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"))
         stdout.print(f"  {name:<{width}}  {len(content.encode()):>9,} bytes", markup=False, highlight=False)

@@ -14,27 +14,20 @@ from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import (
     breakdown_table,
     other_runtimes_hint,
-    plan_file,
     plan_json,
-    plans_table,
+    plans_view,
     write_plan_file,
 )
+from planner.api import Evaluation, plan_document
 from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
-from planner.layout import entry_from_layout
 from planner.hints import planner_command
+from planner.job import build
+from planner.output import refuse_existing, write_atomic
 from planner.plan import RECOMPUTE_MODES, PlanEntry
-from planner.predict import priced_options
 from planner.report import require_plotly
 from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
-from planner.search.runtimes import (
-    model_refusal,
-    model_runtimes,
-    restrict,
-    runtime_check,
-    runtime_cost_options,
-    with_runtimes,
-)
+from planner.search.runtimes import model_refusal, model_runtimes, restrict, runtime_check
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -106,29 +99,32 @@ def plan_command(
     sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
     zero: str | None = opt.ZERO_LIST,
     runtime: str | None = opt.RUNTIME,
+    sets: list[str] | None = opt.SET,
     ep: str | None = opt.EP_LIST,
     etp: str | None = opt.ETP_LIST,
-    precision: str = opt.PRECISION,
+    precision: str | None = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
-    moe_dispatcher: str = opt.MOE_DISPATCHER,
-    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
+    moe_dispatcher: str | None = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
     top: int = typer.Option(5, "--top", min=1, help="How many plans to show."),
     cut_solver: str = typer.Option("exact", "--cut-solver", help=f"Stage cut solver: {', '.join(CUT_SOLVERS)}."),
     explain: bool = typer.Option(False, "--explain", help="Say why nearby alternatives lost."),
+    wide: bool = opt.WIDE,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     intra_node_bw: float | None = opt.INTRA_BW,
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
-    cuda_graphs: bool = opt.CUDA_GRAPHS,
-    interference: bool = opt.INTERFERENCE,
-    stragglers: bool = opt.STRAGGLERS,
+    cuda_graphs: bool | None = opt.CUDA_GRAPHS,
+    interference: bool | None = opt.INTERFERENCE,
+    stragglers: bool | None = opt.STRAGGLERS,
     speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
     as_json: bool = opt.JSON,
     out: Path | None = opt.OUT,
+    force: bool = opt.FORCE,
     report: Path | None = report_cmd.REPORT,
     tokens: float | None = report_cmd.TOKENS,
     gpu_hour_price: float | None = report_cmd.GPU_HOUR_PRICE,
@@ -136,20 +132,20 @@ def plan_command(
     """Search every layout and print the fastest that fit in memory."""
     if report is not None:
         require_plotly()
+    refuse_existing(out, report, force=force)
     if cut_solver not in CUT_SOLVERS:
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
-    spec = opt.load_model(model)
-    calibrated = opt.load_calibration(calibration)
-    cluster = opt.build_cluster(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, calibrated)
+    job = build(opt.request_of(
+        model, gpus, gpu, global_batch, seq, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
+        inter_node_bw=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime, attention=attention,
+        precision=precision, moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher,
+        moe_ep_overlap=moe_ep_overlap, cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers,
+        speed_spread=speed_spread, sets=sets, profile=profile, profile_only=profile_only, calibration=calibration))
+    spec, cluster, cost_model = job.spec, job.cluster, job.cost_model
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
                         opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
                         opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
                         opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
-    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
-    cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-        runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
-                             cuda_graphs, interference),
-        precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
     accept = opt.accept_checks(
         runtime_check(runtime, spec, cluster, global_batch, seq, cost_model.options) if runtime else None,
         opt.profile_check(cost_model, seq, profile_only))
@@ -157,7 +153,6 @@ def plan_command(
         raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
     dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
-    profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
     if not result.plans:
         if dropped and result.stats.candidates:
             raise NoFeasiblePlanError(
@@ -166,49 +161,57 @@ def plan_command(
                 "or drop --profile-only to calibrate them"
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
-    entries = [entry_from_layout(f.layout, global_batch, seq, f.prediction.to_predicted(),
-                                 **priced_options(cost_model.options, spec, f.layout)).model_copy(
+    entries = [Evaluation(job=job, layout=f.layout, prediction=f.prediction).entry().model_copy(
         update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
-    document = with_runtimes(plan_file(entries, spec, cluster, opt.cost_source(cost_model, calibrated))).model_copy(
-        update={"inputs": report_cmd.recorded_inputs(gpu, gpus, gpus_per_node, intra_node_bw, inter_node_bw,
-                                                     max_memory_gb, runtime, attention, cuda_graphs, interference,
-                                                     profile, profile_only, calibration,
-                                                     cost_model.options)})
+    document = plan_document(job, entries)
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)
     if report is not None:
-        report_cmd.write_text(report, report_cmd.report_html(document, str(out or "plan.json"), tokens=tokens,
-                                                             gpu_hour_price=gpu_hour_price, space=space, accept=accept))
+        write_atomic(report, report_cmd.report_html(document, str(out or "plan.json"), tokens=tokens,
+                                                    gpu_hour_price=gpu_hour_price, space=space, accept=accept),
+                     what="report")
     if as_json:
         print_json(plan_json(document))
         return
-    stats = result.stats
     title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
              f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
              f"{opt.moe_mechanisms_text(cost_model.options, spec)})")
-    stdout.print(plans_table(entries, title))
+    stdout.print(plans_view(entries, title, stdout.width, wide), soft_wrap=False)
     if profile is not None:
         print_cost_sources(entries, cost_model)
     if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
         stdout.print(hint, markup=False, highlight=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
-    stdout.print(
-        f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "
-        f"by their state alone, {stats.out_of_memory:,} layouts over memory, {stats.pruned_bound:,} cut by "
-        f"the step-time bound, {stats.simulated:,} simulated"
-        + (f", {stats.rejected_by_runtime - dropped - profiled_oom:,} refused by {runtime}" if runtime else "")
-        + (f", {profiled_oom:,} refused: a layer ran out of memory at their shape when profiled"
-           if profiled_oom else "")
-        + (f", {dropped:,} dropped by --profile-only (shapes the profile does not span)" if profile_only else ""),
-        markup=False, highlight=False,
-    )
+    for line in search_summary(result, runtime, profile_only):
+        stdout.print(line, markup=False, highlight=False, soft_wrap=False)
     if explain:
         stdout.print(explain_table(alternatives(cost_model, result.plans[0], global_batch, seq, space, accept),
                                    layout_text(result.plans[0].layout)))
     for written in (out, report):
         if written is not None:
             stdout.print(f"wrote {written}", markup=False, highlight=False)
+
+
+def search_summary(result: SearchResult, runtime: str | None, profile_only: bool) -> list[str]:
+    """What became of the candidates and of the layouts their cut points gave, each line's
+    parts adding up to the number it starts with."""
+    stats = result.stats
+    dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
+    profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
+    simulated = [(stats.simulated_out_of_memory, "over memory", True),
+                 (stats.rejected_by_runtime - dropped - profiled_oom, f"refused by {runtime}", bool(runtime)),
+                 (profiled_oom, "refused: a layer ran out of memory at their shape when profiled", bool(profiled_oom)),
+                 (dropped, "dropped by --profile-only (shapes the profile does not span)", profile_only),
+                 (stats.fitted, "fit", True)]
+    return [
+        f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "
+        f"by their state alone, {stats.pruned_bound:,} cut by the step-time bound, {stats.solved:,} solved for "
+        "cut points",
+        f"these {stats.solved:,} gave {stats.layouts:,} layouts: {stats.out_of_memory:,} over memory, "
+        f"{stats.layouts_pruned_bound:,} cut by the step-time bound, {stats.simulated:,} simulated ("
+        + ", ".join(f"{count:,} {what}" for count, what, shown in simulated if shown) + ")",
+    ]
 
 
 def print_cost_sources(entries: list[PlanEntry], cost_model: CostModel) -> None:

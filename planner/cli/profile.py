@@ -24,6 +24,7 @@ from planner.cost.calibrate import Calibration, fit, transfer
 from planner.cost.shapes import LAYER_KINDS
 from planner.errors import PlannerError
 from planner.layout import check_tensor_parallel
+from planner.output import refuse_existing
 from planner.profile import store
 from planner.profile.lookup import check_model
 from planner.profile.schema import PROFILE_DTYPES, PROFILE_RECOMPUTE_MODES, SCHEMA_VERSION, Profile, shape_keys
@@ -176,8 +177,7 @@ def _grid_keys(spec: ModelSpec, tp: str, mbs: str, seq: str, kinds: str, recompu
 def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env: dict) -> Profile:
     """The profile to add rows to: the file's when resuming, else a new one."""
     if not resume:
-        if output.exists():
-            raise PlannerError(f"{output} exists: pass --resume to continue it, or choose another -o")
+        refuse_existing(output, hint="pass --resume to continue it, or choose another -o")
         return Profile(
             schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
             repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec,
@@ -280,6 +280,7 @@ def calibrate_command(
     plan: list[Path] | None = typer.Option(None, "--plan", help="The plan file (`planner plan/evaluate -o`) "
                                            "of the layout the matching --from-log ran (its first plan)."),
     output: Path | None = typer.Option(None, "--output", "-o", help="With --from-log: calibration file to write."),
+    force: bool = opt.FORCE,
     skip_steps: int | None = typer.Option(None, "--skip-steps", min=0, help="With --from-log: ignore progress "
                                           "reports up to this step as warm-up (default: the first report)."),
 ) -> None:
@@ -291,6 +292,7 @@ def calibrate_command(
     if from_log or plan:
         if profiles:
             raise PlannerError("give profile files or --from-log/--plan, not both")
+        refuse_existing(output, force=force)
         calibrate_from_logs(from_log or [], plan or [], output, skip_steps, as_json)
         return
     if not profiles:

@@ -10,6 +10,8 @@ from pathlib import Path
 from rich.table import Table
 
 from planner.cli import options as opt
+from planner.job import build_cluster
+from planner.request import Request
 from planner.cli.app import stdout
 from planner.cli.plan import build_space
 from planner.errors import PlannerError
@@ -66,7 +68,8 @@ def select(spec: ModelSpec, request: PlanRequest, kinds: tuple[str, ...], dtype:
     seq = seqs[0]
     if spec.position_embedding == "learned" and seq > spec.max_position_embeddings:
         raise PlannerError(f"--seq {seq} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}")
-    cluster = opt.build_cluster(request.gpu, request.gpus, request.gpus_per_node)
+    cluster = build_cluster(Request(model=spec.name, gpu=request.gpu, num_gpus=request.gpus,
+                                    gpus_per_node=request.gpus_per_node))
     space = build_space(
         opt.int_list(request.tp, "--tp"), opt.int_list(request.pp, "--pp"), opt.int_list(request.cp, "--cp"),
         opt.int_list(request.vpp, "--vpp"), opt.int_list(request.mbs, "--mbs"), opt.name_list(request.schedules),

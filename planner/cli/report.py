@@ -3,17 +3,20 @@ plan file the exporters read. Shared by `evaluate`, `plan` and `sweep`."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from rich import box
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
-from planner import __version__
 from planner.errors import PlannerError
 from planner.hints import planner_command
-from planner.plan import SIMULATED_ONLY_SCHEDULES, ClusterSummary, PlanEntry, PlanFile
+from planner.output import write_atomic
+from planner.plan import ClusterSummary, PlanEntry, PlanFile, time_part_name
+from planner.schedule.registry import SCHEDULES
 from planner.spec import Cluster, ModelSpec
+from planner.version import __version__
 
 
 def plan_file(entries: list[PlanEntry], spec: ModelSpec, cluster: Cluster, cost_source: str) -> PlanFile:
@@ -36,36 +39,55 @@ def plan_json(document: PlanFile) -> str:
 def write_plan_file(path: Path, document: PlanFile) -> None:
     """Write the plan file atomically (a finished file or none at all)."""
     path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=folder)
-        with os.fdopen(handle, "w") as out:
-            out.write(plan_json(document) + "\n")
-        os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PlannerError(f"cannot write plan file {path}: {exc.strerror}") from None
+    write_atomic(path, plan_json(document) + "\n", what="plan file")
 
 
-def cuts_text(entry: PlanEntry) -> str:
-    """Layers per virtual stage in model order, e.g. '19|20|21|20' (chimera: per model stage,
-    each run by both directions)."""
+def stage_sizes(entry: PlanEntry) -> list[int]:
+    """Layers per virtual stage in model order (chimera: per model stage, each run by both
+    directions)."""
     ordered = entry.ranges_in_model_order()
     if entry.schedule == "chimera" and entry.vpp == 2:
         ordered = ordered[: entry.pp]
-    return "|".join(str(end - start) for start, end in ordered)
+    return [end - start for start, end in ordered]
 
 
-def schedule_text(entry: PlanEntry) -> str:
-    """The schedule's name, with seq1f1b's sequence segments per micro-batch ('seq1f1b k4')."""
-    return entry.schedule + (f" k{entry.segments}" if entry.segments > 1 else "")
+def cuts_text(entry: PlanEntry) -> str:
+    """Every virtual stage's layer count in model order, e.g. '19|20|21|20'."""
+    return "|".join(str(size) for size in stage_sizes(entry))
+
+
+def run_length(values: list) -> str:
+    """A list with its runs written once with their length: [2, 3, 3, 3, 2] -> '2,3×3,2'."""
+    runs: list[list] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return ",".join(f"{value}×{count}" if count > 1 else str(value) for value, count in runs)
+
+
+SCHEDULE_SHORT_NAMES = {"interleaved_1f1b": "i1f1b", "looped_bfs": "lbfs", "dualpipev": "dpv",
+                        "chimera": "chim", "seq1f1b": "s1f1b"}
+"""The terminal tables' names of the schedules whose full name is long (the JSON keeps the full name)."""
+
+
+def schedule_text(entry: PlanEntry, short: bool = False) -> str:
+    """The schedule's name (`short`: the terminal table's), with seq1f1b's sequence segments
+    per micro-batch ('seq1f1b k4')."""
+    name = SCHEDULE_SHORT_NAMES.get(entry.schedule, entry.schedule) if short else entry.schedule
+    return name + (f" k{entry.segments}" if entry.segments > 1 else "")
 
 
 def recompute_text(entry: PlanEntry) -> str:
-    """One recompute mode, or the per-rank list compressed to first letters."""
+    """One recompute mode, or the per-rank modes by first letter, run-length ('f×2,n×6')."""
     if isinstance(entry.recompute, str):
         return entry.recompute
-    return ",".join(mode[0] for mode in entry.recompute)
+    return run_length([mode[0] for mode in entry.recompute])
 
 
 RUNTIME_SHORT_NAMES = {"megatron": "mt", "torchtitan": "tt", "torch": "torch", "deepspeed": "ds"}
@@ -93,7 +115,7 @@ def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> 
                if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
     if not missing:
         return None
-    unexported = sorted({entry.schedule for entry in entries if entry.schedule in SIMULATED_ONLY_SCHEDULES})
+    unexported = sorted({entry.schedule for entry in entries if SCHEDULES[entry.schedule].simulated_only})
     if unexported and len(unexported) == len({entry.schedule for entry in entries}):
         return (f"no runtime the planner exports to runs {' or '.join(unexported)}; to find the best plan that "
                 "exports, plan with the default schedules or name another")
@@ -101,34 +123,102 @@ def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> 
     return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
 
-def plans_table(entries: list[PlanEntry], title: str) -> Table:
-    """One row per plan: mesh, schedule, batching, recompute, cuts, the predictions and the
-    runtimes that run it."""
-    table = Table(title=title, title_justify="left", caption=runs_on_legend(), caption_justify="left")
-    moe = any(entry.etp is not None for entry in entries)
-    columns = ("#", "tp", "pp", "dp", "cp", *(("ep", "etp") if moe else ()), "schedule", "V", "mbs", "M",
-               "recompute", "sp", "zero", "cuts", "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "ep", "etp", "sched", "V", "mbs", "M", "recomp", "sp", "zero", "cuts",
+                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+"""The plans table's columns, in order (ep and etp only where a plan has experts)."""
+TEXT_COLUMNS = frozenset({"sched", "recomp", "cuts", "runs on"})
+"""Left-justified columns; the rest are numbers, right-justified."""
+MOVABLE_COLUMNS = ("runs on", "tokens/s", "cuts")
+"""Columns moved under the table, in this order, while it is wider than the terminal."""
+
+
+def plan_cells(entry: PlanEntry, rank: int, wide: bool) -> dict[str, str]:
+    """One plan's cells by column (`wide`: every stage's layer count, else runs)."""
+    p = entry.predicted
+    figures = dict.fromkeys(("step s", "tokens/s", "MFU", "bubble", "mem GiB"), "-") if p is None else {
+        "step s": f"{p.step_time_s:.3f}", "tokens/s": f"{p.tokens_per_s:,.0f}", "MFU": f"{p.mfu:.1%}",
+        "bubble": f"{p.bubble_fraction:.1%}", "mem GiB": f"{max(p.memory_gb_per_stage):.1f}"}
+    recompute = recompute_text(entry)
+    return {
+        "#": str(rank), "tp": str(entry.tp), "pp": str(entry.pp), "dp": str(entry.dp), "cp": str(entry.cp),
+        "ep": str(entry.ep), "etp": str(entry.etp or entry.tp), "sched": schedule_text(entry, short=True),
+        "V": str(entry.vpp), "mbs": str(entry.mbs), "M": str(entry.num_microbatches),
+        "recomp": "sel" if recompute == "selective" else recompute, "sp": "y" if entry.sequence_parallel else "n",
+        "zero": str(entry.zero_stage),
+        "cuts": " ".join(map(str, stage_sizes(entry))) if wide else run_length(stage_sizes(entry)),
+        **figures, "runs on": runs_on_text(entry.runtimes),
+    }
+
+
+GAPS = (2, 1)
+"""Spaces between the plans table's columns: two, or one where two do not fit."""
+
+
+def grid(rows: list[dict[str, str]], columns: list[str], gap: int = GAPS[0]) -> Table:
+    """A borderless table of `columns` under a header rule, one row per plan, `gap` spaces
+    between columns."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, gap - 1, 0, 0))
     for column in columns:
-        table.add_column(column, justify="left" if column in ("schedule", "recompute", "cuts", "runs on")
-                         else "right", overflow="fold" if column == "cuts" else "ellipsis")
-    for rank, entry in enumerate(entries, start=1):
-        p = entry.predicted
-        figures = ("-",) * 5 if p is None else (
-            f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}",
-            f"{p.bubble_fraction:.1%}", f"{max(p.memory_gb_per_stage):.1f}",
-        )
-        table.add_row(
-            str(rank), str(entry.tp), str(entry.pp), str(entry.dp), str(entry.cp),
-            *((str(entry.ep), str(entry.etp or entry.tp)) if moe else ()), schedule_text(entry),
-            str(entry.vpp), str(entry.mbs), str(entry.num_microbatches), recompute_text(entry),
-            "y" if entry.sequence_parallel else "n", str(entry.zero_stage), cuts_text(entry), *figures,
-            runs_on_text(entry.runtimes),
-        )
+        text = column in TEXT_COLUMNS
+        table.add_column(column, justify="left" if text else "right", no_wrap=not text)
+    for row in rows:
+        table.add_row(*(row[column] for column in columns))
     return table
 
 
+def natural_width(table: Table) -> int:
+    """Columns the table takes with no cell wrapped."""
+    return Console(width=UNBOUNDED_WIDTH).measure(table).maximum
+
+
+UNBOUNDED_WIDTH = 10_000
+"""A width no table reaches (to measure tables at their natural width)."""
+
+
+def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: bool) -> tuple[list[str], int]:
+    """The columns to move under the table and the gap between columns, so that the table fits
+    in `width`: two spaces with as few moved as can be, else one (the last try is taken even
+    when too wide)."""
+    tries = [(["cuts"] if wide else []) + list(MOVABLE_COLUMNS[:n])
+             for n in range(len(MOVABLE_COLUMNS) + 1)]
+    for gap in GAPS:
+        for moved in tries:
+            if natural_width(grid(rows, [c for c in columns if c not in moved], gap)) <= width:
+                return moved, gap
+    return tries[-1], GAPS[-1]
+
+
+def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = False) -> Group:
+    """The title and one row per plan (mesh, schedule, batching, recompute, cuts, the
+    predictions, the runtimes that run it) in `width` columns: the columns that do not fit
+    (runs on, then tokens/s, then cuts; with `wide` the full cut list always) go under it, a
+    line for a column equal in every plan, a second table by plan number for the others; then
+    what the short names stand for."""
+    rows = [plan_cells(entry, rank, wide) for rank, entry in enumerate(entries, start=1)]
+    moe = any(entry.etp is not None for entry in entries)
+    columns = [c for c in PLAN_COLUMNS if moe or c not in ("ep", "etp")]
+    moved, gap = fitted(rows, columns, width, wide)
+    moved = [c for c in columns if c in moved]
+    parts: list = [Text(title), grid(rows, [c for c in columns if c not in moved], gap)]
+    every = "" if len(rows) == 1 else " (every plan)"
+    same = [c for c in moved if len({row[c] for row in rows}) == 1]
+    if differ := [c for c in moved if c not in same]:
+        parts.append(grid(rows, ["#", *differ], gap))
+    parts += [Text(f"{column}{every}: {rows[0][column]}") for column in same]
+    return Group(*parts, *(Text(line) for line in plans_legend(entries, wide)))
+
+
+def plans_legend(entries: list[PlanEntry], wide: bool) -> list[str]:
+    """What the table's short names stand for: the schedules shortened, the cuts, the runtimes."""
+    shortened = sorted({e.schedule for e in entries if e.schedule in SCHEDULE_SHORT_NAMES})
+    lines = [f"sched: {', '.join(f'{SCHEDULE_SHORT_NAMES[name]} = {name}' for name in shortened)}"] if shortened else []
+    lines.append("cuts: layers per virtual stage in model order" + ("" if wide else ", 3×20 = 20 stages of 3 layers"))
+    return [*lines, runs_on_legend()]
+
+
 def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:
-    """Where one plan's step time and its most loaded GPU's memory go."""
+    """Where one plan's step time (on the rank that finishes last) and its most loaded GPU's
+    memory go, and the plans table's bubble beside that rank's pipeline idle time."""
     p = entry.predicted
     table = Table(title="breakdown", title_justify="left", show_header=False)
     table.add_column("item")
@@ -136,7 +226,8 @@ def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:
     if p is None:
         return table
     for name, seconds in p.time_breakdown_s.items():
-        table.add_row(f"time: {name.replace('_', ' ')}", f"{seconds:.3f} s ({seconds / p.step_time_s:.1%})")
+        table.add_row(f"time: {time_part_name(name)}", f"{seconds:.3f} s ({seconds / p.step_time_s:.1%})")
+    table.add_row("bubble: ranks' mean idle / span", f"{p.bubble_fraction:.1%}")
     m = p.memory_breakdown_gb
     for name in ("weights", "grads", "optimizer", "activations", "other"):
         table.add_row(f"memory: {name}", f"{getattr(m, name):.2f} GiB")

@@ -3,7 +3,6 @@ shareable HTML page, re-simulated from the plan file's model, cluster and record
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -11,12 +10,15 @@ import typer
 from planner.cli import options as opt
 from planner.cli.app import app, stdout
 from planner.cli.report import cuts_text, recompute_text, runs_on_text
-from planner.cost.model import CostModel, CostOptions
-from planner.errors import ConfigError, PlannerError
+from planner.cost.model import CostModel
+from planner.errors import ConfigError
+from planner.job import build
 from planner.layout import layout_from_entry
-from planner.plan import PlanEntry, PlanFile, PlanInputs, parse_plan_file
+from planner.output import refuse_existing, write_atomic
+from planner.plan import PlanEntry, PlanFile, parse_plan_file
 from planner.report.html import Table
-from planner.search.runtimes import restrict, runtime_check, runtime_cost_options
+from planner.request import Request, command_text
+from planner.search.runtimes import restrict, runtime_check
 from planner.search.search import Found
 from planner.search.space import SearchSpace
 from planner.units import GiB
@@ -66,44 +68,42 @@ def explain_rows(items) -> Table:
                  frozenset({"change", "its best layout", "why it lost"}))
 
 
-def recorded_inputs(gpu: str, gpus: int, gpus_per_node, intra_node_bw, inter_node_bw, max_memory_gb, runtime,
-                    attention, cuda_graphs: bool, interference: bool, profile: Path | None, profile_only: bool,
-                    calibration: Path | None, options: CostOptions) -> PlanInputs:
-    """What `planner plan` records in the plan file for `planner report` to re-cost it (with
-    `options`, its precision, MoE and straggler cost options)."""
-    return PlanInputs(precision=options.precision, moe_imbalance=options.moe_imbalance,
-                      moe_dispatcher=options.moe_dispatcher, moe_ep_overlap=options.moe_ep_overlap,
-                      stragglers=options.stragglers, speed_spread=options.speed_spread, gpu=gpu, num_gpus=gpus, gpus_per_node=gpus_per_node, intra_node_bw_gbps=intra_node_bw,
-                      inter_node_bw_gbps=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime,
-                      attention=attention, cuda_graphs=cuda_graphs, interference=interference,
-                      profile=None if profile is None else str(profile), profile_only=profile_only,
-                      calibration=None if calibration is None else str(calibration),
-                      command=["planner", *sys.argv[1:]])
-
-
-def cost_model_of(document: PlanFile) -> tuple[CostModel, PlanInputs, list[str]]:
-    """The cost model the plan file was made with, and notes on what could not be recreated."""
-    if document.model is None or document.cluster is None:
-        raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
+def recorded_request(document: PlanFile) -> tuple[Request, list[str]]:
+    """The request the plan file answers (converted from the older `inputs` record where the
+    file has no `request`), and notes on what could not be recreated."""
+    cluster = document.cluster
     notes = []
-    inputs = document.inputs
-    if inputs is None:
-        inputs = PlanInputs(gpu=document.cluster.gpu, num_gpus=document.cluster.num_gpus,
-                            gpus_per_node=document.cluster.gpus_per_node)
+    if document.request is not None:
+        request = document.request
+    elif document.inputs is not None:
+        old = document.inputs
+        given = {"attention": old.attention, "precision": old.precision, "moe_imbalance": old.moe_imbalance,
+                 "moe_dispatcher": old.moe_dispatcher, "moe_ep_overlap": old.moe_ep_overlap,
+                 "cuda_graphs": old.cuda_graphs, "interference": old.interference, "stragglers": old.stragglers,
+                 "speed_spread": old.speed_spread}
+        request = Request(model=document.model.name, gpu=old.gpu, num_gpus=old.num_gpus,
+                          gpus_per_node=old.gpus_per_node, intra_node_bw_gbps=old.intra_node_bw_gbps,
+                          inter_node_bw_gbps=old.inter_node_bw_gbps, max_memory_gb=old.max_memory_gb,
+                          runtime=old.runtime, options={k: v for k, v in given.items() if v is not None},
+                          profile=old.profile, profile_only=old.profile_only, calibration=old.calibration)
+    else:
+        request = Request(model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
+                          gpus_per_node=cluster.gpus_per_node)
         notes.append("this plan file predates recorded inputs: re-simulated with the preset's network and "
                      "the default cost options")
-    calibration = opt.load_calibration(None if inputs.calibration is None else Path(inputs.calibration))
-    cluster = opt.build_cluster(inputs.gpu, inputs.num_gpus, inputs.gpus_per_node, inputs.intra_node_bw_gbps,
-                                inputs.inter_node_bw_gbps, inputs.max_memory_gb, calibration)
-    profile = None if inputs.profile is None else Path(inputs.profile)
-    if profile is not None and not profile.exists():
-        notes.append(f"the profile {profile} is not here: re-simulated with analytic costs")
-        profile = None
-    options = opt.straggler_cost_options(opt.moe_cost_options(runtime_cost_options(
-        inputs.runtime, cluster.gpu, inputs.attention, inputs.cuda_graphs, inputs.interference),
-        inputs.precision, inputs.moe_imbalance, inputs.moe_dispatcher, inputs.moe_ep_overlap),
-        inputs.stragglers, inputs.speed_spread)
-    return opt.build_cost_model(document.model, cluster, profile, options), inputs, notes
+    if request.profile is not None and not Path(request.profile).exists():
+        notes.append(f"the profile {request.profile} is not here: re-simulated with analytic costs")
+        request = request.model_copy(update={"profile": None, "profile_only": False})
+    return request, notes
+
+
+def cost_model_of(document: PlanFile) -> tuple[CostModel, Request, list[str]]:
+    """The cost model the plan file was made with, its request, and notes on what could not be
+    recreated."""
+    if document.model is None or document.cluster is None:
+        raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
+    request, notes = recorded_request(document)
+    return build(request, spec=document.model).cost_model, request, notes
 
 
 def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tokens: float | None = None,
@@ -115,7 +115,7 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
     from planner.report.pages import plan_page
 
     require_plotly()
-    model, inputs, notes = cost_model_of(document)
+    model, request, notes = cost_model_of(document)
     best = document.plans[0]
     layout = layout_from_entry(best)
     figures = plan_figures(model, layout, best.global_batch, best.seq)
@@ -128,26 +128,17 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
         from planner.search.explain import alternatives
 
         if space is None:
-            space = restrict(SearchSpace(), inputs.runtime) if inputs.runtime else SearchSpace()
-            accept = runtime_check(inputs.runtime, model.spec, model.cluster, best.global_batch, best.seq,
+            space = restrict(SearchSpace(), request.runtime) if request.runtime else SearchSpace()
+            accept = runtime_check(request.runtime, model.spec, model.cluster, best.global_batch, best.seq,
                                    model.options) \
-                if inputs.runtime else None
+                if request.runtime else None
         rows = explain_rows(alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq,
                                          space, accept))
     budget = None if tokens is None else training_budget(
         tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price)
-    lines = [" ".join(inputs.command)] if inputs.command else []
-    lines += [f"{k}: {v}" for k, v in inputs.model_dump(exclude={"command"}).items() if v not in (None, False)]
+    lines = [command_text(["planner", "plan", *request.cluster_flags(), *request.option_flags()])]
     return plan_page(document, figures, plans=plans_rows(document.plans), plan_path=plan_path, explain=rows,
                      budget=budget, price=gpu_hour_price, inputs=lines, notes=notes)
-
-
-def write_text(path: Path, text: str) -> None:
-    """Write a report file, or one error line."""
-    try:
-        Path(path).write_text(text)
-    except OSError as exc:
-        raise PlannerError(f"cannot write {path}: {exc.strerror}") from None
 
 
 @app.command("report")
@@ -157,13 +148,16 @@ def report_command(
     tokens: float | None = TOKENS,
     gpu_hour_price: float | None = GPU_HOUR_PRICE,
     explain: bool = typer.Option(True, "--explain/--no-explain", help="Search why nearby alternatives lost."),
+    force: bool = opt.FORCE,
 ) -> None:
     """Write one self-contained HTML page for a plan file: the plans, why alternatives lost,
     the best plan's timeline, memory and step-time breakdown, budget and export commands."""
+    refuse_existing(out, force=force)
     try:
         text = plan.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
     document = parse_plan_file(text, str(plan))
-    write_text(out, report_html(document, str(plan), explain=explain, tokens=tokens, gpu_hour_price=gpu_hour_price))
+    write_atomic(out, report_html(document, str(plan), explain=explain, tokens=tokens, gpu_hour_price=gpu_hour_price),
+                 what="report")
     stdout.print(f"wrote {out}", markup=False, highlight=False)

@@ -10,9 +10,9 @@ import typer
 from rich.table import Table
 
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.errors import PlannerError, ScheduleError
+from planner.errors import ScheduleError
+from planner.output import refuse_existing, write_atomic
 from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, schedule_info, simulate
-from planner.schedule.registry import SEGMENTED
 from planner.schedule.seq1f1b import causal_segment_scales
 from planner.schedule.render import timeline_renderable, timeline_svg
 from planner.units import MS_PER_S
@@ -58,34 +58,34 @@ def simulate_command(
                                "transfer between ranks (latency included)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of the picture."),
     svg: Path | None = typer.Option(None, "--svg", help="Also write the timeline as SVG to FILE.", metavar="FILE"),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --svg file if it exists."),
 ) -> None:
     """Simulate one step of a pipeline schedule with uniform per-rank costs and draw it.
 
     seq1f1b runs each micro-batch as k segments of 1/k of --f and --b (times
     --attention-share's per-position factors); chimera's M micro-batches go half down, half
     up (numbered per direction in the picture), each through one of a rank's two stages."""
+    refuse_existing(svg, force=force)
     if vpp is None:
         vpp = schedule_info(schedule).min_vpp
     if segments is None:
-        segments = DEFAULT_SEGMENTS if schedule in SEGMENTED else 1
+        segments = DEFAULT_SEGMENTS if schedule_info(schedule).segmented else 1
     info = check_shape(schedule, stages, microbatches, vpp, segments)
     if w is not None and not info.split_backward:
         stderr.print(f"warning: --w has no effect on {schedule}, whose backward is one B of --b ms",
                      markup=False, highlight=False)
     # a Chimera micro-batch runs one of a rank's two chunks (a whole stage); a seq1f1b unit is 1/k
-    pieces = 1 if schedule == "chimera" else segments if schedule in SEGMENTED else vpp
+    pieces = 1 if schedule == "chimera" else segments if info.segmented else vpp
     costs = _costs(stages, vpp, f, b, w, comm, pieces)
     if attention_share:
-        if schedule not in SEGMENTED:
-            raise ScheduleError(f"--attention-share applies to {', '.join(sorted(SEGMENTED))} only, not {schedule}")
+        if not info.segmented:
+            segmented = sorted(name for name, row in SCHEDULES.items() if row.segmented)
+            raise ScheduleError(f"--attention-share applies to {', '.join(segmented)} only, not {schedule}")
         costs = replace(costs, unit_scale=causal_segment_scales(segments, attention_share) * microbatches)
     result = simulate(compile_schedule(schedule, stages, microbatches, vpp, segments), costs, timeline=True)
     title = f"{schedule}  P={stages} M={microbatches} V={vpp}" + (f" k={segments}" if segments > 1 else "")
     if svg is not None:
-        try:
-            svg.write_text(timeline_svg(result, title=title))
-        except OSError as exc:
-            raise PlannerError(f"cannot write {svg}: {exc.strerror}; pick a writable --svg path") from None
+        write_atomic(svg, timeline_svg(result, title=title))
         stderr.print(f"wrote {svg}", markup=False, highlight=False)
     if as_json:
         figures = _figures(schedule, stages, microbatches, vpp, result)
@@ -97,8 +97,11 @@ def simulate_command(
     stdout.print(timeline_renderable(result, width=stdout.width))
     stdout.print(_table(result))
     stdout.print(
-        f"step time {result.step_time_s * MS_PER_S:.4g} ms, bubble {result.bubble_fraction:.1%} "
-        f"(idle share of the longest rank span, {result.span_s * MS_PER_S:.4g} ms)"
+        f"step time {result.step_time_s * MS_PER_S:.4g} ms; bubble {result.bubble_fraction:.1%}: the ranks' mean "
+        f"idle share of the longest rank span ({result.span_s * MS_PER_S:.4g} ms, first action to last), as "
+        "`planner plan` counts it; idle in step is the step time less busy, with the wait before a rank's first "
+        "action and after its last",
+        markup=False, highlight=False, soft_wrap=False,
     )
 
 
@@ -126,7 +129,7 @@ def _figures(schedule: str, stages: int, microbatches: int, vpp: int, result: Si
 
 def _table(result: SimResult) -> Table:
     table = Table(title=None, show_edge=False)
-    for column in ("rank", "busy ms", "idle ms", "bubble", "peak in-flight", "freed at I"):
+    for column in ("rank", "busy ms", "idle in step ms", "bubble", "peak in-flight", "freed at I"):
         table.add_column(column, justify="right")
     for r, busy in enumerate(result.busy_s):
         table.add_row(

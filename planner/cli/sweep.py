@@ -8,19 +8,19 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from planner.api import Evaluation, cost_source_text, plan_document
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
-from planner.cli.report import plan_file, runs_on_legend, runs_on_text
-from planner.cli.report_cmd import write_text
+from planner.cli.report import runs_on_legend, runs_on_text
 from planner.cli.sweep_plot import chart_points, sweep_html, sweep_svg
 from planner.errors import LayoutError, PlannerError
-from planner.layout import entry_from_layout
-from planner.predict import priced_options
+from planner.job import build
+from planner.output import refuse_existing, write_atomic
 from planner.report import require_plotly
 from planner.report.html import Table as HtmlTable
 from planner.search.explain import layout_text
-from planner.search.runtimes import runtime_check, runtime_cost_options, with_runtimes
+from planner.search.runtimes import runtime_check
 from planner.search.search import SearchResult, search
 from planner.units import GiB
 
@@ -40,18 +40,19 @@ def sweep_command(
     pp: str | None = typer.Option(None, "--pp"),
     mbs: str | None = typer.Option(None, "--mbs"),
     schedules: str | None = typer.Option(None, "--schedules"),
-    runtime: str | None = typer.Option(None, "--runtime"),
-    precision: str = opt.PRECISION,
+    runtime: str | None = opt.RUNTIME,
+    sets: list[str] | None = opt.SET,
+    precision: str | None = opt.PRECISION,
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
-    moe_dispatcher: str = opt.MOE_DISPATCHER,
-    moe_ep_overlap: bool = opt.MOE_EP_OVERLAP,
+    moe_dispatcher: str | None = opt.MOE_DISPATCHER,
+    moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     max_memory_gb: float | None = opt.MAX_MEMORY,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
-    cuda_graphs: bool = opt.CUDA_GRAPHS,
-    interference: bool = opt.INTERFERENCE,
-    stragglers: bool = opt.STRAGGLERS,
+    cuda_graphs: bool | None = opt.CUDA_GRAPHS,
+    interference: bool | None = opt.INTERFERENCE,
+    stragglers: bool | None = opt.STRAGGLERS,
     speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
@@ -59,11 +60,13 @@ def sweep_command(
                                     "(needs the `report` extra and a Chrome/Chromium for kaleido)."),
     report: Path | None = typer.Option(None, "--report", help="Also write the chart and table as one "
                                        "self-contained HTML page (needs the `report` extra)."),
+    force: bool = opt.FORCE,
     as_json: bool = opt.JSON,
 ) -> None:
     """Search the best plan for each value of one input, e.g. to choose a cluster size."""
     if svg is not None or report is not None:
         require_plotly()
+    refuse_existing(svg, report, force=force)
     if vary not in VARIABLES:
         raise LayoutError(f"--vary must be one of {', '.join(VARIABLES)}, got '{vary}'")
     points = opt.int_list(values, "--values")
@@ -74,19 +77,19 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
-    calibrated = opt.load_calibration(calibration)
     space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
                         opt.name_list(schedules), None, True, None, None, runtime)
-    opt.check_moe_runtime(runtime, spec, moe_dispatcher, moe_ep_overlap)
     rows = []
     for value in points:
         job = {**fixed, vary: value}
-        cluster = opt.build_cluster(gpu, job["gpus"], gpus_per_node, None, None, max_memory_gb, calibrated)
-        cost_model = opt.build_cost_model(spec, cluster, profile, opt.straggler_cost_options(opt.moe_cost_options(
-            runtime_cost_options(runtime, cluster.gpu, opt.check_attention(attention, runtime),
-                                 cuda_graphs, interference),
-            precision, moe_imbalance, moe_dispatcher, moe_ep_overlap), stragglers, speed_spread), profile_only)
-        source = opt.cost_source(cost_model, calibrated)
+        built = build(opt.request_of(
+            model, job["gpus"], gpu, job["global-batch"], job["seq"], gpus_per_node=gpus_per_node,
+            max_memory_gb=max_memory_gb, runtime=runtime, attention=attention, precision=precision,
+            moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_ep_overlap=moe_ep_overlap,
+            cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers, speed_spread=speed_spread,
+            sets=sets, profile=profile, profile_only=profile_only, calibration=calibration), spec)
+        cluster, cost_model = built.cluster, built.cost_model
+        source = cost_source_text(built)
         accept = opt.accept_checks(
             runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"], cost_model.options)
             if runtime else None,
@@ -99,11 +102,9 @@ def sweep_command(
             rows.append((value, job, None, None, str(exc)))
             continue
         best = result.plans[0] if result.plans else None
-        entry = None if best is None else with_runtimes(plan_file(
-            [entry_from_layout(best.layout, job["global-batch"], job["seq"], best.prediction.to_predicted(),
-                               **priced_options(cost_model.options, spec, best.layout))
-             .model_copy(update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})],
-            spec, cluster, source)).plans[0]
+        entry = None if best is None else plan_document(built, [
+            Evaluation(job=built, layout=best.layout, prediction=best.prediction).entry().model_copy(
+                update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})]).plans[0]
         rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))
     if as_json:
         print_json(json.dumps({"vary": vary, "cost_source": source, "points": [_point(value, entry, note)
@@ -115,7 +116,7 @@ def sweep_command(
     for path, draw in ((svg, lambda: sweep_svg(title, vary, values, plotted)),
                        (report, lambda: sweep_html(title, vary, values, plotted, _html_table(vary, rows)))):
         if path is not None:
-            write_text(path, draw())
+            write_atomic(path, draw())
             if not as_json:
                 stdout.print(f"wrote {path}", markup=False, highlight=False)
 

@@ -6,7 +6,7 @@ by scripts/count_kernels.py. A GPU runs a layer no faster than the host can laun
 kernels: eager PyTorch launches asynchronously, so host and GPU overlap and a layer takes
 max(GPU time, host time), not their sum. At large shapes the GPU time dominates and the
 floor changes nothing; at small per-GPU shapes (high TP, micro-batch 1, short sequences)
-the host does. CUDA graphs replay the launches without the host (`CostOptions.cuda_graphs`),
+the host does. CUDA graphs replay the launches without the host (`CostOptions.kernels.cuda_graphs`),
 leaving only the GPU-side per-kernel cost (`GpuEfficiency.kernel_overhead_us`).
 """
 

@@ -496,7 +496,7 @@ def communicator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool
 def outside_allocator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False,
                             context_bytes: float = CUDA_CONTEXT_BYTES) -> float:
     """Device memory the caching allocator does not report: CUDA context (`context_bytes`,
-    CostOptions.cuda_context_bytes) and NCCL buffers."""
+    CostOptions.memory.cuda_context_bytes) and NCCL buffers."""
     return context_bytes + communicator_bytes(tp, cp, dp, pp, embedding_group)
 
 

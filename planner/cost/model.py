@@ -4,7 +4,8 @@ its recomputation overhead, the activations it saves and its parameters.
 
 Compute times come from a `ComputeSource`: the analytic roofline (planner/cost/compute.py)
 or a measured profile. Everything else is analytic. Results are cached per shape, since the
-search asks for the same few shapes many times.
+search asks for the same few shapes many times. The runtime behaviours priced, `CostOptions`,
+are in planner/cost/options.py (re-exported here with their value types).
 """
 
 from __future__ import annotations
@@ -13,302 +14,32 @@ from copy import copy
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import accumulate
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
 from planner.cost import memory
 from planner.cost.comm import Network
-from planner.cost.compute import ATTENTION_IMPLS, AnalyticCompute, AttentionImpl, LayerTimes
-from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation, wgrad_output_bytes
+from planner.cost.compute import AnalyticCompute, LayerTimes
+from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
-from planner.cost.moe import (DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher, deepep_sm_fraction, deepep_times,
-                              dispatch_bytes, imbalance_of, moe_gemms)
+from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
+from planner.cost.options import CostOptions
+from planner.cost.options import CP_COMM, FIELD_GROUP, P2P_MODES, PRECISIONS, CpComm, P2pMode, Precision  # noqa: F401
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import (LOSS_PASSES, Gemm, LossPasses, Shard, attention_gemms, layer_work, separate_matmuls,
-                                 transformer_gemms)
-from planner.cost.step import OPTIMIZER_KERNELS, OptimizerKernels
+from planner.cost.shapes import (Gemm, Shard, attention_gemms, layer_work, moe_gemms,
+                                 separate_matmuls, transformer_gemms)
 from planner.cost.stragglers import straggler_slowdown
-from planner.cost.tp_backward import TP_BACKWARD, Parallel, TpBackward, backward_collectives, backward_comm_seconds
+from planner.cost.tp_backward import Parallel, backward_collectives, backward_comm_seconds
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
 
 
-CpComm = Literal["ring", "all_gather"]
-CP_COMM: tuple[str, ...] = get_args(CpComm)
-Precision = Literal["bf16", "fp8"]
-PRECISIONS: tuple[str, ...] = get_args(Precision)
-P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
-P2P_MODES: tuple[str, ...] = get_args(P2pMode)
 DUALPIPEV_PAIRING = "dualpipev"
 """`layer_costs`'s `paired` for DualPipeV: its whole-pass overlap of one micro-batch's all-to-all
 with the other's compute, whether or not the run enables Megatron's combined 1F1B."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CostOptions:
-    """Runtime behaviours the costs depend on (Megatron-LM's recommended defaults)."""
-
-    dtype: str = "bf16"
-    dropout: bool = False
-    overlap_grad_reduce: bool = True
-    """Data-parallel gradient reduction overlaps the last micro-batch's backward."""
-    overlap_param_gather: bool = True
-    """The distributed optimizer's parameter all-gather overlaps the first forward."""
-    tp_comm_overlap: float = 0.0
-    """Fraction of tensor-parallel communication hidden behind GEMMs (0: none); in the backward,
-    of what `tp_backward_overlap` leaves exposed."""
-    tp_backward_overlap: TpBackward = "async"
-    """How the backward's TP collectives run beside the linears' GEMMs (planner/cost/tp_backward.py):
-    "async", Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication (default since
-    2021-09, `--no-async-tensor-model-parallel-allreduce` turns it off) and Transformer Engine's
-    linears: a column-parallel linear's input-gradient all-reduce / reduce-scatter beside its
-    weight-gradient GEMM and, under sequence parallelism, its input all-gathered again beside
-    its data-gradient GEMM; "async_delayed_wgrad", the same with Megatron's
-    `--delay-wgrad-compute` (Transformer Engine stores the weight-gradient GEMM for later, so
-    the input gradient's reduction has nothing to hide behind); "none", every collective
-    exposed, none gathered again (Megatron-LM before 2021-09, Megatron-DeepSpeed, torch
-    DTensor TP)."""
-    grad_reduce_bytes: int = 4
-    """Bytes per gradient element in the data-parallel reduction (fp32 by default); Megatron's
-    DDP keeps its main gradients in the same dtype (`grad_reduce_in_fp32`)."""
-    cp_comm: CpComm = "ring"
-    """How context parallelism moves K and V: a ring of sends hidden behind the
-    attention core (Megatron-LM, torchtitan), or one all-gather before it and a
-    reduce-scatter of their gradients after it, exposed (Llama 3's all-gather CP)."""
-    selective_policy: memory.SelectivePolicy = "core_attention"
-    """What recompute `selective` runs: Megatron-LM's core-attention
-    recompute, or torchtitan's per-op policy that recomputes every other matmul and the
-    elementwise ops."""
-    optimizer_kernels: OptimizerKernels = "fused"
-    """The Adam step and gradient clipping as fused multi-tensor kernels (Megatron-LM), or as
-    PyTorch's foreach ops (torchtitan's default AdamW and clip_grad_norm_; planner/cost/step.py)."""
-    sac_fused_qkv: bool = True
-    """torchtitan's per-op checkpointing counts the q, k, v projections as one matmul (0.3's
-    fused wqkv) or three (its 2024 Llama: wq, wk, wv), which shifts what it keeps and recomputes."""
-    recompute_early_stop: bool = False
-    """Full recompute as torch's non-reentrant checkpoint runs it (`torch.utils.checkpoint` with
-    use_reentrant=False, early stop on by default: torchtitan's FullAC, the torch script's
-    checkpoint): the recomputation stops once every tensor the backward needs is back, so a
-    dense block's MLP down projection, whose output nothing saves, is not re-run, nor the
-    block's output collective after it. An MoE block is charged its whole forward: the router's
-    weights scale the experts' output, so the experts run again (the combine after them does
-    not; not priced). Megatron-LM's and DeepSpeed's
-    checkpoint functions re-run the whole forward (False)."""
-    sp_seq_dim_copies: bool = False
-    """Sequence parallelism as torch DTensor runs it (torchtitan's SequenceParallel,
-    PrepareModuleInput and RowwiseParallel with Shard(1)): the activations are (batch, seq,
-    hidden) split on the sequence dim, while NCCL gathers and scatters along dim 0, so torch's
-    functional collectives copy the whole gathered activation through `torch.cat(torch.chunk(...))`
-    after each all-gather and before each reduce-scatter (`all_gather_tensor`,
-    `reduce_scatter_tensor` with gather/scatter_dim 1; later releases make the all-gather's a
-    view at batch 1, `torch._utils._maybe_view_chunk_cat`), on the compute stream
-    (`sp_copy_counts`). Megatron-LM's (seq, batch, hidden) layout gathers along dim 0 and
-    copies nothing."""
-    fsdp2: bool = False
-    """ZeRO-3 runs as FSDP2 (torchtitan's fully_shard), whose per-parameter sharding copies every
-    gathered parameter out of the all-gather buffer and every gradient into the reduce-scatter
-    buffer on the compute stream (planner/cost/step.py `fsdp2_copy_time`); FSDP1's flat
-    parameter is gathered in place."""
-    fsdp1_grad_cat: bool = False
-    """ZeRO-3 runs as FSDP1 (torch FullyShardedDataParallel, composer), whose parameters are views
-    of a flat parameter: autograd's backward of that split concatenates every unit's gradients into
-    the unsharded flat gradient on the compute stream, each micro-batch (planner/cost/step.py
-    `fsdp1_grad_cat_time`)."""
-    cross_entropy: memory.CrossEntropy = "fused"
-    """How the loss is computed over the logits (memory.loss_transient_bytes): Megatron-LM's fused
-    vocab-parallel cross-entropy, or eager `F.cross_entropy(logits.float(), ...)` (torchtitan),
-    whose backward allocates two more fp32 buffers of the logits' size."""
-    loss_passes: LossPasses = "fused"
-    """The loss's time over the logits (planner/cost/shapes.py): one fused pass each way, or
-    Megatron-LM's `_VocabParallelCrossEntropy` op by op on `logits.float()`
-    ("vocab_parallel_fp32": 38 B forward and 14 B backward per logit element, the 2021-2022
-    Megatron-LM and Megatron-DeepSpeed loss, and today's without --cross-entropy-loss-fusion)."""
-    main_grad_cast: bool = False
-    """Megatron-LM's Float16OptimizerWithFloat16Params casts each 16-bit model gradient into a
-    new fp32 main gradient before its step (`_copy_model_grads_to_main_grads`:
-    `main_param.grad = model_param.grad.float()`, megatron/optimizer/optimizer.py 2021), read
-    2 B and write 4 B per parameter; without --accumulate-allreduce-grads-in-fp32 the gradients
-    are 16-bit (with it, the fp32 main_grad's `.float()` is a no-op)."""
-    ddp_grad_copy_passes: int = 0
-    """Read-and-write passes over every gradient, in its reduction dtype, that the DDP
-    implementation makes on the compute stream around the all-reduce: 2 for torch DDP without
-    gradient_as_bucket_view (torch 1.8 reducer: the copy into the bucket view in
-    `mark_variable_ready_dense`, `copy_bucket_to_grad` after it); 3 for Megatron-LM's 2021
-    local DDP without --use-contiguous-buffers-in-ddp (`allreduce_gradients`:
-    `_flatten_dense_tensors`, `coalesced /= world_size`, `buf.copy_(synced)`); 0 for a DDP
-    that reduces its gradient buffer in place (Megatron's contiguous buffers)."""
-    wgrad_accumulation: WgradAccumulation = "fused"
-    """How weight gradients accumulate over a step's micro-batches (planner/cost/grad_accum.py):
-    inside the weight-gradient GEMM, which reads and writes the main gradient (in the
-    `grad_reduce_bytes` dtype) every micro-batch ("fused": Megatron-LM's
-    --gradient-accumulation-fusion, 2022+, Transformer Engine); by autograd adding each
-    micro-batch's new gradient into `param.grad` ("autograd": Megatron-LM before 2022,
-    Megatron-DeepSpeed's 2021 engine); or not at full size ("none": each micro-batch's GEMM
-    writes a new 16-bit gradient that the runtime reduces or adds elsewhere: FSDP's
-    per-micro-batch reduce-scatter, DeepSpeed's BF16_Optimizer, `bf16_optimizer`)."""
-    rope_fusion: bool = True
-    """RoPE as one fused kernel each way (Megatron-core's `apply_rope_fusion`, Transformer Engine),
-    or megatron-core's `apply_rotary_pos_emb_bshd` op by op on the rotated share of q and k
-    (planner/cost/shapes.py `unfused_rope_bytes`: 14 B forward and 22 B backward per q and k
-    element at Nemotron-4's rotary_percent 0.5, against 4 and 8; NeMo's default before 2.0)."""
-    eager_swiglu: bool = False
-    """SwiGLU run op by op keeps silu's output too (torchtitan eager; see
-    memory.ActivationOptions.eager_swiglu)."""
-    elementwise_traffic: float = 1.0
-    """HBM bytes the memory-bound ops (norms, RoPE, activation, residuals) move relative to
-    fused kernels (1: Megatron/TE fused kernels). Eager PyTorch runs them op by op with fp32
-    upcasts: ~3.3 for a Llama block (RMSNorm 36 B/element instead of 4, complex RoPE 28
-    instead of 4, SwiGLU 10 instead of 6; docs/accuracy_published.md section 4).
-    torch.compile of torchtitan's Llama block: 1.16 at 8B (inductor fuses the norms and
-    SwiGLU but leaves complex RoPE to aten in fp32; section 15)."""
-
-    # Attention kernel, per-kernel floor and overlap interference (issue 12, points 2-4).
-    attention: AttentionImpl = "flash2"
-    """The attention core's implementation: FlashAttention-2 / -3, cuDNN fused attention,
-    llm-foundry's Triton FlashAttention ("triton_fa1"), or unfused (batched GEMMs and softmax
-    passes over the full score matrix, which it keeps)."""
-    cuda_graphs: bool = False
-    """The runtime replays captured CUDA graphs: no host launch time per kernel (the GPU-side
-    per-kernel cost stays)."""
-    launch_blocking: bool = False
-    """CUDA_LAUNCH_BLOCKING=1: every launch returns only when its kernel has run, so the host's
-    per-op time adds to the GPU time instead of overlapping it (BigScience's
-    tr11-176B-ml.slurm exports it to avoid hangs on Jean Zay)."""
-    interference: bool = True
-    """Communication that overlaps compute slows it by the share of SMs its kernels hold."""
-    stragglers: bool = True
-    """The job's compute-bound kernels run at its slowest GPU's pace: the expected slowest of
-    the job's GPUs drawn from a measured per-GPU speed population (planner/cost/stragglers.py)."""
-    speed_spread: str | None = None
-    """That population: a name in planner/presets/gpu_speed_spread.toml or a file in its format
-    (scripts/measure_gpu_speed.py writes one); None: the GPU preset's `speed_spread`."""
-
-    # Pipeline engines (issue 12, point 5).
-    p2p_mode: P2pMode = "overlapped"
-    """How the pipeline's sends and receives run (planner/predict.py `send_holds`).
-    "overlapped": asynchronous, beside compute (torch isend/irecv; Megatron-LM's
-    --overlap-p2p-communication). "blocking": a rank computes again only when its exchange is
-    done: Megatron-LM's batch_isend_irecv, req.wait() and torch.cuda.synchronize()
-    (megatron/p2p_communication.py 2020-2022, "to protect against race condition when using
-    batch_isend_irecv()"; core's batch_p2p_sync), its send and receive in parallel, each 1/TP
-    of the activation (scatter-gather), then an all-gather over TP. "deepspeed": DeepSpeed's
-    PipelineEngine (runtime/pipe/engine.py and p2p.py): blocking dist.send then dist.recv, the
-    activation and its gradient each sent as a 1/TP partition (`is_pipe_partitioned =
-    is_grad_partitioned = is_model_parallel` since v0.5.4, #1407 "Big science related changes",
-    2021-09-29; config `pipeline.grad_partitioned` defaults True through 0.19) and gathered over
-    TP: the activation on arrival, the stage output and the received gradient before the
-    backward; today's engine still calls p2p.send / p2p.recv without async_op (deepspeed 0.19).
-    "deepspeed-whole-grads": the engine before v0.5.4 (`is_grad_partitioned = False`): the
-    gradient sent whole, the stage output gathered when it arrives (_exec_recv_grads).
-    "megatron-lm": today's Megatron-LM as its training script configures it: "blocking" for
-    plain 1F1B (forward_backward_pipelining_without_interleaving's send_forward_recv_backward
-    calls `_communicate` with wait_on_reqs=True) and "overlapped" for interleaved 1F1B
-    (megatron/training/arguments.py: `--no-overlap-p2p-communication` is store_false, so
-    overlap_p2p_comm defaults to True there)."""
-    bf16_optimizer: bool = False
-    """DeepSpeed's BF16_Optimizer (Megatron-DeepSpeed with --bf16 and ZeRO stage 0 in the
-    DeepSpeed config, the optimizer sharding master weights and moments itself): it keeps each
-    parameter's bf16 .grad (2 B, `update_hp_grads(clear_lp_grads=False)`) beside the unsharded
-    fp32 gradient accumulation buffer, and all-reduces the flat fp32 grads
-    (`_bf16_reduce_grads` -> buffered_allreduce_fallback) cast to the engine's communication
-    dtype (`grad_reduce_bytes`: bf16 unless the config names one) before its sharded step and
-    the bf16 parameter all-gather; the tied embedding's fp32 grad is all-reduced as it is
-    (`weight._hp_grad`). Its fp32 copy of each .grad and the cast flat buffer cost allocator
-    segments (planner/cost/memory.py `bf16_optimizer_transients`; deepspeed/runtime/
-    bf16_optimizer.py, engine.py, pipe/engine.py, v0.6.2+)."""
-
-    cuda_context_bytes: float = memory.CUDA_CONTEXT_BYTES
-    """Device memory of the CUDA context and the kernel images loaded with it, outside the
-    caching allocator. The default is a CUDA 12 context with lazy module loading; a CUDA 11
-    stack loads every kernel image of PyTorch's libraries at context creation (lazy loading,
-    CUDA_MODULE_LOADING=LAZY, came with CUDA 11.7), which a run can state here as measured."""
-
-    # Mixture of experts and FP8 (issue 14).
-    precision: Precision = "bf16"
-    """GEMM precision of the linear layers: "fp8" runs them at the GPU's fp8 peak (Transformer
-    Engine's FP8 recipe); attention, norms, softmax, communication, the saved activations and
-    the optimizer stay in bf16/fp32, and MFU stays over the bf16 peak."""
-    moe_imbalance: float = DEFAULT_IMBALANCE
-    """Busiest expert-parallel rank's tokens over the mean under dropless routing (default:
-    FEPLB's per-micro-batch training measurement, planner/cost/moe.py `DEFAULT_IMBALANCE`)."""
-    moe_dispatcher: MoeDispatcher = "alltoall"
-    """How tokens reach their experts: "alltoall", NCCL all-to-all of every routed copy
-    (Megatron's `--moe-token-dispatcher-type alltoall`); "deepep", DeepEP's normal kernels
-    (`--moe-token-dispatcher-type flex --moe-enable-deepep`), one copy per destination node
-    across nodes or rank inside one, at DeepEP's measured bandwidths (planner/cost/moe.py)."""
-    megatron_moe_ops: bool = False
-    """An MoE block's host floor counts the ops Megatron-core's MoELayer launches with the flex
-    dispatcher on DeepEP (`moe_dispatcher` "deepep"), TE's fused permute and GroupedLinear: router,
-    aux loss, DeepEP's layout / dispatch / combine, permutation, and one GEMM per local expert
-    each way (kernel_counts.megatron_moe_block; counted by tests/bench/megatron_moe_op_counts.py
-    from Megatron-LM 1e057005, TE v2.3, DeepEP aae9fa9); otherwise the traced dense block's."""
-    moe_ep_overlap: bool = False
-    """Megatron's `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`; default off):
-    interleaved 1F1B, and training without a pipeline, run one micro-batch's forward beside
-    another's backward layer by layer (combined_1f1b.py, TransformerLayerSchedulePlan.run),
-    hiding each one's dispatch and combine behind the other's compute nodes in that order
-    (planner/cost/overlap.py `combined_1f1b_period`; `predict.runs_combined_1f1b` says where it
-    applies). Paired layers (`layer_costs(..., paired=True)`) then follow that per-layer order
-    instead of DualPipeV's whole-pass overlap; DualPipeV plans keep theirs (DUALPIPEV_PAIRING).
-    `planner plan/evaluate/sweep/cost --moe-ep-overlap`; plans record where it applied."""
-
-    # Saved activations and training state (issue 14: MLA, FP8, DeepSeek-V3's memory savings).
-    recompute_modules: tuple[str, ...] = ("core_attn",)
-    """What `selective` recompute re-runs under the core-attention policy: Megatron-LM's
-    `--recompute-modules` (memory.RECOMPUTE_MODULES; default ["core_attn"]). DeepSeek-V3's
-    "recompute all RMSNorm operations and MLA up-projections" and SwiGLU output (arXiv
-    2412.19437, sections 3.2.3 and 3.3.3) are ("layernorm", "mla_up_proj", "moe_act")."""
-    activation_storage: memory.ActivationStorage = "default"
-    """How saved activations are stored (memory.ACTIVATION_STORAGE): "default" keeps them in
-    bf16 but for the FP8 copies Transformer Engine's Linears keep of their inputs under FP8
-    precision; "deepseek_fp8" is DeepSeek-V3's FP8 / E5M6 activation caching."""
-    parameter_copies: int = 1
-    """Copies of each pipeline rank's transformer layers (their weights, gradients and optimizer
-    state) the schedule keeps: 2 for DualPipe modelled as DualPipeV ("DualPipe requires keeping
-    two copies of the model parameters", arXiv 2412.19437, section 3.2.1; Table 2: parameters
-    2x per device against DualPipeV's PP/2 devices). Memory only: the copies' gradient
-    all-reduce is not timed."""
-
-    @classmethod
-    def of(cls, **fields) -> CostOptions:
-        """Options from field names as `planner runtimes` and `--set` spell them (flat)."""
-        return cls(**fields)
-
-    def with_fields(self, **fields) -> CostOptions:
-        """These options with the named fields (flat names) replaced."""
-        return replace(self, **fields)
-
-    @property
-    def flash_attention(self) -> bool:
-        """A fused attention kernel (anything but "unfused")."""
-        return self.attention != "unfused"
-
-    def __post_init__(self) -> None:
-        if self.ddp_grad_copy_passes < 0:
-            raise ValueError(f"ddp_grad_copy_passes counts passes, >= 0; got {self.ddp_grad_copy_passes}")
-        if self.cuda_context_bytes < 0:
-            raise ValueError(f"cuda_context_bytes must be >= 0, got {self.cuda_context_bytes}")
-        if self.moe_imbalance < 1:
-            raise ValueError(f"moe_imbalance is the busiest rank over the mean, >= 1; got {self.moe_imbalance}")
-        if self.fsdp2 and self.fsdp1_grad_cat:
-            raise ValueError("fsdp2 and fsdp1_grad_cat name two ZeRO-3 runtimes: set at most one")
-        if self.parameter_copies < 1:
-            raise ValueError(f"parameter_copies must be >= 1, got {self.parameter_copies}")
-        unknown = set(self.recompute_modules) - set(memory.RECOMPUTE_MODULES)
-        if unknown:
-            raise ValueError(f"recompute_modules must be among {memory.RECOMPUTE_MODULES}, got {sorted(unknown)}")
-        for name, allowed in (("cp_comm", CP_COMM), ("selective_policy", memory.SELECTIVE_POLICIES),
-                              ("cross_entropy", memory.CROSS_ENTROPY), ("optimizer_kernels", OPTIMIZER_KERNELS),
-                              ("attention", ATTENTION_IMPLS), ("precision", PRECISIONS),
-                              ("p2p_mode", P2P_MODES), ("loss_passes", LOSS_PASSES),
-                              ("moe_dispatcher", MOE_DISPATCHERS), ("tp_backward_overlap", TP_BACKWARD),
-                              ("wgrad_accumulation", WGRAD_ACCUMULATION),
-                              ("activation_storage", memory.ACTIVATION_STORAGE)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-
-
 def sp_copy_counts(kind: str, recompute: str, selective_policy: str, early_stop: bool) -> tuple[int, int, int]:
-    """Sequence-dim copies (`CostOptions.sp_seq_dim_copies`) a layer runs in its forward, its
+    """Sequence-dim copies (`CostOptions.tensor.sp_seq_dim_copies`) a layer runs in its forward, its
     backward and its recomputation, as torchtitan's compiled Llama block runs them (inductor's
     code for the block under torchtitan's TP plan, docs/accuracy_published.md section 14).
     A block: one after each of its two all-gathers and one before each of its two
@@ -318,7 +49,7 @@ def sp_copy_counts(kind: str, recompute: str, selective_policy: str, early_stop:
     copies again after each all-gather it re-runs: both under the per-op policy (reduce-scatter
     outputs saved), and under full recompute the attention output's reduce-scatter too, and the
     MLP output's unless the checkpoint stops once the down projection's input is back
-    (`early_stop`, CostOptions.recompute_early_stop). The embedding's output
+    (`early_stop`, CostOptions.recompute.recompute_early_stop). The embedding's output
     reduce-scatter and the head's input all-gather (eager, outside the compiled blocks): one
     each way."""
     if kind in ("embedding", "head"):
@@ -333,18 +64,19 @@ def sp_copy_counts(kind: str, recompute: str, selective_policy: str, early_stop:
 def analytic_compute(gpu: GpuSpec, options: CostOptions, num_gpus: int = 1) -> AnalyticCompute:
     """The analytic roofline for `options`: its dtype, fp8 GEMMs under FP8 precision, and the
     compute pace of the slowest of a job's `num_gpus` GPUs (`compute_slowdown`)."""
-    return AnalyticCompute(gpu, options.dtype, gemm_dtype="fp8" if options.precision == "fp8" else None,
+    kernels = options.kernels
+    return AnalyticCompute(gpu, kernels.dtype, gemm_dtype="fp8" if kernels.precision == "fp8" else None,
                            compute_slowdown=compute_slowdown(gpu, options, num_gpus),
-                           wgrad_output_bytes=wgrad_output_bytes(options.wgrad_accumulation,
-                                                                 options.grad_reduce_bytes))
+                           wgrad_output_bytes=wgrad_output_bytes(options.data.wgrad_accumulation,
+                                                                 options.data.grad_reduce_bytes))
 
 
 def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float:
     """Expected compute slowdown of a job on `num_gpus` `gpu`s waiting for its slowest one
     (1.0 with stragglers off or no speed population for the GPU)."""
-    if not options.stragglers:
+    if not options.cluster.stragglers:
         return 1.0
-    return straggler_slowdown(options.speed_spread or gpu.speed_spread, num_gpus)
+    return straggler_slowdown(options.cluster.speed_spread or gpu.speed_spread, num_gpus)
 
 
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
@@ -352,8 +84,8 @@ def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     fused kernel it lacks (what the same runtime falls back to there)."""
     kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd,
               "triton_fa1": gpu.efficiency.triton_fa1_fwd}
-    if options.attention in kernel and kernel[options.attention] is None:
-        return replace(options, attention="flash2")
+    if options.kernels.attention in kernel and kernel[options.kernels.attention] is None:
+        return options.with_fields(attention="flash2")
     return options
 
 
@@ -407,23 +139,23 @@ class AnalyticSource:
         return AnalyticSource(self.spec, compute, self.options)
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
-        opts = self.options
-        work = layer_work(self.spec, kind, shard, attention=opts.attention, dropout=opts.dropout,
-                          imbalance=imbalance_of(self.spec, shard, opts.moe_imbalance),
-                          loss_passes=opts.loss_passes, rope_fusion=opts.rope_fusion)
-        if opts.elementwise_traffic != 1.0:
+        kernels, moe = self.options.kernels, self.options.moe
+        work = layer_work(self.spec, kind, shard, attention=kernels.attention, dropout=kernels.dropout,
+                          imbalance=imbalance_of(self.spec, shard, moe.moe_imbalance),
+                          loss_passes=kernels.loss_passes, rope_fusion=kernels.rope_fusion)
+        if kernels.elementwise_traffic != 1.0:
             work = replace(
                 work,
-                elementwise_bytes_fwd=work.elementwise_bytes_fwd * opts.elementwise_traffic,
-                elementwise_bytes_bwd=work.elementwise_bytes_bwd * opts.elementwise_traffic,
+                elementwise_bytes_fwd=work.elementwise_bytes_fwd * kernels.elementwise_traffic,
+                elementwise_bytes_bwd=work.elementwise_bytes_bwd * kernels.elementwise_traffic,
             )
-        times = self.compute.layer_times(work, opts.attention)
-        if opts.cuda_graphs:
+        times = self.compute.layer_times(work, kernels.attention)
+        if kernels.cuda_graphs:
             return times
-        counts = op_counts(self.spec, kind, not opts.flash_attention, opts.dropout)
-        if kind == "transformer" and self.spec.is_moe and opts.megatron_moe_ops and opts.moe_dispatcher == "deepep":
+        counts = op_counts(self.spec, kind, not kernels.flash_attention, kernels.dropout)
+        if kind == "transformer" and self.spec.is_moe and moe.megatron_moe_ops and moe.moe_dispatcher == "deepep":
             counts = megatron_moe_block(counts, self.spec.num_experts // shard.ep)
-        if opts.launch_blocking:
+        if kernels.launch_blocking:
             return host_serial(times, *host_times(counts, self.compute.eff))
         return host_floor(times, *host_times(counts, self.compute.eff))
 
@@ -479,7 +211,7 @@ class LayerCosts:
     split_backward_comm_s: float = 0.0
     """Exposed seconds the backward-input pass gains when the schedule runs the weight gradients
     as a pass of their own (zero-bubble W): the TP reductions that otherwise hide behind the
-    weight-gradient GEMMs (`CostOptions.tp_backward_overlap` "async")."""
+    weight-gradient GEMMs (`CostOptions.tensor.tp_backward_overlap` "async")."""
 
     @property
     def backward_s(self) -> float:
@@ -502,8 +234,8 @@ class CostModel:
         self.options = options
         self.network = network or Network.of(cluster)
         self.analytic = analytic_compute(cluster.gpu, options, cluster.num_gpus)
-        if options.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
-            self.analytic.attention_rates(options.attention)
+        if options.kernels.flash_attention:  # refuse a fused kernel this GPU has no rates for, up front
+            self.analytic.attention_rates(options.kernels.attention)
         slowdown = self.analytic.compute_slowdown
         if source is None:
             source = AnalyticSource(spec, self.analytic, options)
@@ -513,13 +245,14 @@ class CostModel:
         self.source_slowdown = 1.0 if isinstance(source, AnalyticSource) else slowdown
         """Factor on a measured source's layer times (a profile timed on one GPU): the job's
         slowest GPU; the analytic source applies it to its compute-bound rates itself."""
+        kernels, recomputed = options.kernels, options.recompute
         self.act_options = memory.activation_options_for(
-            options.activation_storage, options.precision == "fp8",
-            flash_attention=options.flash_attention, dropout=options.dropout,
-            selective_policy=options.selective_policy, eager_swiglu=options.eager_swiglu,
-            sac_fused_qkv=options.sac_fused_qkv, recompute_modules=frozenset(options.recompute_modules),
+            options.memory.activation_storage, kernels.precision == "fp8",
+            flash_attention=kernels.flash_attention, dropout=kernels.dropout,
+            selective_policy=recomputed.selective_policy, eager_swiglu=kernels.eager_swiglu,
+            sac_fused_qkv=recomputed.sac_fused_qkv, recompute_modules=frozenset(recomputed.recompute_modules),
         )
-        self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe_imbalance)
+        self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe.moe_imbalance)
         self.block_kinds = block_kinds(spec)
         self.dense_layers_before = tuple(accumulate((kind == DENSE_BLOCK for kind in self.block_kinds), initial=0))
         """[i]: dense-MLP blocks among layers [0, i)."""
@@ -530,7 +263,7 @@ class CostModel:
 
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.options.dtype]
+        return DTYPE_BYTES[self.options.kernels.dtype]
 
     def _layer_costs(self, kind: str, shard: Shard, recompute: str = "none", paired: bool = False) -> LayerCosts:
         """`paired`: the schedule runs another micro-batch's compute beside this one's
@@ -547,10 +280,10 @@ class CostModel:
         moe_fwd, moe_bwd = self._moe_comm(kind, shard, recompute, times, paired)
         comm_fwd, comm_bwd = comm_fwd + moe_fwd, comm_bwd + moe_bwd
         comm_bwd += self._recompute_comm(kind, shard, recompute, comm_fwd - moe_fwd)
-        hidden = 1.0 - self.options.tp_comm_overlap
+        hidden = 1.0 - self.options.tensor.tp_comm_overlap
         # the overlapped TP communication slows the GEMMs it runs beside
-        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
-        overlapped = self.options.tp_comm_overlap * sm_share
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.cluster.interference)
+        overlapped = self.options.tensor.tp_comm_overlap * sm_share
         recompute_s = self._recompute_time(kind, shard, recompute, times)
         copy_fwd, copy_bwd, copy_recompute = self._sp_copy_times(kind, shard, recompute)
         times = replace(times, forward_s=times.forward_s + copy_fwd,
@@ -564,7 +297,7 @@ class CostModel:
         if kind == "transformer" and recompute == "full":
             extra = memory.activation_bytes(self.spec, kind, shard, "none", act_options)
         elif kind == "head":  # the logits and the loss's buffers beside the saved fp32 softmax
-            extra = memory.loss_transient_bytes(self.spec, shard, self.dtype_bytes, self.options.cross_entropy)
+            extra = memory.loss_transient_bytes(self.spec, shard, self.dtype_bytes, self.options.kernels.cross_entropy)
         experts = 0.0
         if kind == "transformer":
             params = memory.transformer_param_count(self.spec, shard.tp, shard.ep, shard.etp)
@@ -626,7 +359,7 @@ class CostModel:
     def _act_options(self, shard: Shard) -> memory.ActivationOptions:
         if not self.spec.is_moe or shard.ep == 1:
             return self.act_options
-        return replace(self.act_options, moe_imbalance=imbalance_of(self.spec, shard, self.options.moe_imbalance))
+        return replace(self.act_options, moe_imbalance=imbalance_of(self.spec, shard, self.options.moe.moe_imbalance))
 
     def _moe_comm(self, kind: str, shard: Shard, recompute: str, times: LayerTimes,
                   paired: bool) -> tuple[float, float]:
@@ -644,7 +377,7 @@ class CostModel:
         fwd, bwd = 2 * one_way, 2 * one_way
         if recompute == "full":
             bwd += fwd
-        if paired is True and self.options.moe_ep_overlap:
+        if paired is True and self.options.moe.moe_ep_overlap:
             half = combined_1f1b_extra_time(self._split_layer(shard, times, one_way), self._a2a_sm_share(shard)) / 2
             return half, half
         if paired:
@@ -658,9 +391,9 @@ class CostModel:
         ETP all-gather of the routed tokens where ETP > 1."""
         spec = self.spec
         etp = shard.etp or shard.tp
-        imbalance = imbalance_of(spec, shard, self.options.moe_imbalance)
+        imbalance = imbalance_of(spec, shard, self.options.moe.moe_imbalance)
         sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance
-        if self.options.moe_dispatcher == "deepep" and shard.ep > 1:
+        if self.options.moe.moe_dispatcher == "deepep" and shard.ep > 1:
             fabric = self.network.fabric
             dispatch, combine = deepep_times(spec, shard, self.dtype_bytes, imbalance, self.network.gpus_per_node,
                                              fabric.nvlink_busbw, fabric.nic_busbw)
@@ -687,8 +420,8 @@ class CostModel:
         """Share of the SMs the MoE all-to-all holds beside the compute it overlaps: DeepEP's
         fixed SM count (planner/cost/moe.py `DEEPEP_NUM_SMS`) where its kernels run and the GPU
         gives its SM count, else NCCL's channels (`comm_sm_fraction`); 0 without interference."""
-        nccl = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
-        if not (self.options.interference and self.options.moe_dispatcher == "deepep" and shard.ep > 1):
+        nccl = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.cluster.interference)
+        if not (self.options.cluster.interference and self.options.moe.moe_dispatcher == "deepep" and shard.ep > 1):
             return nccl
         deepep = deepep_sm_fraction(self.cluster.gpu.sm_count)
         return nccl if deepep is None else deepep
@@ -698,7 +431,7 @@ class CostModel:
         shared experts' GEMMs on the busiest rank (analytic, at most the block's own times) as
         the MLP node, the rest (attention, norms, router, elementwise) as pre-dispatch; each
         all-to-all (dispatch or combine) `one_way` seconds."""
-        imbalance = imbalance_of(self.spec, shard, self.options.moe_imbalance)
+        imbalance = imbalance_of(self.spec, shard, self.options.moe.moe_imbalance)
         experts = self.analytic.gemms_times(g for g in moe_gemms(self.spec, shard, imbalance) if g.name != "router")
         mlp = min(times.forward_s, experts.forward_s)
         mlp_dgrad = min(times.backward_input_s, experts.backward_input_s)
@@ -712,9 +445,9 @@ class CostModel:
         profiler's `selective` is the core-attention policy)."""
         measured = getattr(self.source, "activation_bytes", None)
         profile = getattr(self.source, "profile", None)
-        if measured is None or profile is None or profile.dtype != self.options.dtype:
+        if measured is None or profile is None or profile.dtype != self.options.kernels.dtype:
             return None
-        if recompute == "selective" and self.options.selective_policy != "core_attention":
+        if recompute == "selective" and self.options.recompute.selective_policy != "core_attention":
             return None
         return measured(kind, shard, recompute)
 
@@ -727,22 +460,22 @@ class CostModel:
             return 0.0
         if recompute == "full":
             return times.forward_s - self._early_stop_gemm_time(shard)
-        opts = self.options
-        work = layer_work(self.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout,
-                          rope_fusion=opts.rope_fusion)
-        if opts.selective_policy == "every_other_matmul":
-            matmuls = separate_matmuls(self.spec, shard, fused_qkv=opts.sac_fused_qkv)[1::2]
-            elementwise = work.elementwise_bytes_fwd * self.options.elementwise_traffic
+        kernels, recomputed = self.options.kernels, self.options.recompute
+        work = layer_work(self.spec, "transformer", shard, attention=kernels.attention, dropout=kernels.dropout,
+                          rope_fusion=kernels.rope_fusion)
+        if recomputed.selective_policy == "every_other_matmul":
+            matmuls = separate_matmuls(self.spec, shard, fused_qkv=recomputed.sac_fused_qkv)[1::2]
+            elementwise = work.elementwise_bytes_fwd * kernels.elementwise_traffic
             return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
                     + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
-        modules = opts.recompute_modules
-        seconds = self.analytic.attention_core_times(work, opts.attention)[0] if "core_attn" in modules else 0.0
+        modules = recomputed.recompute_modules
+        seconds = self.analytic.attention_core_times(work, kernels.attention)[0] if "core_attn" in modules else 0.0
         return seconds + self._module_recompute_time(shard, modules)
 
     def _stops_early(self) -> bool:
         """Whether full recompute stops before the block's down projection
         (`recompute_early_stop`, dense blocks only)."""
-        return self.options.recompute_early_stop and not self.spec.is_moe
+        return self.options.recompute.recompute_early_stop and not self.spec.is_moe
 
     def _early_stop_gemm_time(self, shard: Shard) -> float:
         """Seconds of the forward's last matmul, the MLP down projection, that full recompute
@@ -757,7 +490,7 @@ class CostModel:
         norms (read and write the hidden state), MLA's q and kv up-projection GEMMs, the routed
         experts' SwiGLU (read gate and up, write the product) on the busiest rank."""
         spec, analytic, seconds = self.spec, self.analytic, 0.0
-        traffic = self.options.elementwise_traffic
+        traffic = self.options.kernels.elementwise_traffic
         if "layernorm" in modules:
             seconds += analytic.elementwise_time(2 * 2 * memory.BYTES_BF16 * shard.elementwise_tokens
                                                  * spec.hidden_size * traffic, 2)
@@ -765,7 +498,7 @@ class CostModel:
             ups = [g for g in attention_gemms(spec, shard) if g.name in ("q", "q_up", "kv_up")]
             seconds += sum(g.count * analytic.gemm_time(g.m, g.n, g.k) for g in ups)
         if "moe_act" in modules and spec.is_moe and spec.activation == "swiglu":
-            routed = (shard.local_tokens * spec.moe_top_k * imbalance_of(spec, shard, self.options.moe_imbalance)
+            routed = (shard.local_tokens * spec.moe_top_k * imbalance_of(spec, shard, self.options.moe.moe_imbalance)
                       * spec.expert_ffn_hidden_size / shard.tp)
             seconds += analytic.elementwise_time(3 * memory.BYTES_BF16 * routed * traffic, 1)
         return seconds
@@ -774,12 +507,12 @@ class CostModel:
         """Seconds of DTensor's sequence-dim copies around the layer's TP collectives
         (`sp_seq_dim_copies`) in its forward, its backward and its recomputation: each reads and
         writes the gathered activation once."""
-        if not (self.options.sp_seq_dim_copies and shard.tp > 1 and shard.sequence_parallel):
+        if not (self.options.tensor.sp_seq_dim_copies and shard.tp > 1 and shard.sequence_parallel):
             return 0.0, 0.0, 0.0
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         one = self.analytic.elementwise_time(2 * act, 1)
-        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.selective_policy,
-                                         self.options.recompute_early_stop)
+        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.recompute.selective_policy,
+                                         self.options.recompute.recompute_early_stop)
         return fwd * one, bwd * one, again * one
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
@@ -799,7 +532,7 @@ class CostModel:
             # the down projection's output collective is not re-run
             output = net.reduce_scatter(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
             return forward_comm - output
-        if self.options.selective_policy != "every_other_matmul":
+        if self.options.recompute.selective_policy != "every_other_matmul":
             return 0.0
         return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
 
@@ -820,7 +553,7 @@ class CostModel:
         else:
             collective = net.all_reduce(act, tp, 1)
             one_way = collective
-        asynchronous = tp > 1 and self.options.tp_backward_overlap != "none"
+        asynchronous = tp > 1 and self.options.tensor.tp_backward_overlap != "none"
         if kind == "embedding":
             return (one_way, one_way if shard.sequence_parallel else 0.0, 0.0) if tp > 1 else (0, 0, 0)
         if kind == "head":
@@ -834,7 +567,8 @@ class CostModel:
         if asynchronous:
             bwd, deferred = self._async_tp_backward(kind, shard)
         if shard.cp > 1:
-            cp_comm = self._gathered_kv_comm if self.options.cp_comm == "all_gather" else self._ring_attention_comm
+            all_gather = self.options.tensor.cp_comm == "all_gather"
+            cp_comm = self._gathered_kv_comm if all_gather else self._ring_attention_comm
             fwd_cp, bwd_cp = cp_comm(shard)
             fwd, bwd = fwd + fwd_cp, bwd + bwd_cp
         return fwd, bwd, deferred
@@ -869,10 +603,10 @@ class CostModel:
             gemm_s[g.name] = (times.backward_input_s, times.backward_weight_s)
         comm_s = {"all_gather": net.all_gather(act, tp, 1), "reduce_scatter": net.reduce_scatter(act, tp, 1),
                   "all_reduce": net.all_reduce(act, tp, 1)}
-        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.interference)
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.cluster.interference)
         together = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share)
         deferred = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share, wgrad_deferred=True)
-        if self.options.tp_backward_overlap == "async_delayed_wgrad":
+        if self.options.tensor.tp_backward_overlap == "async_delayed_wgrad":
             return deferred, 0.0
         return together, deferred - together
 
@@ -893,11 +627,11 @@ class CostModel:
         kv_bytes = self._kv_bytes(shard)
         steps = shard.cp - 1
         hop = net.p2p(kv_bytes, shard.cp, shard.tp)
-        opts = self.options
-        work = layer_work(spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
-        attn_fwd, attn_bwd = self.analytic.attention_core_times(work, opts.attention)
+        kernels = self.options.kernels
+        work = layer_work(spec, "transformer", shard, attention=kernels.attention, dropout=kernels.dropout)
+        attn_fwd, attn_bwd = self.analytic.attention_core_times(work, kernels.attention)
         per_step_fwd, per_step_bwd = attn_fwd / shard.cp, attn_bwd / shard.cp
-        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, opts.interference)
+        sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.cluster.interference)
         fwd = steps * overlapped_extra_time(hop, per_step_fwd, sm_share)
         bwd = steps * overlapped_extra_time(2 * hop, per_step_bwd, sm_share)
         return fwd, bwd

@@ -1,5 +1,6 @@
-"""The mixture-of-experts terms of a block: its router and expert GEMMs at one expert shard,
-and the all-to-all that dispatches tokens to their experts and combines them back.
+"""The mixture-of-experts terms of a block beside its GEMMs (planner/cost/shapes.py
+`moe_gemms`): the busiest expert-parallel rank's load, and the all-to-all that dispatches
+tokens to their experts and combines them back.
 
 Megatron-Core's MoE parallel folding (Liu et al. 2025, "MoE Parallel Folding") lays the
 attention's TP x CP x DP ranks and the experts' ETP x EP x EDP ranks over the same GPUs. The
@@ -28,7 +29,7 @@ from __future__ import annotations
 from math import comb
 from typing import Literal, get_args
 
-from planner.cost.shapes import Gemm, Shard
+from planner.cost.shapes import Shard, expert_tp
 from planner.spec import ModelSpec
 
 FEPLB_IDLE_SHARE = 0.186
@@ -76,39 +77,12 @@ def tokens_per_gpu(shard: Shard) -> float:
     return shard.local_tokens / shard.tp
 
 
-def expert_tp(shard: Shard) -> int:
-    """The expert tensor-parallel degree (Megatron defaults it to TP)."""
-    return shard.etp or shard.tp
-
-
 def imbalance_of(spec: ModelSpec, shard: Shard, dropless_imbalance: float) -> float:
     """Busiest EP rank's tokens over the mean: 1 when one rank holds every expert, the
     capacity factor with token dropping, else the dropless figure."""
     if shard.ep == 1:
         return 1.0
     return spec.moe_capacity_factor if spec.moe_capacity_factor is not None else dropless_imbalance
-
-
-def moe_gemms(spec: ModelSpec, shard: Shard, imbalance: float = 1.0) -> tuple[Gemm, ...]:
-    """Forward GEMMs of one MoE layer's MLP on the busiest GPU: the router, the grouped
-    expert GEMMs (one per local expert, `count`), and the shared experts (split over TP)."""
-    h, ep, etp = spec.hidden_size, shard.ep, expert_tp(shard)
-    up = 2 if spec.activation == "swiglu" else 1
-    ffn = spec.expert_ffn_hidden_size
-    # routed rows: the old (EP 1, ETP = TP) shape counts the TP group's tokens once
-    routed = shard.local_tokens * spec.moe_top_k * ep * etp / (shard.tp * spec.num_experts)
-    per_expert = max(1, round(routed * imbalance))
-    local = spec.num_experts // ep
-    gemms = [
-        Gemm("router", shard.local_tokens, spec.num_experts, h),
-        Gemm("expert_up", per_expert, up * ffn // etp, h, local),
-        Gemm("expert_down", per_expert, h, ffn // etp, local),
-    ]
-    if spec.shared_ffn_width:
-        shared = spec.shared_ffn_width
-        gemms += [Gemm("shared_up", shard.local_tokens, up * shared // shard.tp, h),
-                  Gemm("shared_down", shard.local_tokens, h, shared // shard.tp)]
-    return tuple(gemms)
 
 
 def dispatch_bytes(spec: ModelSpec, shard: Shard, dtype_bytes: int) -> float:

@@ -103,13 +103,14 @@ def _attention_blocks(model: CostModel, kind: str) -> int:
 
 def _reruns_attention(model: CostModel, recompute: str) -> bool:
     """Whether the recompute mode re-runs the attention core before the backward."""
-    return recompute == "full" or (recompute == "selective" and model.options.selective_policy == "core_attention")
+    policy = model.options.recompute.selective_policy
+    return recompute == "full" or (recompute == "selective" and policy == "core_attention")
 
 
 def _attention_times(model: CostModel, shard: Shard) -> tuple[float, float]:
-    opts = model.options
-    work = layer_work(model.spec, "transformer", shard, attention=opts.attention, dropout=opts.dropout)
-    return model.analytic.attention_core_times(work, opts.attention)
+    kernels = model.options.kernels
+    work = layer_work(model.spec, "transformer", shard, attention=kernels.attention, dropout=kernels.dropout)
+    return model.analytic.attention_core_times(work, kernels.attention)
 
 
 def _causal_attention_extra(model: CostModel, shard: Shard, part: Shard, segments: int) -> tuple[float, float]:

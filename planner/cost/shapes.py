@@ -163,12 +163,37 @@ def attention_gemms(spec: ModelSpec, shard: Shard) -> list[Gemm]:
     ]
 
 
+def expert_tp(shard: Shard) -> int:
+    """The expert tensor-parallel degree (Megatron defaults it to TP)."""
+    return shard.etp or shard.tp
+
+
+def moe_gemms(spec: ModelSpec, shard: Shard, imbalance: float = 1.0) -> tuple[Gemm, ...]:
+    """Forward GEMMs of one MoE layer's MLP on the busiest GPU: the router, the grouped
+    expert GEMMs (one per local expert, `count`), and the shared experts (split over TP)."""
+    h, ep, etp = spec.hidden_size, shard.ep, expert_tp(shard)
+    up = 2 if spec.activation == "swiglu" else 1
+    ffn = spec.expert_ffn_hidden_size
+    # routed rows: the old (EP 1, ETP = TP) shape counts the TP group's tokens once
+    routed = shard.local_tokens * spec.moe_top_k * ep * etp / (shard.tp * spec.num_experts)
+    per_expert = max(1, round(routed * imbalance))
+    local = spec.num_experts // ep
+    gemms = [
+        Gemm("router", shard.local_tokens, spec.num_experts, h),
+        Gemm("expert_up", per_expert, up * ffn // etp, h, local),
+        Gemm("expert_down", per_expert, h, ffn // etp, local),
+    ]
+    if spec.shared_ffn_width:
+        shared = spec.shared_ffn_width
+        gemms += [Gemm("shared_up", shard.local_tokens, up * shared // shard.tp, h),
+                  Gemm("shared_down", shard.local_tokens, h, shared // shard.tp)]
+    return tuple(gemms)
+
+
 def transformer_gemms(spec: ModelSpec, shard: Shard, moe: bool | None = None,
                       imbalance: float = 1.0) -> tuple[Gemm, ...]:
     """The forward GEMMs of one transformer block on one TP shard: an MoE block (`moe`, the
     model's predominant block when unset) on its busiest expert-parallel rank."""
-    from planner.cost.moe import moe_gemms
-
     tokens, h, tp = shard.local_tokens, spec.hidden_size, shard.tp
     gemms = attention_gemms(spec, shard)
     if spec.is_moe if moe is None else moe:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from planner.errors import ExportError
 from planner.hints import planner_command
-from planner.plan import SIMULATED_ONLY_SCHEDULES, PlanEntry, PlanFile
+from planner.plan import PlanEntry, PlanFile
+from planner.runtimes import resolve
+from planner.schedule.registry import schedule_info
 from planner.spec import ModelSpec
 
 Files = dict[str, str]
@@ -23,10 +25,11 @@ def select_plan(plan_file: PlanFile, index: int) -> PlanEntry:
             f"pick one with {planner_command('export', f'--index 0..{len(plan_file.plans) - 1}')}"
         )
     entry = plan_file.plans[index]
-    if entry.schedule in SIMULATED_ONLY_SCHEDULES:
+    unexported = schedule_info(entry.schedule).simulated_only
+    if unexported is not None:
         raise ExportError(
             f"schedule '{entry.schedule}' is planned and simulated only: no runtime the planner exports to "
-            f"(megatron, torchtitan, torch, deepspeed) runs {SIMULATED_ONLY_SCHEDULES[entry.schedule]}"
+            f"(megatron, torchtitan, torch, deepspeed) runs {unexported}"
         )
     return entry
 
@@ -43,36 +46,30 @@ def require_model(plan_file: PlanFile, runtime: str) -> ModelSpec:
 
 
 def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
-    """The one recompute mode of every pipeline rank; ExportError when ranks differ, since
-    the runtime applies one activation-recompute setting to the whole model."""
-    modes = {entry.recompute_of(rank) for rank in range(entry.pp)}
-    if len(modes) > 1:
-        per_rank = ", ".join(f"rank {r}: {entry.recompute_of(r)}" for r in range(entry.pp))
-        raise ExportError(
-            f"{runtime}: recompute differs per pipeline rank ({per_rank}) but {runtime} applies one "
-            f"recompute setting to every stage; {replan_for(runtime)}"
-        )
-    return modes.pop()
+    """The one recompute mode of every pipeline rank (`check_rules` has refused ranks that differ
+    for a runtime that applies one setting to every stage)."""
+    check_rules(entry, runtime)
+    return entry.recompute_of(0)
 
 
-_NO_COMBINED_1F1B = ("has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap "
-                     "(overlap_moe_expert_parallel_comm)")
-MOE_MECHANISMS: dict[str, dict[tuple[str, object], str]] = {
-    "torchtitan": {
-        ("moe_ep_overlap", True): _NO_COMBINED_1F1B + "; its 0.3 ep_overlap is an experimental graph-compiler "
-                                  "pass, not that schedule",
-    },
-    "torch": {
-        ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, not DeepEP's kernels",
-        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
-    },
-    "deepspeed": {
-        ("moe_dispatcher", "deepep"): "has no DeepEP token dispatcher",
-        ("moe_ep_overlap", True): _NO_COMBINED_1F1B,
-    },
-}
-"""Per runtime, the MoE cost options (PlanEntry field, value) it does not run, and why: a plan
-priced with one is refused, never exported as if the runtime ran it."""
+def check_rules(entry: PlanEntry, runtime: str) -> None:
+    """ExportError for the first rule of `runtime` (planner/runtimes/) that the plan breaks:
+    the same rules that keep `planner plan --runtime` to what the runtime runs."""
+    version = resolve(runtime)
+    modes = [entry.recompute_of(rank) for rank in range(entry.pp)]
+    per_rank = ", ".join(f"rank {r}: {mode}" for r, mode in enumerate(modes))
+    asked = (("schedules", entry.schedule, f"schedule '{entry.schedule}' (vpp={entry.vpp})"),
+             ("tp", entry.tp, f"tensor parallelism (tp={entry.tp})"),
+             ("cp", entry.cp, f"context parallelism (cp={entry.cp})"),
+             ("zero", entry.zero_stage, f"ZeRO-{entry.zero_stage} with pipeline parallelism (pp={entry.pp})"),
+             *(("recompute", mode, f"{mode} recompute") for mode in sorted(set(modes))),
+             ("per_rank_recompute", len(set(modes)) > 1, f"recompute differs per pipeline rank ({per_rank})"))
+    for dimension, value, what in asked:
+        why = version.rule_refusal(dimension, value, pipelined=entry.pp > 1)
+        if why is not None:
+            raise ExportError(f"{runtime}: {what}: {why}; {replan_for(runtime)}")
+
+
 MECHANISM_NAMES = {
     "moe_dispatcher": ("DeepEP's token dispatcher (moe_dispatcher 'deepep')",
                        planner_command("plan", "--moe-dispatcher alltoall")),
@@ -84,10 +81,11 @@ MECHANISM_NAMES = {
 
 def mechanism_refusal(runtime: str, moe_dispatcher: str, moe_ep_overlap: bool) -> tuple[str, str] | None:
     """(PlanEntry field, why `runtime` does not run it) for the first MoE mechanism named that
-    `runtime` does not run, else None."""
-    asked = {"moe_dispatcher": moe_dispatcher, "moe_ep_overlap": moe_ep_overlap}
-    for (field, value), why in MOE_MECHANISMS.get(runtime, {}).items():
-        if asked[field] == value:
+    `runtime` (NAME[@VERSION], planner/runtimes/) does not run, else None."""
+    version = resolve(runtime)
+    for field, value in (("moe_dispatcher", moe_dispatcher), ("moe_ep_overlap", moe_ep_overlap)):
+        why = version.unsupported_reason(field, value)
+        if why is not None:
             return field, why
     return None
 
@@ -102,20 +100,13 @@ def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
                           f"re-plan without it: {without}")
 
 
-FOREIGN_ATTENTION: dict[str, str] = {
-    "triton_fa1": "llm-foundry's Triton FlashAttention (--attention triton_fa1: MPT's attn_impl 'triton' "
-                  "under composer)",
-}
-"""Attention kernels (--attention) that no runtime the planner exports to runs, and what they are:
-a plan priced with one is refused by every exporter, never exported as if its runtime ran it."""
-
-
 def attention_refusal(runtime: str, attention: str | None) -> str | None:
     """Why `runtime` does not run the attention kernel `attention` (None: the runtime's
     default), or None when nothing stands in the way."""
-    if attention not in FOREIGN_ATTENTION:
+    why = None if attention is None else resolve(runtime).unsupported_reason("attention", attention)
+    if why is None:
         return None
-    return (f"the plan was priced with {FOREIGN_ATTENTION[attention]}, which {runtime} does not run; "
+    return (f"the plan was priced with --attention {attention}, but {runtime} {why}; "
             f"re-plan with the runtime's own kernel: {planner_command('plan', '--attention flash2')}")
 
 
@@ -136,10 +127,13 @@ def stage_sizes(entry: PlanEntry) -> list[int]:
     return [end - start for start, end in entry.ranges_in_model_order()]
 
 
-def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int) -> list[str]:
-    """Human-readable lines: who wrote the plan, its layout and what it predicts."""
+def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int, runtime: str) -> list[str]:
+    """Human-readable lines: the runtime version the files target, who wrote the plan, its
+    layout and what it predicts."""
     model = plan_file.model.name if plan_file.model else "(not recorded)"
+    target = resolve(runtime)
     lines = [
+        f"written for {target.name}: {target.summary}",
         f"planner {plan_file.planner_version or '(version not recorded)'}, "
         f"costs: {plan_file.cost_source or '(not recorded)'}, plan #{index} of {len(plan_file.plans)}",
         f"model {model}",
@@ -176,11 +170,11 @@ def comment_block(lines: list[str], prefix: str = "# ") -> str:
 
 
 def provenance_readme(
-    plan_file: PlanFile, entry: PlanEntry, index: int, runtime: str, files: dict[str, str]
+    plan_file: PlanFile, entry: PlanEntry, index: int, runtime: str, files: dict[str, str], exporter: str
 ) -> str:
     """The sidecar Markdown file: provenance of the export and what each written file is for."""
     body = [f"# {runtime} export of a planner plan", ""]
-    body += [f"- {line}" for line in summary_lines(plan_file, entry, index)]
+    body += [f"- {line}" for line in summary_lines(plan_file, entry, index, exporter)]
     body += ["", "## Files", ""]
     body += [f"- `{name}`: {what}" for name, what in files.items()]
     return "\n".join(body) + "\n"

@@ -28,10 +28,10 @@ from planner.export.common import (
     check_moe_mechanisms,
     comment_block,
     provenance_readme,
-    replan_for,
     require_model,
     select_plan,
     summary_lines,
+    check_rules,
     uniform_recompute,
 )
 from planner.export.torch_pp import module_source
@@ -56,7 +56,7 @@ def export_deepspeed(plan_file: PlanFile, index: int = 0) -> Files:
         files[MODULE_FILE] = _module_file(plan_file, entry, index, spec)
         described[MODULE_FILE] = ("`build_pipeline_module()`: the model as a DeepSpeed PipelineModule cut at "
                                   "the planned stage boundaries")
-    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "DeepSpeed", described)
+    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "DeepSpeed", described, RUNTIME)
     return files
 
 
@@ -110,22 +110,9 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
                           "write for DeepSpeed's pipeline engine: its PipelineModule layers are dense, and "
                           "DeepSpeed's MoE layer (deepspeed.moe.layer.MoE) returns an auxiliary loss per layer "
                           "that the engine's last-stage loss function does not collect")
-    if entry.pp > 1 and (entry.schedule != "1f1b" or entry.vpp != 1):
-        raise ExportError(
-            f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by DeepSpeed, whose "
-            "pipeline engine runs its own 1F1B-like TrainSchedule with one stage per rank; "
-            f"{replan_for(RUNTIME)}")
-    if entry.pp > 1 and entry.zero_stage >= 2:
-        raise ExportError(f"{RUNTIME}: ZeRO-{entry.zero_stage} with pipeline parallelism (pp={entry.pp}); "
-                          f"DeepSpeed's pipeline engine allows ZeRO stage 0 or 1 only; {replan_for(RUNTIME)}")
-    if entry.tp > 1 or entry.cp > 1:
-        raise ExportError(f"{RUNTIME}: tensor / context parallelism (tp={entry.tp}, cp={entry.cp}) needs "
-                          f"Megatron-DeepSpeed, not DeepSpeed's PipelineModule; {replan_for(RUNTIME)}")
+    check_rules(entry, RUNTIME)
     if entry.dtype not in ("bf16", "fp16", "fp32"):
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not exported (bf16, fp16, fp32)")
-    if uniform_recompute(entry, RUNTIME) == "selective":
-        raise ExportError(f"{RUNTIME}: selective recompute has no DeepSpeed equivalent (its pipeline "
-                          f"recomputes whole layers); {replan_for(RUNTIME)}")
 
 
 def _module_file(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec) -> str:
@@ -146,7 +133,7 @@ Layer list: [embedding, block 0 .. block {spec.num_layers - 1}, {"final norm, ti
 
 from __future__ import annotations
 
-{comment_block(summary_lines(plan_file, entry, index)).rstrip()}
+{comment_block(summary_lines(plan_file, entry, index, RUNTIME)).rstrip()}
 
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 

@@ -29,11 +29,12 @@ from planner.export.common import (
     select_plan,
     stage_sizes,
     summary_lines,
+    check_rules,
     uniform_recompute,
 )
 from planner.hints import planner_command
 from planner.plan import PlanEntry, PlanFile
-from planner.schedule.registry import interleave_rounds
+from planner.schedule.generators import interleave_rounds
 from planner.spec import ModelSpec
 
 RUNTIME = "megatron"
@@ -73,7 +74,7 @@ def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
     check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     groups = megatron_arguments(entry, spec)
-    header = comment_block(summary_lines(plan_file, entry, index))
+    header = comment_block(summary_lines(plan_file, entry, index, RUNTIME))
     files = {
         ARGS_FILE: _args_file(groups, header),
         LAUNCH_FILE: _launch_file(plan_file, entry, header),
@@ -81,7 +82,7 @@ def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
     files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "Megatron-LM", {
         ARGS_FILE: "the Megatron-LM arguments as bash arrays (source it; MEGATRON_ARGS holds all)",
         LAUNCH_FILE: "torchrun launch of Megatron-LM's pretrain_gpt.py with those arguments",
-    })
+    }, RUNTIME)
     return files
 
 
@@ -203,11 +204,9 @@ def _check_schedule(entry: PlanEntry) -> None:
                 f"{replan_for(RUNTIME)}"
             )
         return
-    raise ExportError(
-        f"{RUNTIME}: schedule '{entry.schedule}' (vpp={entry.vpp}) is not run by Megatron-LM, which "
-        "runs 1F1B (vpp=1) and interleaved 1F1B (vpp>=2) only (no GPipe, looped BFS, ZB-H1/H2, "
-        f"ZB-V or DualPipeV); {replan_for(RUNTIME)}"
-    )
+    check_rules(entry, RUNTIME)
+    raise ExportError(f"{RUNTIME}: schedule '{entry.schedule}' with vpp={entry.vpp}: Megatron-LM runs 1F1B with "
+                      f"vpp=1 and interleaved 1F1B with vpp>=2; {replan_for(RUNTIME)}")
 
 
 def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:

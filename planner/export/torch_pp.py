@@ -23,6 +23,7 @@ from planner.export.common import (
     PROVENANCE_FILE,
     Files,
     check_attention_kernel,
+    check_rules,
     check_moe_mechanisms,
     comment_block,
     provenance_readme,
@@ -31,7 +32,8 @@ from planner.export.common import (
     select_plan,
     summary_lines,
 )
-from planner.plan import PlanEntry, PlanFile, virtual_stage
+from planner.plan import PlanEntry, PlanFile
+from planner.schedule.registry import virtual_stage
 from planner.spec import ModelSpec
 
 RUNTIME = "torch"
@@ -51,7 +53,7 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
     _check(entry, spec)
     torch_schedule, csv_text = _schedule(entry)
     plan = script_plan(entry, torch_schedule, CSV_FILE if torch_schedule is None else None)
-    script = render_script(spec, plan, summary_lines(plan_file, entry, index))
+    script = render_script(spec, plan, summary_lines(plan_file, entry, index, RUNTIME))
     files = {SCRIPT_FILE: script}
     described = {SCRIPT_FILE: f"the training script: `torchrun --nproc-per-node {entry.num_gpus} "
                               f"{SCRIPT_FILE}` (add `--device cuda --backend nccl` on GPUs); "
@@ -60,7 +62,7 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
         files[CSV_FILE] = csv_text
         described[CSV_FILE] = ("the planned per-rank action order (torch compute-only CSV), run with "
                                f"`--schedule-csv {CSV_FILE}`" + (" (the default here)" if torch_schedule is None else ""))
-    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torch.distributed.pipelining", described)
+    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torch.distributed.pipelining", described, RUNTIME)
     return files
 
 
@@ -132,9 +134,7 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
         _check_moe(entry, spec)
     elif entry.ep > 1:
         raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
-    if entry.cp > 1:
-        raise ExportError(f"{RUNTIME}: context parallelism (cp={entry.cp}) is not in the exported script; "
-                          f"{replan_for(RUNTIME)}")
+    check_rules(entry, RUNTIME)
     if entry.dtype not in DTYPES:
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not supported here (use one of {DTYPES})")
     if entry.tp > 1:

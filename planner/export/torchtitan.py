@@ -77,7 +77,7 @@ def export_torchtitan(plan_file: PlanFile, index: int = 0) -> Files:
 
         files[CSV_FILE] = to_csv(generate(entry.schedule, entry.pp, entry.num_microbatches, entry.vpp))
         described[CSV_FILE] = "the planned per-rank action order (torch compute-only CSV) the recipe names"
-    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torchtitan", described)
+    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torchtitan", described, RUNTIME)
     return files
 
 
@@ -246,7 +246,7 @@ checkpointing come from torchtitan's stock llama3_8b recipe; override them on th
 line (e.g. --hf_assets_path, --dataloader.dataset) or below.
 """
 
-{comment_block(summary_lines(plan_file, entry, index)).rstrip()}
+{comment_block(summary_lines(plan_file, entry, index, RUNTIME)).rstrip()}
 
 from functools import partial
 

@@ -39,8 +39,8 @@ from typing import Any
 
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.model import CostModel
-from planner.cost.moe import imbalance_of, moe_gemms
-from planner.cost.shapes import Gemm, Shard
+from planner.cost.moe import imbalance_of
+from planner.cost.shapes import Gemm, Shard, moe_gemms
 
 SLEEP_S = 0.2
 """Seconds the queued sleep kernel holds the GPU: far longer than the host takes to issue one
@@ -93,7 +93,7 @@ def shapes_of(model: CostModel, shard: Shard) -> ExpertShapes:
     spec = model.spec
     if not spec.is_moe:
         raise ValueError(f"{spec.name} has no routed experts")
-    imbalance = imbalance_of(spec, shard, model.options.moe_imbalance)
+    imbalance = imbalance_of(spec, shard, model.options.moe.moe_imbalance)
     up = next(g for g in moe_gemms(spec, shard, imbalance) if g.name == "expert_up")
     etp = shard.etp or shard.tp
     return ExpertShapes(experts=up.count, tokens_per_expert=up.m, hidden=spec.hidden_size,

@@ -30,35 +30,30 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.compute import AttentionImpl
-from planner.cost.grad_accum import WgradAccumulation
-from planner.cost.memory import ActivationStorage, CrossEntropy, RecomputeModule, SelectivePolicy
-from planner.cost.model import CostModel, CostOptions, CpComm, P2pMode
-from planner.cost.moe import MoeDispatcher
-from planner.cost.shapes import LossPasses, model_flops_per_token
-from planner.cost.step import OptimizerKernels
-from planner.cost.tp_backward import TpBackward
+from planner.catalog import resolve_gpu
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
-from planner.layout import Layout, check_layout, even_stage_layers, stage_layers_from_counts
+from planner.api import layout_of
+from planner.job import build as build_job
+from planner.job import cost_options as job_cost_options
+from planner.layout import Layout, check_layout
 from planner.predict import Prediction, predict
-from planner.spec import Cluster, ModelSpec, validation_message
-from planner.units import GiB, MiB
+from planner.request import Request
+from planner.runtimes import resolve as resolve_runtime
+from planner.spec import ModelSpec, validation_message
+from planner.units import GiB
 
 TableT = TypeVar("TableT", bound=BaseModel)
 
 Convention = Literal["palm", "megatron_hfu"]
-Precision = Literal["bf16", "fp16"]
-GemmPrecision = Literal["bf16", "fp8"]
 MemoryKind = Literal["device", "reserved"]
-Runtime = Literal["megatron-lm", "megatron-deepspeed", "nemo", "torchtitan", "composer", "meta-internal",
-                  "hai-llm"]
 STEP_ERROR_GOAL = 0.10
-"""Issue 12's goal: mean |step-time error| at most 10% over the published set."""
+"""The goal: mean |step-time error| at most 10% over the published set."""
 
 
 class PublishedRun(BaseModel):
@@ -70,7 +65,12 @@ class PublishedRun(BaseModel):
     source_id: str = Field(pattern=r"^[a-z0-9][a-z0-9\-]*$")
     """The publication the run comes from; errors are summarised per source."""
     year: int = Field(ge=2019, le=2030)
-    runtime: Runtime
+    runtime: str
+    """The runtime version the run ran on, NAME@VERSION (`planner runtimes`)."""
+    settings: dict[str, Any] = {}
+    """Cost options where the run departs from its runtime version, as `--set NAME=VALUE`
+    takes them: only what the source documents (or, where it is silent, the runtime's
+    documented default it ran with)."""
     held_out: bool = False
     """Checked, never tuned on: every third run of each source in file order."""
     model: str
@@ -95,88 +95,8 @@ class PublishedRun(BaseModel):
     """Expert-parallel degree (MoE runs)."""
     etp: int | None = Field(default=None, ge=1)
     """Expert tensor-parallel degree (MoE runs; Megatron's default, TP, when absent)."""
-    gemm_precision: GemmPrecision = "bf16"
-    """GEMM precision of the linear layers (CostOptions.precision): "fp8" for FP8 training."""
     global_batch: int = Field(gt=0)
     seq: int = Field(gt=0)
-    attention: AttentionImpl
-    """The attention kernel the run used; "unfused" is Megatron's pre-2023 path (QK^T GEMM,
-    fused scale-mask-softmax, dropout, AV GEMM), which keeps the b·a·s² scores."""
-    precision: Precision
-    dropout: bool = False
-    """Attention and hidden dropout on (Megatron-LM's GPT default 0.1 before 2023)."""
-    flash_attention: bool | None = None
-    """Legacy field; when given it must agree with `attention` (flash = not "unfused")."""
-    overlap_grad_reduce: bool
-    overlap_param_gather: bool
-    tp_comm_overlap: float = Field(ge=0, le=1)
-    tp_backward_overlap: TpBackward = "none"
-    """How the backward's TP collectives run (CostOptions): "async" for Megatron-LM since
-    2021-09 and Transformer Engine's linears, "async_delayed_wgrad" with --delay-wgrad-compute;
-    "none" (every collective exposed) where the runtime has no such path or it is unknown."""
-    grad_reduce_bytes: int = Field(ge=2, le=4)
-    elementwise_traffic: float = Field(default=1.0, ge=1.0)
-    """Memory-bound traffic relative to fused kernels (CostOptions): 3.3 for eager PyTorch."""
-    cp_comm: CpComm = "ring"
-    """How context parallelism moves K and V (CostOptions): Llama 3's is "all_gather"."""
-    selective_policy: SelectivePolicy = "core_attention"
-    """What `selective` recompute runs (CostOptions): torchtitan's per-op SAC is "every_other_matmul"."""
-    p2p_mode: P2pMode = "overlapped"
-    """How pipeline sends and receives run (CostOptions): "blocking" for Megatron-LM's
-    batch_isend_irecv + synchronize, "deepspeed" for DeepSpeed's PipelineEngine."""
-    bf16_optimizer: bool = False
-    """DeepSpeed's BF16_Optimizer (CostOptions): bf16 grads kept beside fp32 ones, the flat fp32
-    grads all-reduced cast to the communication dtype (`grad_reduce_bytes`; bf16 by default)."""
-    launch_blocking: bool = False
-    """CUDA_LAUNCH_BLOCKING=1 (CostOptions): host and GPU time add up per kernel."""
-    cuda_context_mib: float | None = Field(default=None, gt=0)
-    """The CUDA context's device memory as the source measured it on its own stack (MiB,
-    CostOptions.cuda_context_bytes); the cost model's default when absent."""
-    optimizer_kernels: OptimizerKernels = "fused"
-    """The Adam step and gradient clipping (CostOptions): torchtitan's default torch AdamW is "foreach"."""
-    fsdp2: bool = False
-    """ZeRO-3 runs as FSDP2 (CostOptions): torchtitan's fully_shard."""
-    fsdp1_grad_cat: bool = False
-    """ZeRO-3 runs as FSDP1 with its flat gradient assembled by split's backward (CostOptions): composer."""
-    sp_seq_dim_copies: bool = False
-    """DTensor's sequence parallelism copies each gathered activation between dim 0 and the
-    sequence dim (CostOptions): torchtitan's TP plan."""
-    recompute_early_stop: bool = False
-    """Full recompute stops once the backward's tensors are back (CostOptions): torch's
-    non-reentrant checkpoint, torchtitan's FullAC."""
-    sac_fused_qkv: bool = True
-    """torchtitan's per-op checkpointing sees one qkv matmul (CostOptions); its 2024 Llama ran three."""
-    cross_entropy: CrossEntropy = "fused"
-    """How the loss is computed (CostOptions): torchtitan's eager `cross_entropy(pred.float(), ...)` is "eager_fp32"."""
-    loss_passes: LossPasses = "fused"
-    """The loss's passes over the logits (CostOptions): Megatron-LM's op-by-op
-    `_VocabParallelCrossEntropy` on `logits.float()` is "vocab_parallel_fp32"."""
-    rope_fusion: bool = True
-    """RoPE as one fused kernel (CostOptions); False: megatron-core's op-by-op
-    `apply_rotary_pos_emb_bshd` (NeMo 1.x without `apply_rope_fusion`)."""
-    main_grad_cast: bool = False
-    """Megatron-LM's fp16 optimizer casts 16-bit gradients into fp32 main gradients (CostOptions)."""
-    ddp_grad_copy_passes: int = Field(default=0, ge=0, le=3)
-    """The DDP's read-and-write passes over the gradients around the all-reduce (CostOptions):
-    2 for torch DDP, 3 for Megatron-LM's 2021 local DDP without contiguous buffers."""
-    wgrad_accumulation: WgradAccumulation | None = None
-    """How weight gradients accumulate over micro-batches (CostOptions): "autograd" where the
-    runtime adds each micro-batch's new gradient into `param.grad` (Megatron-LM before 2022).
-    None: the runtime's way (`FUSED_WGRAD_RUNTIMES` accumulate in the GEMM, the others take
-    each micro-batch's new gradient as it comes)."""
-    recompute_modules: list[RecomputeModule] = ["core_attn"]
-    """What `selective` recompute re-runs (CostOptions): Megatron-LM's --recompute-modules;
-    DeepSeek-V3's RMSNorm, MLA up-projection and SwiGLU recompute is layernorm, mla_up_proj, moe_act."""
-    activation_storage: ActivationStorage = "default"
-    """How saved activations are stored (CostOptions): DeepSeek-V3's FP8 / E5M6 caching is "deepseek_fp8"."""
-    parameter_copies: int = Field(default=1, ge=1, le=2)
-    """Copies of the transformer layers' training state a rank keeps (CostOptions): 2 for DualPipe."""
-    moe_dispatcher: MoeDispatcher = "alltoall"
-    """The MoE token dispatcher (CostOptions): "deepep" for Megatron's flex dispatcher on DeepEP."""
-    moe_ep_overlap: bool = False
-    """Megatron's --overlap-moe-expert-parallel-comm, combined 1F1B (CostOptions)."""
-    megatron_moe_ops: bool = False
-    """An MoE block charges the ops Megatron-core's MoE layer launches on DeepEP (CostOptions)."""
     step_time_s: float | None = Field(default=None, gt=0)
     """Published seconds per iteration (one optimizer step over the global batch)."""
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
@@ -203,11 +123,14 @@ class PublishedRun(BaseModel):
         published = (self.step_time_s, self.tokens_per_s_per_gpu, self.tflops_per_gpu, self.mfu)
         if all(p is None for p in published):
             raise ValueError("give at least one of step_time_s, tokens_per_s_per_gpu, tflops_per_gpu, mfu")
-        if self.flash_attention is not None and self.flash_attention != (self.attention != "unfused"):
-            raise ValueError(
-                f"flash_attention = {self.flash_attention} contradicts attention = {self.attention!r}"
-            )
+        job_cost_options(resolve_runtime(self.runtime), None, self.request().options)
         return self
+
+    def request(self) -> Request:
+        """The run as a user asks for it: its cluster, runtime version and settings."""
+        return Request(model=self.model, gpu=self.gpu, num_gpus=self.gpus, global_batch=self.global_batch,
+                       seq=self.seq, gpus_per_node=self.gpus_per_node, intra_node_bw_gbps=self.intra_node_bw_gbps,
+                       inter_node_bw_gbps=self.inter_node_bw_gbps, runtime=self.runtime, options=self.settings)
 
     @property
     def num_microbatches(self) -> int:
@@ -340,83 +263,51 @@ def throughput_as_tokens_per_s_per_gpu(run: PublishedRun, spec: ModelSpec, peak_
     return run.mfu * peak_flops / per_token
 
 
-FUSED_WGRAD_RUNTIMES = ("megatron-lm", "nemo")
-"""Runtimes whose weight-gradient GEMMs accumulate into the main gradient in place (Megatron-LM's
---gradient-accumulation-fusion, on by default since 2022; NeMo's `gradient_accumulation_fusion`),
-unless a run names otherwise."""
-
-
 def cost_options(run: PublishedRun) -> CostOptions:
-    """The CostOptions that describe what the run used: its attention kernel, precision,
-    dropout, overlap flags and runtime behaviours."""
-    return CostOptions(
-        dtype=run.precision,
-        precision=run.gemm_precision,
-        attention=run.attention,
-        dropout=run.dropout,
-        overlap_grad_reduce=run.overlap_grad_reduce,
-        overlap_param_gather=run.overlap_param_gather,
-        tp_comm_overlap=run.tp_comm_overlap,
-        tp_backward_overlap=run.tp_backward_overlap,
-        grad_reduce_bytes=run.grad_reduce_bytes,
-        elementwise_traffic=run.elementwise_traffic,
-        selective_policy=run.selective_policy,
-        cross_entropy=run.cross_entropy,
-        loss_passes=run.loss_passes,
-        rope_fusion=run.rope_fusion,
-        main_grad_cast=run.main_grad_cast,
-        ddp_grad_copy_passes=run.ddp_grad_copy_passes,
-        wgrad_accumulation=run.wgrad_accumulation or (
-            "fused" if run.runtime in FUSED_WGRAD_RUNTIMES else "none"),
-        optimizer_kernels=run.optimizer_kernels,
-        fsdp2=run.fsdp2,
-        fsdp1_grad_cat=run.fsdp1_grad_cat,
-        sac_fused_qkv=run.sac_fused_qkv,
-        sp_seq_dim_copies=run.sp_seq_dim_copies,
-        recompute_early_stop=run.recompute_early_stop,
-        cp_comm=run.cp_comm,
-        p2p_mode=run.p2p_mode,
-        bf16_optimizer=run.bf16_optimizer,
-        launch_blocking=run.launch_blocking,
-        recompute_modules=tuple(run.recompute_modules),
-        activation_storage=run.activation_storage,
-        parameter_copies=run.parameter_copies,
-        moe_dispatcher=run.moe_dispatcher,
-        moe_ep_overlap=run.moe_ep_overlap,
-        megatron_moe_ops=run.megatron_moe_ops,
-        **({} if run.cuda_context_mib is None else {"cuda_context_bytes": run.cuda_context_mib * MiB}),
-    )
+    """The cost options the run is priced with: its runtime version's, with its settings."""
+    return job_cost_options(resolve_runtime(run.runtime), resolve_gpu(run.gpu), run.request().options)
+
+
+def layout_fields(run: PublishedRun) -> dict:
+    """The run's layout as `planner.api.layout_of` (and `planner evaluate`'s flags) take it."""
+    return {"tp": run.tp, "pp": run.pp, "cp": run.cp, "vpp": run.vpp, "mbs": run.mbs, "schedule": run.schedule,
+            "recompute": run.recompute, "sequence_parallel": run.sequence_parallel, "zero": run.zero_stage,
+            "ep": run.ep, "etp": run.etp, "stage_layers": run.stage_layers}
+
+
+def evaluate_command(run: PublishedRun) -> list[str]:
+    """The `planner evaluate` command line that predicts the run."""
+    request, fields = run.request(), layout_fields(run)
+    words = ["planner", "evaluate", *request.cluster_flags()]
+    for name in ("tp", "pp", "cp", "vpp", "mbs"):
+        words += [f"--{name}", str(fields[name])]
+    words += ["--schedule", run.schedule, "--recompute", run.recompute, "--zero", str(run.zero_stage),
+              "--sp" if run.sequence_parallel else "--no-sp"]
+    if run.ep > 1:
+        words += ["--ep", str(run.ep)]
+    if run.etp is not None:
+        words += ["--etp", str(run.etp)]
+    if run.stage_layers is not None:
+        words += ["--stage-layers", ",".join(map(str, run.stage_layers))]
+    return words + request.option_flags()
 
 
 def build(run: PublishedRun) -> tuple[CostModel, Layout]:
-    """The cost model and layout a run describes (LayoutError if they cannot exist)."""
-    spec = resolve_model(run.model)
-    cluster = Cluster.of(
-        resolve_gpu(run.gpu),
-        run.gpus,
-        gpus_per_node=run.gpus_per_node,
-        intra_node_bw_gbps=run.intra_node_bw_gbps,
-        inter_node_bw_gbps=run.inter_node_bw_gbps,
-    )
-    if run.stage_layers is None:
-        cuts = even_stage_layers(spec.num_layers, run.pp, run.vpp, run.schedule)
-    else:
-        cuts = stage_layers_from_counts(run.stage_layers, spec.num_layers, run.pp, run.vpp, run.schedule)
-    layout = Layout(
-        tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, vpp=run.vpp, mbs=run.mbs,
-        num_microbatches=run.num_microbatches, schedule=run.schedule,
-        recompute=(run.recompute,) * run.pp, sequence_parallel=run.sequence_parallel and run.tp > 1,
-        zero_stage=run.zero_stage, stage_layers=cuts, ep=run.ep, etp=run.etp,
-    )
-    check_layout(layout, spec, cluster, run.global_batch, run.seq)
-    return CostModel(spec, cluster, cost_options(run)), layout
+    """The cost model and layout a run describes, as `planner evaluate` builds them from
+    `evaluate_command` (LayoutError if they cannot exist)."""
+    request = run.request()
+    job = build_job(request)
+    layout = layout_of(job.spec, request, **layout_fields(run))
+    check_layout(layout, job.spec, job.cluster, run.global_batch, run.seq)
+    return job.cost_model, layout
 
 
 def evaluate_run(run: PublishedRun) -> RunResult:
-    """Predict one published run and compare it with what was published."""
+    """Predict one published run through `planner evaluate`'s path and compare it with what
+    was published."""
     model, layout = build(run)
     prediction = predict(model, layout, run.global_batch, run.seq)
-    peak = model.cluster.gpu.peak_flops(model.options.dtype)
+    peak = model.cluster.gpu.peak_flops(model.options.kernels.dtype)
     published = published_tokens_per_s_per_gpu(run, model.spec, peak)
     palm = model_flops_per_token(model.spec, run.seq)
     return RunResult(

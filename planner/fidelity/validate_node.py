@@ -37,7 +37,8 @@ from pathlib import Path
 
 from planner.catalog import resolve_model
 from planner.cost import memory
-from planner.plan import PlanEntry, PlanFile, parse_plan_file, virtual_stage
+from planner.plan import PlanEntry, PlanFile, parse_plan_file
+from planner.schedule.registry import virtual_stage
 from planner.spec import ModelSpec
 from planner.units import GiB
 
@@ -186,8 +187,8 @@ def commands(request: NodeRequest) -> dict[str, list[str]]:
         "plan": [py, "-m", "planner", "plan", "--model", request.model, "--gpus", n, "--gpus-per-node", n,
                  "--gpu", request.gpu, "--global-batch", str(request.global_batch), "--seq", str(request.seq),
                  "--tp", tps, "--mbs", request.mbs, "--runtime", "torch", "--profile", str(profile),
-                 *request.plan_args, "--json", "-o", str(plan)],
-        "export": [py, "-m", "planner", "export", str(plan), "--to", "torch", "-o", str(export)],
+                 *request.plan_args, "--json", "-o", str(plan), "--force"],
+        "export": [py, "-m", "planner", "export", str(plan), "--to", "torch", "-o", str(export), "--force"],
         "run": [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n,
                 str(export / "train_pipeline.py"), "--device", request.device, "--dtype", request.dtype,
                 "--steps", str(request.steps), "--report", str(work / "report")],

@@ -53,7 +53,7 @@ Pure computation: `load_rows` and `load_pass_times` are the only functions that 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -68,7 +68,7 @@ from planner.layout import Layout, check_layout, stage_layers_from_counts
 from planner.pipeline import stage_costs
 from planner.predict import chunk_costs, predict
 from planner.schedule import auto_zero_bubble, compile_order, simulate
-from planner.search.runtimes import runtime_cost_options
+from planner.job import runtime_cost_options
 from planner.spec import Cluster, ModelSpec
 
 PaperSchedule = Literal["1F1B", "1F1B-I", "ZB-1p", "ZB-2p", "ZB-2p*", "ZB-V"]
@@ -279,8 +279,8 @@ def build(row: ZbRow) -> tuple[CostModel, Layout]:
     layout = Layout(tp=1, pp=row.gpus, dp=1, vpp=vpp, mbs=row.mbs, num_microbatches=row.microbatches,
                     schedule=schedule, recompute=("none",) * row.gpus, zero_stage=0, stage_layers=cuts)
     check_layout(layout, spec, cluster, row.global_batch, row.seq)
-    options = replace(runtime_cost_options("megatron", gpu, attention="unfused"), dtype="fp16", dropout=True,
-                      **({"p2p_mode": ZB_P2P_MODE} if row.schedule in ZB_RUNTIME else {}))
+    options = runtime_cost_options("megatron", gpu, attention="unfused").with_fields(
+        dtype="fp16", dropout=True, **({"p2p_mode": ZB_P2P_MODE} if row.schedule in ZB_RUNTIME else {}))
     return CostModel(spec, cluster, options), layout
 
 

@@ -1,20 +1,18 @@
 """Reading and writing profile files: the only code that touches them.
 
-`save` writes atomically (a temporary file in the same directory, flushed to disk, then
-renamed over the target with os.replace), so a profile interrupted at any moment is either
-the previous complete file or the new one, never a torn write.
+`save` writes atomically (planner.output.write_atomic), so a profile interrupted at any
+moment is either the previous complete file or the new one, never a torn write.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from planner.errors import ConfigError
+from planner.output import write_atomic
 from planner.profile.schema import Profile
 from planner.spec import validation_message
 
@@ -39,17 +37,4 @@ def save(path: Path, profile: Profile) -> None:
     """Write `profile` to `path` atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = profile.model_dump_json(indent=1) + "\n"
-    umask = os.umask(0)
-    os.umask(umask)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~umask)  # not mkstemp's private 0600
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, profile.model_dump_json(indent=1) + "\n", what="profile")

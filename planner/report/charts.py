@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 
+from planner.plan import time_part_name
 from planner.report import require_plotly
 from planner.report.data import PlanFigures
 from planner.units import GiB
 
 KIND_STYLE = {
-    "idle": ("idle (bubble)", "#e6e6e6"),
+    "idle": ("idle", "#e6e6e6"),
     "F": ("F forward", "#4c78a8"),
     "B": ("B full backward", "#f58518"),
     "I": ("I input-grad backward", "#e45756"),
@@ -106,7 +107,7 @@ def breakdown_figure(time_breakdown_s: dict[str, float], title: str):
     """Where the step time goes: one bar per `time_breakdown_s` term, seconds and share."""
     go = _go()
     total = sum(time_breakdown_s.values()) or 1.0
-    names = [name.replace("_", " ") for name in time_breakdown_s]
+    names = [time_part_name(name) for name in time_breakdown_s]
     seconds = list(time_breakdown_s.values())
     fig = go.Figure(go.Bar(x=seconds, y=names, orientation="h", marker_color="#4c78a8",
                            text=[f"{s:.3f} s ({s / total:.1%})" for s in seconds], textposition="auto",

@@ -98,7 +98,7 @@ def _idle(compute: list[Bar], pp: int) -> list[Bar]:
         clock = 0.0
         for bar in sorted((b for b in compute if b.rank == rank), key=lambda b: b.start_s):
             if bar.start_s > clock + 1e-12:
-                bars.append(Bar(rank=rank, kind="idle", start_s=clock, end_s=bar.start_s, label="idle (bubble)"))
+                bars.append(Bar(rank=rank, kind="idle", start_s=clock, end_s=bar.start_s, label="idle"))
             clock = max(clock, bar.end_s)
     return bars
 

@@ -22,14 +22,16 @@ from planner.schedule.auto_zb import auto_zero_bubble
 from planner.schedule.closed_form import bubble_closed_form, zb_h1_idle_time
 from planner.schedule.comms import add_send_recv, check_send_recv, compute_only
 from planner.schedule.costs import StageCosts
-from planner.schedule.generators import generate
+from planner.schedule.exchanges import ExchangeProgram
 from planner.schedule.registry import (
     SCHEDULES,
     TORCH_SCHEDULE_CLASS,
     ScheduleInfo,
     check_shape,
+    generate,
     head_rank,
     schedule_info,
+    virtual_stage,
 )
 from planner.schedule.simulate import (
     CompiledSchedule,
@@ -50,6 +52,7 @@ __all__ = [
     "Action",
     "ActionType",
     "CompiledSchedule",
+    "ExchangeProgram",
     "OrderInfo",
     "PipelineOrder",
     "ScheduleInfo",
@@ -77,5 +80,6 @@ __all__ = [
     "simulate",
     "stage_to_rank",
     "to_csv",
+    "virtual_stage",
     "zb_h1_idle_time",
 ]

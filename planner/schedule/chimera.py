@@ -20,13 +20,12 @@ tie.
 from __future__ import annotations
 
 from planner.schedule.actions import B, F, Action, PipelineOrder
+from planner.schedule.generators import one_f_one_b
 
 
 def _one_f_one_b_starts(pp: int, num_microbatches: int) -> dict[Action, float]:
     """Start time of each action of 1F1B on `pp` ranks with forward = backward = 1 and no
     transfer time (M < P allowed: the warm-up is min(P-1-r, M) forwards)."""
-    from planner.schedule.generators import one_f_one_b  # generators dispatches to this module
-
     order = one_f_one_b(pp, num_microbatches)
     end: dict[Action, float] = {}
     start: dict[Action, float] = {}

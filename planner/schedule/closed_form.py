@@ -34,7 +34,8 @@ zb_h1 with V >= 2 and M < P has no closed form here: it is computed by simulatin
 from __future__ import annotations
 
 from planner.schedule.costs import StageCosts
-from planner.schedule.registry import check_shape, interleave_rounds
+from planner.schedule.generators import interleave_rounds
+from planner.schedule.registry import check_shape
 from planner.schedule.simulate import compile_schedule, simulate
 
 

@@ -1,19 +1,25 @@
-"""One pure function per schedule: (P, M, V) -> each rank's compute actions, in order.
+"""The order of each looped schedule: (P, M, V) -> each rank's compute actions, in order.
 
 The orders equal those torch.distributed.pipelining executes for the same schedule (tested
 against torch in tests/schedule/test_torch_parity.py); zb_h2 has no torch class and follows
-the paper's hand-crafted schedule. `generate(name, pp, M, vpp)` checks the shape and
-dispatches. Actions carry global virtual-stage ids: with the looped placement chunk c of
-rank r is stage c*P + r.
+the paper's hand-crafted schedule. Actions carry global virtual-stage ids: with the looped
+placement chunk c of rank r is stage c*P + r. The V-shaped schedules are in v_schedules.py,
+chimera.py and seq1f1b.py; `registry.generate` picks a schedule's generator by name.
 """
 
 from __future__ import annotations
 
 from planner.schedule.actions import B, F, I, W, Action, ActionType, PipelineOrder
-from planner.schedule.registry import check_shape, interleave_rounds
-from planner.schedule.chimera import chimera
-from planner.schedule.seq1f1b import seq1f1b
-from planner.schedule.v_schedules import dualpipev, zbv
+
+
+def interleave_rounds(pp: int, num_microbatches: int) -> tuple[int, int]:
+    """(rounds, micro-batches per round) of torch's interleaved schedules.
+
+    torch relaxes Megatron's "M multiple of P": micro-batches go through the chunks in
+    rounds = max(1, M // P) groups of M / rounds, which needs M % rounds == 0.
+    """
+    rounds = max(1, num_microbatches // pp)
+    return rounds, num_microbatches // rounds
 
 
 def gpipe(pp: int, num_microbatches: int) -> PipelineOrder:
@@ -172,32 +178,3 @@ def zb_h2(pp: int, num_microbatches: int) -> PipelineOrder:
         out += [Action(r, W, k) for k in range(w, m)]
         order[r] = out
     return order
-
-
-def generate(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> PipelineOrder:
-    """Per-rank compute actions of schedule `name` for P=`pp`, M, V=`vpp` (checked first);
-    seq1f1b cuts each micro-batch into `segments` units (micro-batch index m*k + j).
-
-    Raises ScheduleError for an unknown name or a shape the schedule does not define.
-    """
-    check_shape(name, pp, num_microbatches, vpp, segments)
-    if name == "chimera":
-        return chimera(pp, num_microbatches)
-    if name == "seq1f1b":
-        return seq1f1b(pp, num_microbatches, segments)
-    if name == "gpipe":
-        return gpipe(pp, num_microbatches)
-    if name == "1f1b":
-        return one_f_one_b(pp, num_microbatches)
-    if name == "interleaved_1f1b":
-        return interleaved_1f1b(pp, num_microbatches, vpp)
-    if name == "looped_bfs":
-        return looped_bfs(pp, num_microbatches, vpp)
-    if name == "zb_h1":
-        return zb_h1(pp, num_microbatches, vpp)
-    if name == "zb_h2":
-        return zb_h2(pp, num_microbatches)
-    if name == "zbv":
-        return zbv(pp, num_microbatches)
-    assert name == "dualpipev", name
-    return dualpipev(pp, num_microbatches)

@@ -1,24 +1,43 @@
-"""The schedule table: placement, backward split, allowed V, shape rules and torch's names.
+"""The schedule table: one record per schedule name of the DESIGN contract (its generator,
+placement, backward split, allowed V, how it pipelines, whether a runtime runs it, torch's
+name for it), the shape rules, and `generate`, which picks the generator by name.
 
-One row per schedule name of the DESIGN contract. `TORCH_SCHEDULE_CLASS` maps each name to the
-key `torch.distributed.pipelining.schedules.get_schedule_class` accepts (None where torch has
-no class; such schedules run in torch from the CSV of `actions.to_csv`).
+`TORCH_SCHEDULE_CLASS` maps each name to the key `torch.distributed.pipelining.schedules.
+get_schedule_class` accepts (None where torch has no class; such schedules run in torch from
+the CSV of `actions.to_csv`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import stage_to_rank
+from planner.schedule.actions import PipelineOrder, stage_to_rank
+from planner.schedule.chimera import chimera
+from planner.schedule.generators import (
+    gpipe,
+    interleave_rounds,
+    interleaved_1f1b,
+    looped_bfs,
+    one_f_one_b,
+    zb_h1,
+    zb_h2,
+)
+from planner.schedule.seq1f1b import seq1f1b
+from planner.schedule.v_schedules import dualpipev, zbv
+
+ScheduleGenerator = Callable[[int, int, int, int], PipelineOrder]
+"""(P, M, V, segments) -> each rank's compute actions, for a shape `check_shape` accepts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleInfo:
-    """What a schedule needs and how it lays stages out."""
+    """What a schedule needs, how it lays stages out and pipelines, and how to generate it."""
 
     name: str
+    generator: ScheduleGenerator
     placement: str
     """"loop" (stage s on rank s % P) or "v" (rank r holds stages r and 2P-1-r)."""
     split_backward: bool
@@ -32,6 +51,24 @@ class ScheduleInfo:
     searched_by_default: bool = True
     """Whether `planner plan` compares it without `--schedules` naming it (every schedule is
     searched when named)."""
+    segmented: bool = False
+    """Its pipelined unit is a sequence segment: it takes `segments` k >= 1 per micro-batch."""
+    bidirectional: bool = False
+    """Two pipelines in opposite directions over the same ranks, each holding a replica of the
+    model: stage P starts the second one (`pipeline_starts`), and its 2P virtual stages are
+    the model's P stages twice (down, then up)."""
+    paired: bool = False
+    """Runs one micro-batch's forward beside another's backward on the same rank and overlaps
+    each one's MoE all-to-all with the other's compute (DeepSeek-V3 report, section 3.2.1:
+    DualPipe's computation-communication overlap)."""
+    simulated_only: str | None = None
+    """Why no runtime the planner exports to runs it (`planner plan` searches it and `planner
+    simulate` draws it, every exporter refuses it); None: some runtime does."""
+
+    @property
+    def v_shaped(self) -> bool:
+        """Whether its two chunks per rank sit at stages r and 2P-1-r (a V), not r and r+P."""
+        return self.placement == "v"
 
     def allows_vpp(self, vpp: int) -> bool:
         """Whether `vpp` chunks per rank is defined for this schedule."""
@@ -47,31 +84,47 @@ class ScheduleInfo:
 SCHEDULES: dict[str, ScheduleInfo] = {
     info.name: info
     for info in (
-        ScheduleInfo(name="gpipe", placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
+        ScheduleInfo(name="gpipe", generator=lambda pp, m, vpp, k: gpipe(pp, m),
+                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
                      torch_name="GPipe", source="Huang et al. 2019, GPipe (fill-drain)"),
-        ScheduleInfo(name="1f1b", placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
+        ScheduleInfo(name="1f1b", generator=lambda pp, m, vpp, k: one_f_one_b(pp, m),
+                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
                      torch_name="1F1B", source="Fan et al. 2021, DAPPLE / PipeDream-flush"),
-        ScheduleInfo(name="interleaved_1f1b", placement="loop", split_backward=False, min_vpp=2,
+        ScheduleInfo(name="interleaved_1f1b", generator=lambda pp, m, vpp, k: interleaved_1f1b(pp, m, vpp),
+                     placement="loop", split_backward=False, min_vpp=2,
                      max_vpp=None, torch_name="Interleaved1F1B",
                      source="Narayanan et al. 2021, Megatron-LM interleaved schedule"),
-        ScheduleInfo(name="looped_bfs", placement="loop", split_backward=False, min_vpp=1,
+        ScheduleInfo(name="looped_bfs", generator=lambda pp, m, vpp, k: looped_bfs(pp, m, vpp),
+                     placement="loop", split_backward=False, min_vpp=1,
                      max_vpp=None, torch_name="LoopedBFS",
                      source="Lamy-Poirier 2023, Breadth-First Pipeline Parallelism"),
-        ScheduleInfo(name="zb_h1", placement="loop", split_backward=True, min_vpp=1, max_vpp=None,
+        ScheduleInfo(name="zb_h1", generator=lambda pp, m, vpp, k: zb_h1(pp, m, vpp),
+                     placement="loop", split_backward=True, min_vpp=1, max_vpp=None,
                      torch_name="InterleavedZeroBubble",
                      source="Qi et al. 2024, Zero Bubble PP, ZB-H1 (V=1); torch's interleaved ZB1P (V>=2)"),
-        ScheduleInfo(name="zb_h2", placement="loop", split_backward=True, min_vpp=1, max_vpp=1,
+        ScheduleInfo(name="zb_h2", generator=lambda pp, m, vpp, k: zb_h2(pp, m),
+                     placement="loop", split_backward=True, min_vpp=1, max_vpp=1,
                      torch_name=None, source="Qi et al. 2024, Zero Bubble PP, ZB-H2"),
-        ScheduleInfo(name="zbv", placement="v", split_backward=True, min_vpp=2, max_vpp=2,
+        ScheduleInfo(name="zbv", generator=lambda pp, m, vpp, k: zbv(pp, m),
+                     placement="v", split_backward=True, min_vpp=2, max_vpp=2,
                      torch_name="ZBVZeroBubble", source="Qi et al. 2024, Zero Bubble PP, ZB-V"),
-        ScheduleInfo(name="dualpipev", placement="v", split_backward=True, min_vpp=2, max_vpp=2,
+        ScheduleInfo(name="dualpipev", generator=lambda pp, m, vpp, k: dualpipev(pp, m),
+                     placement="v", split_backward=True, min_vpp=2, max_vpp=2, paired=True,
                      torch_name="DualPipeV", source="DeepSeek-AI 2024, DualPipe (V variant)"),
-        ScheduleInfo(name="chimera", placement="v", split_backward=False, min_vpp=2, max_vpp=2,
+        ScheduleInfo(name="chimera", generator=lambda pp, m, vpp, k: chimera(pp, m),
+                     placement="v", split_backward=False, min_vpp=2, max_vpp=2, bidirectional=True,
                      torch_name=None, searched_by_default=False,
-                     source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)"),
-        ScheduleInfo(name="seq1f1b", placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
+                     source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)",
+                     simulated_only="two pipelines in opposite directions, each rank holding two weight "
+                                    "replicas (torch's schedule CSV would chain stage P-1 into stage P as "
+                                    "one V pipeline)"),
+        ScheduleInfo(name="seq1f1b", generator=lambda pp, m, vpp, k: seq1f1b(pp, m, k),
+                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1, segmented=True,
                      torch_name=None, searched_by_default=False,
-                     source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488"),
+                     source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488",
+                     simulated_only="sequence segments as the pipelined unit, attending to earlier "
+                                    "segments' keys and values (torch's schedule CSV would run each "
+                                    "segment as a whole micro-batch)"),
     )
 }
 
@@ -79,14 +132,10 @@ TORCH_SCHEDULE_CLASS: dict[str, str | None] = {name: info.torch_name for name, i
 """Our schedule name -> torch `get_schedule_class` key (None: no torch class, use the CSV)."""
 
 
-SEGMENTED = frozenset({"seq1f1b"})
-"""Schedules whose pipelined unit is a sequence segment (they take `segments` k >= 1)."""
-
-
 def pipeline_starts(name: str, pp: int, vpp: int) -> frozenset[int]:
-    """Stages other than 0 where schedule `name` starts a separate pipeline: Chimera's up
-    direction begins at stage P (its chunk 1 of rank P-1); none for the others."""
-    return frozenset({pp}) if name == "chimera" and vpp == 2 else frozenset()
+    """Stages other than 0 where schedule `name` starts a separate pipeline: a bidirectional
+    schedule's up direction begins at stage P (its chunk 1 of rank P-1); none for the others."""
+    return frozenset({pp}) if schedule_info(name).bidirectional and vpp == 2 else frozenset()
 
 
 def schedule_info(name: str) -> ScheduleInfo:
@@ -106,16 +155,6 @@ def head_rank(name: str, pp: int, vpp: int) -> int:
     return stage_to_rank(pp * vpp - 1, pp, vpp, schedule_info(name).placement)
 
 
-def interleave_rounds(pp: int, num_microbatches: int) -> tuple[int, int]:
-    """(rounds, micro-batches per round) of torch's interleaved schedules.
-
-    torch relaxes Megatron's "M multiple of P": micro-batches go through the chunks in
-    rounds = max(1, M // P) groups of M / rounds, which needs M % rounds == 0.
-    """
-    rounds = max(1, num_microbatches // pp)
-    return rounds, num_microbatches // rounds
-
-
 def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1) -> ScheduleInfo:
     """Raise ScheduleError unless schedule `name` is defined for (P, M, V) and `segments`
     sequence segments per micro-batch; return its row.
@@ -125,9 +164,10 @@ def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: i
     M evenly between its two directions (M even); only seq1f1b takes segments > 1.
     """
     info = schedule_info(name)
-    if segments < 1 or (segments > 1 and name not in SEGMENTED):
+    if segments < 1 or (segments > 1 and not info.segmented):
+        segmented = sorted(other for other, row in SCHEDULES.items() if row.segmented)
         raise ScheduleError(
-            f"segments={segments}: only {', '.join(sorted(SEGMENTED))} splits micro-batches into "
+            f"segments={segments}: only {', '.join(segmented)} splits micro-batches into "
             "sequence segments (segments >= 1); other schedules take segments=1"
         )
     if name == "chimera" and pp % 2:
@@ -168,3 +208,20 @@ def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: i
                 f"use e.g. microbatches in {good}"
             )
     return info
+
+
+def generate(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1) -> PipelineOrder:
+    """Per-rank compute actions of schedule `name` for P=`pp`, M, V=`vpp` (checked first);
+    a segmented schedule cuts each micro-batch into `segments` units (micro-batch index m*k + j).
+
+    Raises ScheduleError for an unknown name or a shape the schedule does not define.
+    """
+    return check_shape(name, pp, num_microbatches, vpp, segments).generator(pp, num_microbatches, vpp, segments)
+
+
+def virtual_stage(rank: int, chunk: int, pp: int, schedule: str) -> int:
+    """The model-order index of chunk `chunk` on pipeline rank `rank`: chunk * pp + rank for
+    looped placement, and 2 * pp - 1 - rank for the second chunk of a V-shaped schedule."""
+    if chunk == 1 and schedule_info(schedule).v_shaped:
+        return 2 * pp - 1 - rank
+    return chunk * pp + rank

@@ -24,22 +24,15 @@ action whose output goes to another rank: `StageCosts.send_hold_forward_s` /
 `send_hold_backward_s` are added to those actions' durations (the transfer is inside them) and
 reported per rank as `blocked_s`.
 
-Paired exchange calls. For Megatron-LM's blocking sends (`compile_schedule(...,
-paired_exchanges=True)`, p2p_mode "blocking") the order is compiled with the runtime's own
-call program (`_call_gaps`: plain 1F1B's recv_forward / send_forward / send_forward_recv_backward
-/ send_backward_recv_forward / recv_backward, interleaved 1F1B's one call per warm-up forward,
-steady (F, B) pair and cool-down backward). An NCCL send or receive completes only when both
-peers have posted, so each call ends at the latest post among itself and the calls it pairs
-with (each action's output is sent in the first call after it and received in the last call
-before its consumer) plus one hold, the transfer. This charges a sender's wait for a late
-receiver, which holds alone miss on uneven stages and in warm-up / cool-down (in plain 1F1B's
-steady state on equal stages the two coincide: each exchange pairs a rank ending a forward with
-a neighbour ending a backward at the same moment), and interleaved 1F1B's single call per
-(F, B) pair. `blocked_s` then counts one hold per call after the rank's first action; a
-call's wait for its peers is idle time like any bubble. Other schedules, DeepSpeed's engine
-(another call program) and interleaved shapes Megatron does not run blocking (M not a
-multiple of P, M = P, P = 2) keep the holds. A send is assumed to wait for its receiver whatever its size
-(NCCL may buffer a small message in the peer's FIFO and finish early).
+Paired exchange calls. Where the runtime's own blocking calls are known (an
+`ExchangeProgram` passed to `compile_order` / `compile_schedule`, e.g. Megatron-LM's in
+planner/runtimes/megatron_exchange.py) the order is compiled with them (exchanges.py): each
+call ends at the latest post among itself and the calls it pairs with, plus one hold, the
+transfer. This charges a sender's wait for a late receiver, which holds alone miss on uneven
+stages and in warm-up / cool-down. `blocked_s` then counts one hold per call after the rank's
+first action; a call's wait for its peers is idle time like any bubble. Without a program the
+holds follow each sender. A send is assumed to wait for its receiver whatever its size (NCCL
+may buffer a small message in the peer's FIFO and finish early).
 
 Fidelity limits: no link contention or NCCL launch overheads, no compute/communication
 interference, no optimizer step or gradient reduction at the end of the step; DualPipeV's
@@ -65,8 +58,8 @@ from typing import NamedTuple
 from planner.errors import ScheduleError
 from planner.schedule.actions import B, F, I, W, Action, PipelineOrder
 from planner.schedule.costs import StageCosts
-from planner.schedule.generators import generate
-from planner.schedule.registry import interleave_rounds
+from planner.schedule.exchanges import ExchangeProgram, Exchanges, place_exchanges
+from planner.schedule.registry import generate
 from planner.schedule.registry import pipeline_starts as schedule_pipeline_starts
 from planner.schedule.validate import OrderInfo, index_order
 
@@ -111,29 +104,8 @@ class CompiledSchedule:
     """Per position, 1 where the action's output goes to another rank (F to the next stage,
     B or I to the previous one), for blocking send/recv holds."""
     exchanges: Exchanges | None = None
-    """The runtime's blocking exchange calls interleaved with the actions (`_exchange_program`),
-    for schedules whose blocking program is known; None: blocking holds follow each sender."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Exchanges:
-    """Each rank's actions and blocking exchange calls as nodes in one topological order.
-
-    Node i is action position `action[i]` (>= 0) or an exchange call (-1) of rank `rank[i]`.
-    A call starts when its rank reaches it and every peer call it pairs with has been posted:
-    `waits[i]` are the nodes that precede those peer calls on their ranks (their ends are the
-    peers' post times); it then holds its rank for the transfer: `direction[i]` 1 forward
-    ops only, 2 backward only, 3 both. `after_start[i]` is 0 for calls before the rank's
-    first action (waiting for its first input is pipeline fill, not a blocked exchange)."""
-
-    rank: array
-    action: array
-    waits: tuple[tuple[int, ...], ...]
-    direction: array
-    after_start: array
-    last_node: array
-    """Per action position, the last node before the rank's next action (the action itself
-    or its trailing calls): the action's reported end includes those calls, like a hold."""
+    """The runtime's blocking exchange calls interleaved with the actions, where it was
+    compiled with the runtime's `ExchangeProgram`; None: blocking holds follow each sender."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -234,180 +206,14 @@ def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo,
     return dep
 
 
-EXCHANGE_PROGRAMS = ("megatron_1f1b", "megatron_interleaved")
-"""Blocking exchange programs `compile_order` knows (`_call_gaps`)."""
-
-
-def _warmup_forwards(program: str, rank: int, info: OrderInfo) -> int:
-    """Forwards rank `rank` runs before its first backward in `program`'s loop (Megatron-LM's
-    num_warmup_microbatches, as generators.py orders them)."""
-    pp, m, vpp = info.num_ranks, info.num_microbatches, info.vpp
-    if program == "megatron_1f1b":
-        return min(pp - 1 - rank, m)
-    per_round = interleave_rounds(pp, m)[1]
-    return min((vpp - 1) * per_round + 2 * (pp - 1 - rank), vpp * m)
-
-
-def _call_gaps(program: str, codes: list[int], steady: bool) -> list[int]:
-    """Per gap of one rank's action list (gap 0 before its first action, gap i between
-    actions i-1 and i, the last after its last), how many exchange calls the runtime makes
-    there: 1 a combined send+receive call, 2 a send call then a receive call, 0 none.
-
-    Megatron-LM's blocking paths (megatron/core/pipeline_parallel/schedules.py with
-    overlap_p2p_comm=False): plain 1F1B ("megatron_1f1b",
-    forward_backward_pipelining_without_interleaving) runs recv_forward / F / send_forward in
-    warm-up, F / send_forward_recv_backward / B / send_backward_recv_forward in the steady
-    state, recv_backward / B / send_backward in cool-down: a gap between two forwards or two
-    backwards holds a send call then a receive call, one between a forward and a backward a
-    combined call. Interleaved 1F1B ("megatron_interleaved") makes one combined call after
-    each warm-up forward (send_forward_recv_forward, the last one
-    send_forward_backward_recv_forward_backward), after each steady (F, B) pair
-    (send_forward_backward_recv_forward_backward: no call between the pair's F and B) and
-    after each cool-down backward (send_backward_recv_backward). A rank with no steady state
-    (all warm-up: no forward after a backward) sends its last forward, then receives its first
-    backward's gradient in a call of its own (both functions' recv_backward); `steady`
-    says whether the rank has a steady state (more forwards than its warm-up)."""
-    n = len(codes)
-    gaps = [1] * (n + 1)
-    for i in range(1, n):
-        before, after = codes[i - 1], codes[i]
-        if before != after and steady:
-            gaps[i] = 0 if program == "megatron_interleaved" and before == 0 else 1
-        elif before == after and program == "megatron_interleaved":
-            gaps[i] = 1
-        else:
-            gaps[i] = 2
-    return gaps
-
-
-def _exchange_program(program: str, info: OrderInfo, offset: list[int], codes: list[int],
-                      dep: list[int], remote: bytearray, position: list[int]) -> Exchanges:
-    """Place `program`'s exchange calls among each rank's actions, pair each send with its
-    receive, and order actions and calls topologically (see `Exchanges`); ScheduleError if the
-    blocking calls deadlock. An action's output is sent in the first call after it, its input
-    received in the last call before it; calls that carry nothing are left out."""
-    num_ranks = len(offset) - 1
-    # per rank: items in program order, each an action index g (>= 0) or -(call id) - 1
-    items: list[list[int]] = []
-    send_call: dict[int, int] = {}
-    recv_call: dict[int, int] = {}
-    call_dir: list[int] = []
-    call_ops: list[list[int]] = []  # per call, the peer calls its messages pair it with
-    for r in range(num_ranks):
-        acts = list(range(offset[r], offset[r + 1]))
-        own = codes[offset[r]:offset[r + 1]]
-        gaps = _call_gaps(program, own, own.count(0) > _warmup_forwards(program, r, info))
-        slots: list[list[int]] = []  # per gap, its calls' ids in program order
-        for count in gaps:
-            slots.append(list(range(len(call_ops), len(call_ops) + count)))
-            call_dir += [0] * count
-            call_ops += [[] for _ in range(count)]
-        for i, g in enumerate(acts):
-            if remote[g]:  # received in the last call before it
-                for k in range(i, -1, -1):
-                    if slots[k]:
-                        recv_call[g] = slots[k][-1]
-                        break
-            # its send, if any, goes to the first call after it
-            for k in range(i + 1, len(slots)):
-                if slots[k]:
-                    send_call[g] = slots[k][0]
-                    break
-        row: list[int] = []
-        for i, ids in enumerate(slots):
-            row += [-c - 1 for c in ids]
-            if i < len(acts):
-                row.append(acts[i])
-        items.append(row)
-    for g, d in enumerate(dep):
-        if d >= 0 and remote[g]:
-            s, c = send_call[d], recv_call[g]
-            way = 1 if codes[d] == 0 else 2
-            call_dir[s] |= way
-            call_dir[c] |= way
-            call_ops[s].append(c)
-            call_ops[c].append(s)
-    # nodes: actions and the calls that carry something, numbered rank by rank
-    node_of_call: dict[int, int] = {}
-    node_rank, node_action, node_call = [], [], []
-    for r, row in enumerate(items):
-        for x in row:
-            if x < 0 and not call_ops[-x - 1]:
-                continue
-            if x < 0:
-                node_of_call[-x - 1] = len(node_rank)
-            node_rank.append(r)
-            node_action.append(x)
-            node_call.append(-x - 1 if x < 0 else -1)
-    count = len(node_rank)
-    prev = [-1] * count
-    for i in range(1, count):
-        if node_rank[i] == node_rank[i - 1]:
-            prev[i] = i - 1
-    waits: list[tuple[int, ...]] = []
-    for i in range(count):
-        c = node_call[i]
-        peers = {prev[node_of_call[q]] for q in call_ops[c]} if c >= 0 else set()
-        peers.discard(-1)
-        waits.append(tuple(sorted(peers)))
-    # topological order (Kahn) over same-rank order and peer posts
-    needs = [len(w) + (prev[i] >= 0) for i, w in enumerate(waits)]
-    users: list[list[int]] = [[] for _ in range(count)]
-    for i in range(count):
-        for q in waits[i]:
-            users[q].append(i)
-        if prev[i] >= 0:
-            users[prev[i]].append(i)
-    ready = [i for i in range(count) if needs[i] == 0]
-    topo: list[int] = []
-    while ready:
-        i = ready.pop()
-        topo.append(i)
-        for u in users[i]:
-            needs[u] -= 1
-            if needs[u] == 0:
-                ready.append(u)
-    if len(topo) < count:
-        raise ScheduleError(f"the {program} exchange calls deadlock on this order; it cannot run "
-                            "with blocking sends and receives")
-    index = [0] * count
-    for k, i in enumerate(topo):
-        index[i] = k
-    started = [False] * num_ranks
-    after_start = bytearray(count)
-    for i in range(count):
-        if node_action[i] >= 0:
-            started[node_rank[i]] = True
-        else:
-            after_start[i] = started[node_rank[i]]
-    last_node = [0] * len(dep)
-    for i in range(count):
-        g = node_action[i]
-        if g >= 0:
-            j = i
-            while j + 1 < count and node_rank[j + 1] == node_rank[i] and node_action[j + 1] < 0:
-                j += 1
-            last_node[position[g]] = index[j]
-    return Exchanges(
-        rank=array("i", [node_rank[i] for i in topo]),
-        action=array("i", [position[node_action[i]] if node_action[i] >= 0 else -1 for i in topo]),
-        waits=tuple(tuple(index[q] for q in waits[i]) for i in topo),
-        direction=array("b", [call_dir[node_call[i]] if node_call[i] >= 0 else 0 for i in topo]),
-        after_start=array("b", [after_start[i] for i in topo]),
-        last_node=array("i", last_node),
-    )
-
-
 def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipeline_starts: frozenset[int] = frozenset(),
-                  exchanges: str | None = None) -> CompiledSchedule:
+                  exchanges: ExchangeProgram | None = None) -> CompiledSchedule:
     """Validate `order` (validate.check_order), resolve dependencies, find a topological
     execution order; ScheduleError if invalid or deadlocked (naming each stuck rank).
     `pipeline_starts`: stages other than 0 that start a pipeline of their own (see
     `_dependencies`; registry.pipeline_starts gives a schedule's). `exchanges`: the blocking
-    exchange program the runtime runs this order with (one of EXCHANGE_PROGRAMS; None: holds
-    after each sending action, see the module docstring)."""
-    if exchanges is not None and exchanges not in EXCHANGE_PROGRAMS:
-        raise ScheduleError(f"unknown exchange program {exchanges!r}; known: {', '.join(EXCHANGE_PROGRAMS)}")
+    exchange calls the runtime runs this order with (None: holds after each sending action,
+    see the module docstring)."""
     info, tables = index_order(order)
     num_ranks, vpp = info.num_ranks, info.vpp
     offset = [0] * (num_ranks + 1)
@@ -471,7 +277,8 @@ def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipelin
         peak_inflight_freed_at_input_grad=until_i,
         unit=array("i", [flat[g][2] for g in topo]),
         sends=array("b", [sends[g] for g in topo]),
-        exchanges=(_exchange_program(exchanges, info, offset, codes, dep, remote, position)
+        exchanges=(place_exchanges(exchanges, order, info, offset, [code == 0 for code in codes], dep, remote,
+                                   position)
                    if exchanges is not None and num_ranks > 1 else None),
     )
 
@@ -487,27 +294,12 @@ def generated_order(name: str, pp: int, num_microbatches: int, vpp: int = 1,
 
 @lru_cache(maxsize=128)
 def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1,
-                     paired_exchanges: bool = False) -> CompiledSchedule:
-    """Generate schedule `name` for (P, M, V, segments) and compile it; cached (search loops
-    re-cost it, a 405B search over a hundred shapes). `paired_exchanges`: the runtime sends
-    with Megatron-LM's blocking calls (p2p_mode "blocking"): pair them where the schedule's
-    program is known (`runtime_exchanges`), else holds follow each sender."""
+                     exchanges: ExchangeProgram | None = None) -> CompiledSchedule:
+    """Generate schedule `name` for (P, M, V, segments) and compile it (with the runtime's
+    blocking `exchanges`, if any: `compile_order`); cached (search loops re-cost it, a 405B
+    search over a hundred shapes)."""
     order = generated_order(name, pp, num_microbatches, vpp, segments)
-    program = runtime_exchanges(name, pp, num_microbatches) if paired_exchanges else None
-    return compile_order(order, schedule_pipeline_starts(name, pp, vpp), program)
-
-
-def runtime_exchanges(name: str, pp: int, num_microbatches: int) -> str | None:
-    """The blocking exchange program the runtime runs schedule `name` with at this shape:
-    Megatron-LM's for 1f1b, and for interleaved_1f1b where Megatron runs it blocking with this
-    order (M a multiple of P; M > P: at M = P Megatron runs every micro-batch as warm-up, an
-    order generators.py does not make; P > 2: megatron/training/arguments.py refuses
-    interleaving without p2p overlap at P = 2); None: holds after each sender."""
-    if name == "1f1b":
-        return "megatron_1f1b"
-    if name == "interleaved_1f1b" and pp > 2 and num_microbatches % pp == 0 and num_microbatches > pp:
-        return "megatron_interleaved"
-    return None
+    return compile_order(order, schedule_pipeline_starts(name, pp, vpp), exchanges)
 
 
 def _slot_durations(costs: StageCosts) -> list[float]:

@@ -24,10 +24,9 @@ from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, LayerC
 from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
-from planner.plan import V_SHAPED_SCHEDULES, virtual_stage
-from planner.predict import PAIRED_SCHEDULES, combined_1f1b_runs, dp_equivalent_params, layout_memory, optimizer_time
+from planner.predict import combined_1f1b_runs, dp_equivalent_params, layout_memory, optimizer_time
 from planner.pipeline import ChunkCosts
-from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts
+from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts, virtual_stage
 from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, round_trip_bound, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
@@ -86,7 +85,7 @@ def candidate_pairing(model: CostModel, candidate: Candidate) -> bool | str:
     """`predict.pairs_moe_comm` of the candidate's layouts (their recompute modes aside):
     DualPipeV's pairing, or True where Megatron's combined 1F1B runs them (`runs_combined_1f1b`
     of a layout without full recompute; a mode `full` is costed unpaired in `_parts`)."""
-    if candidate.schedule in PAIRED_SCHEDULES:
+    if SCHEDULES[candidate.schedule].paired:
         return DUALPIPEV_PAIRING if candidate.pp > 1 else False
     return combined_1f1b_runs(model.options, model.spec, candidate.schedule, candidate.pp, candidate.ep, ())
 
@@ -276,7 +275,8 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
     embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
                        and rank in (0, last))
     return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
-        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group, model.options.cuda_context_bytes)
+        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group,
+        model.options.memory.cuda_context_bytes)
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:
@@ -418,7 +418,7 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
     layers = model.spec.num_layers
     mean_s = tuple(sum(n * t[m] for n, t in zip(counts, kind_s)) / layers for m in modes)
     most_bytes = tuple(tuple(max(per_kind[m] for per_kind in per_rank) for m in modes) for per_rank in kind_bytes)
-    sequence = vpp == 1 and candidate.schedule not in V_SHAPED_SCHEDULES
+    sequence = vpp == 1 and not SCHEDULES[candidate.schedule].v_shaped
     return RankCosts(
         modes=candidate.modes, fixed_s=tuple(fixed_s), fixed_bytes=tuple(fixed_bytes),
         layer_s=mean_s, layer_bytes=most_bytes, limit_bytes=limit_bytes, min_layers=vpp,

@@ -30,14 +30,16 @@ from planner.spec import Cluster, ModelSpec
 from planner.units import GiB
 
 PART_NAMES = {
-    "compute": "compute (recompute, smaller GEMMs, the busiest expert rank's extra tokens or more work per GPU)",
+    "compute": "compute per GPU",
+    "pipeline": "pipeline idle and uneven stages",
     "tp_cp_comm": "TP/CP communication",
-    "pipeline_bubble": "pipeline bubble",
     "dp_comm_exposed": "DP communication",
     "fsdp_copies": "FSDP2 copy kernels",
     "moe_all_to_all": "MoE all-to-all",
     "optimizer": "optimizer step",
 }
+"""How a reason names each part of `step_parts`."""
+RECOMPUTE_WEIGHT = {"none": 0, "selective": 1, "full": 2}
 LARGER_GPUS = ("h200", "b200", "mi300x")
 NEIGHBOUR_SEARCHES = 3
 """GPU counts searched on each side of a request with no layout, nearest first, until one
@@ -117,7 +119,7 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
     for change, changed in changes:
         found = search(model, global_batch, seq, changed, top=1, accept=accept)
         if found.plans:
-            result.append(Alternative(change, found.plans[0], _slower_because(best.prediction, found.plans[0].prediction)))
+            result.append(Alternative(change, found.plans[0], _slower_because(model.spec, best, found.plans[0])))
         elif found.smallest_need_bytes < float("inf"):
             over = found.smallest_need_bytes - limit
             result.append(Alternative(change, None, f"out of memory: needs {found.smallest_need_bytes / GiB:.1f} GiB, "
@@ -130,11 +132,11 @@ def _moe_mechanisms(model: CostModel, layout: Layout) -> list[tuple[str, CostMod
     Megatron's combined-1F1B all-to-all overlap switched the other way."""
     if not model.spec.is_moe or layout.ep == 1:
         return []
-    options = model.options
-    dispatcher = "alltoall" if options.moe_dispatcher == "deepep" else "deepep"
-    changed = [(f"dispatcher {dispatcher}", replace(options, moe_dispatcher=dispatcher)),
-               (f"EP overlap {'off' if options.moe_ep_overlap else 'on'}",
-                replace(options, moe_ep_overlap=not options.moe_ep_overlap))]
+    options, moe = model.options, model.options.moe
+    dispatcher = "alltoall" if moe.moe_dispatcher == "deepep" else "deepep"
+    changed = [(f"dispatcher {dispatcher}", options.with_fields(moe_dispatcher=dispatcher)),
+               (f"EP overlap {'off' if moe.moe_ep_overlap else 'on'}",
+                options.with_fields(moe_ep_overlap=not moe.moe_ep_overlap))]
     return [(change, CostModel(model.spec, model.cluster, other, model.source, model.network))
             for change, other in changed]
 
@@ -144,7 +146,7 @@ def _mechanism_alternative(change: str, other: CostModel, best: Found, global_ba
     """The best plan's dimensions priced with another MoE mechanism: how much faster or slower,
     and by how much its exposed all-to-all moves (or why Megatron would not run the overlap)."""
     layout = best.layout
-    if other.options.moe_ep_overlap and not runs_combined_1f1b(other.options, other.spec, layout):
+    if other.options.moe.moe_ep_overlap and not runs_combined_1f1b(other.options, other.spec, layout):
         return Alternative(change, None, "Megatron runs no combined 1F1B on this layout: it needs EP > 1, "
                                          "no pipeline or interleaved 1F1B, no full recompute, at most one MTP layer")
     found = search(other, global_batch, seq, pinned, top=1, accept=accept)
@@ -302,11 +304,40 @@ def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:
                    etp=(layout.etp,) if layout.etp is not None else space.etp, segments=(layout.segments,))
 
 
-def _slower_because(best: Prediction, other: Prediction) -> str:
-    slower = other.step_time_s / best.step_time_s - 1
-    deltas = {k: other.time_breakdown_s.get(k, 0.0) - best.time_breakdown_s.get(k, 0.0)
-              for k in best.time_breakdown_s}
-    part = max(deltas, key=deltas.get)
+def step_parts(prediction: Prediction) -> dict[str, float]:
+    """The step's parts for comparing plans: `time_breakdown_s`, with the compute and idle time
+    of the rank that finishes last recast as the pipeline ranks' mean compute ("compute") and
+    the rest of that rank's time to its last action ("pipeline": its idle time and its work
+    over the mean), so that a change of which rank finishes last moves neither."""
+    parts = dict(prediction.time_breakdown_s)
+    busy = prediction.timing.busy_s
+    compute = sum(busy) / len(busy) - parts.get("tp_cp_comm", 0.0) - parts.get("moe_all_to_all", 0.0)
+    pipeline = parts.pop("compute") + parts.pop("pipeline_bubble") + parts.pop("pp_p2p_blocked", 0.0) - compute
+    return {"compute": compute, "pipeline": pipeline, **parts}
+
+
+def compute_causes(spec: ModelSpec, best: Layout, other: Layout) -> list[str]:
+    """What makes `other` compute more per GPU than `best`: more recompute, smaller GEMMs, and
+    (an MoE model) the busiest expert rank's extra tokens."""
+    causes = []
+    if sum(RECOMPUTE_WEIGHT[m] for m in other.recompute) > sum(RECOMPUTE_WEIGHT[m] for m in best.recompute):
+        causes.append(f"recompute {'/'.join(sorted(set(other.recompute) - {'none'}))}")
+    if other.tp * other.cp > best.tp * best.cp or other.mbs < best.mbs:
+        causes.append("smaller GEMMs")
+    if spec.is_moe and other.ep > best.ep:
+        causes.append("the busiest expert rank's extra tokens")
+    return causes
+
+
+def _slower_because(spec: ModelSpec, best: Found, other: Found) -> str:
+    """How much slower `other` is than `best`, and the part of the step that grew the most."""
+    slower = other.prediction.step_time_s / best.prediction.step_time_s - 1
     if slower <= 0:
         return "as fast (a tie)"
-    return f"{slower:.1%} slower: {PART_NAMES.get(part, part)} +{deltas[part]:.3f} s"
+    before, after = step_parts(best.prediction), step_parts(other.prediction)
+    deltas = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in before.keys() | after.keys()}
+    part = max(deltas, key=deltas.get)
+    name = PART_NAMES.get(part, part.replace("_", " "))
+    if part == "compute" and (causes := compute_causes(spec, best.layout, other.layout)):
+        name += f" ({', '.join(causes)})"
+    return f"{slower:.1%} slower: {name} +{deltas[part]:.3f} s"

@@ -39,7 +39,6 @@ from planner.predict import (
     replica_sync_times,
 )
 from planner.schedule import SCHEDULES
-from planner.plan import V_SHAPED_SCHEDULES
 from planner.search.bounds import layout_bound, sequencing_bound
 from planner.search.costing import (
     Parts,
@@ -73,18 +72,38 @@ Progress = Callable[[int, int], None]
 
 @dataclass(slots=True)
 class SearchStats:
-    """What happened to the candidates."""
+    """What happened to the candidates, and to the layouts the solved ones gave.
+
+    Each candidate ends in one of `pruned_memory`, `pruned_bound` and `solved`; each layout
+    (cut points and recompute modes known) in one of `out_of_memory`, `layouts_pruned_bound`,
+    `simulated_out_of_memory`, `rejected_by_runtime` and `fitted`. `simulated` is the sum of
+    the last three."""
 
     candidates: int = 0
     pruned_memory: int = 0
-    """Discarded by the memory floor."""
+    """Candidates whose state alone (the memory floor) is over the memory limit."""
     pruned_bound: int = 0
-    """Discarded by a step-time bound (never simulated)."""
-    simulated: int = 0
+    """Candidates cut by their step-time floor before any cut points were solved."""
+    solved: int = 0
+    """Candidates whose cut points were solved: they gave the layouts."""
+    layouts: int = 0
+    """Distinct layouts the solved candidates gave."""
     out_of_memory: int = 0
-    """Layouts (cut points known) over the memory limit."""
+    """Layouts over the memory limit before simulation (memory floor or activation need)."""
+    layouts_pruned_bound: int = 0
+    """Layouts cut by a step-time bound (never simulated)."""
+    simulated_out_of_memory: int = 0
+    """Simulated layouts whose simulated peak is over the memory limit."""
     rejected_by_runtime: int = 0
+    """Simulated layouts that fit but that the runtime (or the profile) refuses."""
+    fitted: int = 0
+    """Simulated layouts that fit and are accepted: the ones ranked."""
     seconds: float = 0.0
+
+    @property
+    def simulated(self) -> int:
+        """Layouts simulated: over memory once simulated, refused, or ranked."""
+        return self.simulated_out_of_memory + self.rejected_by_runtime + self.fitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +181,7 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
         if round_trip_floor(model, candidate, parts) >= run.threshold():
             stats.pruned_bound += 1
             continue
+        stats.solved += 1
         run.visit(index, candidate, parts)
     if progress is not None:
         progress(total, total)
@@ -217,6 +237,7 @@ class _Run:
             return None
         self.seen.add(layout)
         stats = self.result.stats
+        stats.layouts += 1
         floor = memory_floor_of(layout)
         if floor > self.limit:
             stats.out_of_memory += 1
@@ -225,7 +246,7 @@ class _Run:
         costs = chunk_costs(self.model, layout, self.seq)
         bounds = _LayoutBounds(self.model, layout, costs)
         if bounds.chain(self.threshold()) >= self.threshold():
-            stats.pruned_bound += 1
+            stats.layouts_pruned_bound += 1
             return None
         need = excess_memory(self.model, layout, costs)
         if need is not None:
@@ -234,13 +255,12 @@ class _Run:
             return need
         # fits: before simulating, the bound of any action order (tighter, dearer to compute)
         if bounds.sequencing() >= self.threshold():
-            stats.pruned_bound += 1
+            stats.layouts_pruned_bound += 1
             return None
         prediction = predict(self.model, layout, self.global_batch, self.seq, costs)
-        stats.simulated += 1
         peak = prediction.peak_memory_bytes
         if peak > self.limit:
-            stats.out_of_memory += 1
+            stats.simulated_out_of_memory += 1
             self.note_need(peak, layout)
             return peak
         reason = self.accept(layout) if self.accept is not None else None
@@ -248,6 +268,7 @@ class _Run:
             stats.rejected_by_runtime += 1
             self.result.runtime_rejections[reason] = self.result.runtime_rejections.get(reason, 0) + 1
             return peak
+        stats.fitted += 1
         bisect.insort(self.best, (prediction.step_time_s, index, Found(layout, prediction)),
                       key=lambda item: (item[0], item[1]))
         del self.best[self.top:]
@@ -307,7 +328,7 @@ class _LayoutBounds:
         if layout.schedule == "chimera" and layout.pp > 1:
             return self.chain()
         bound = sequencing_bound(self.costs, layout.num_microbatches, SCHEDULES[layout.schedule].split_backward,
-                                 layout.schedule in V_SHAPED_SCHEDULES, self.after())
+                                 SCHEDULES[layout.schedule].v_shaped, self.after())
         return (bound + self.tail) * (1 - ROUNDING_MARGIN)
 
 

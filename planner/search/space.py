@@ -24,7 +24,6 @@ from planner.errors import LayoutError, ScheduleError
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.schedule import SCHEDULES, check_shape
-from planner.schedule.registry import SEGMENTED
 from planner.spec import Cluster, ModelSpec
 
 LONG_SEQUENCE = 16384
@@ -187,7 +186,7 @@ def segment_counts(schedule: str, seq: int, cp: int, space: SearchSpace) -> tupl
     """Sequence segments to try: for seq1f1b those of the space (default `DEFAULT_SEGMENTS`)
     above 1 (one segment is 1f1b) that split the sequence (into 2 x CP chunks each with
     context parallelism); 1 for the other schedules."""
-    if schedule not in SEGMENTED:
+    if not SCHEDULES[schedule].segmented:
         return (1,)
     chunk = 2 * cp if cp > 1 else 1
     return tuple(k for k in space.segments or DEFAULT_SEGMENTS if k > 1 and seq % (k * chunk) == 0)

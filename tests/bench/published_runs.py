@@ -2,11 +2,14 @@
 
     python tests/bench/published_runs.py [--json | --markdown] [--file tests/bench/published_runs.toml]
 
-Evaluates every run in published_runs.toml with planner's cost model (no subprocess) and
-prints, per run, the published and predicted step time and their relative error, MFU in
-planner's (PaLM) convention on both sides, predicted peak memory against the GPU's and the
-published one; then the errors per source and overall (held-out runs also on their own).
-`--markdown` prints the accuracy block the README embeds; `--json` one JSON object.
+Evaluates every run in published_runs.toml (or `--file`'s: tests/bench/preregistered_runs.toml
+is the pre-registered validation set, docs/accuracy_preregistered.md) with planner's cost
+model (no subprocess) and prints, per run, the published and predicted step time and their
+relative error, MFU in planner's (PaLM) convention on both sides, predicted peak memory against
+the GPU's and the published one; then the errors per source and overall (held-out runs also on their own).
+`--markdown` prints the accuracy block the README embeds; `--json` one JSON object, each run
+with its `planner evaluate` command; `--commands` only those commands. Each prediction is the
+one its command prints (tests/fidelity/test_published_commands.py runs a sample).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from planner.fidelity.published import by_source, evaluate_all, load_runs, result_row, summarize
+from planner.fidelity.published import by_source, evaluate_all, evaluate_command, load_runs, result_row, summarize
 from planner.fidelity.published_report import layout_label, markdown_report
+from planner.request import command_text
 
 DATA = Path(__file__).with_name("published_runs.toml")
 
@@ -31,18 +35,27 @@ def main(argv: list[str] | None = None) -> int:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
     output.add_argument("--markdown", action="store_true", help="print the README's accuracy block")
+    output.add_argument("--commands", action="store_true",
+                        help="print the `planner evaluate` command that predicts each run, and nothing else")
     parser.add_argument("--file", type=Path, default=DATA, help="published runs TOML")
     args = parser.parse_args(argv)
-    results = evaluate_all(load_runs(args.file))
+    runs = load_runs(args.file)
+    if args.commands:
+        for run in runs:
+            print(f"# {run.name}\n{command_text(evaluate_command(run))}")
+        return 0
+    results = evaluate_all(runs)
     if args.markdown:
         print(markdown_report(results), end="")
         return 0
     groups = by_source(results)
+    held = [r for r in results if r.run.held_out]
     if args.json:
         print(json.dumps({
-            "runs": [result_row(r) for r in results],
+            "runs": [{**result_row(r), "command": command_text(evaluate_command(r.run))} for r in results],
             "overall": asdict(summarize(results)),
-            "held_out": asdict(summarize([r for r in results if r.run.held_out])),
+            # A file with no held_out-tagged row (the pre-registered set, held out as a whole) has none to summarise.
+            "held_out": asdict(summarize(held)) if held else None,
             "by_source": {source: asdict(summarize(group)) for source, group in groups.items()},
         }, indent=2))
         return 0
@@ -60,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.predicted_mfu:.3f}", mem, r.run.source_id)
     console = Console(width=200)
     console.print(table)
-    for source, group in [*groups.items(), ("held out", [r for r in results if r.run.held_out]),
-                          ("all", results)]:
+    for source, group in [*groups.items(), ("held out", held), ("all", results)]:
+        if not group:
+            continue
         s = summarize(group)
         console.print(f"{source:>20}: {s.runs:2d} runs, mean |step error| {s.mean_abs:5.1%}, "
                       f"mean signed {s.mean_signed:+6.1%}, worst {s.max_abs:5.1%}")

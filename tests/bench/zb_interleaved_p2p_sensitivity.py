@@ -34,10 +34,10 @@ def main() -> None:
     mode, compile_schedule = predict.p2p_mode, pipeline.compile_schedule
 
     def blocking(model, layout):
-        return "blocking" if model.options.p2p_mode == "megatron-lm" else mode(model, layout)
+        return "blocking" if model.options.pipeline.p2p_mode == "megatron-lm" else mode(model, layout)
 
-    def unpaired(name, pp, m, vpp, segments, paired):
-        return compile_schedule(name, pp, m, vpp, segments, False)
+    def unpaired(name, pp, m, vpp, segments, exchanges):
+        return compile_schedule(name, pp, m, vpp, segments, None)
 
     cases = [("as encoded (overlapped)", mode, compile_schedule),
              ("blocking, a hold after each sender", blocking, unpaired),

@@ -61,7 +61,8 @@ def test_plan_searches_with_the_options_and_its_plans_evaluate_the_same(cli, tmp
                      "--top", "2", "-o", str(path))
     plans = document["plans"]
     assert plans and all(p["moe_dispatcher"] == "deepep" and p["moe_ep_overlap"] for p in plans)
-    assert document["inputs"]["moe_dispatcher"] == "deepep" and document["inputs"]["moe_ep_overlap"] is True
+    assert document["request"]["options"]["moe_dispatcher"] == "deepep"
+    assert document["request"]["options"]["moe_ep_overlap"] is True
     best = plans[0]
     counts = [end - start for rank in best["stage_layers"] for start, end in rank]
     order = [counts[0], counts[2], counts[1], counts[3]]  # model order: rank 0 chunk 0, rank 1 chunk 0, ...

@@ -13,7 +13,8 @@ from planner.export import export_plan
 from planner.layout import even_stage_layers
 from planner.plan import PlanEntry, PlanFile, parse_plan_file
 from planner.schedule import SCHEDULES
-from planner.search.runtimes import RUNTIME_RULES
+from planner.runtimes import exporting_runtimes, resolve
+from planner.search.runtimes import restrict
 from planner.search.space import SearchSpace
 
 BASE = ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "64", "--seq", "4096"]
@@ -118,14 +119,15 @@ def test_torchtitan_plans_are_costed_with_its_selective_checkpointing(cli):
         assert code == 0, err
         [evaluated] = json.loads(out)["plans"]
         assert evaluated["predicted"]["step_time_s"] == pytest.approx(expected["predicted"]["step_time_s"])
-    code, _, err = cli("evaluate", *BASE, "--runtime", "nemo")
-    assert code == 2 and "unknown runtime 'nemo'" in err
+    code, _, err = cli("evaluate", *BASE, "--runtime", "jax")
+    assert code == 2 and "unknown runtime 'jax'" in err
 
 
-@pytest.mark.parametrize("runtime", sorted(RUNTIME_RULES))
+@pytest.mark.parametrize("runtime", exporting_runtimes())
 @pytest.mark.parametrize("schedule", sorted(n for n, i in SCHEDULES.items() if i.searched_by_default))  # chimera, seq1f1b: test_chimera_seq1f1b_plan.py
-def test_runtime_schedule_rules_agree_with_the_exporters(runtime, schedule):
-    """The up-front rule and the exporter's own refusal say the same about each schedule."""
+def test_exporters_refuse_schedules_by_the_runtime_rule(runtime, schedule):
+    """An exporter refuses a schedule by its runtime's rule (planner/runtimes/), the rule that
+    also narrows `plan --runtime`'s space, and in its words."""
     spec = resolve_model("tiny-llama")
     info = SCHEDULES[schedule]
     vpp = info.min_vpp if info.min_vpp > 1 else 1
@@ -134,14 +136,17 @@ def test_runtime_schedule_rules_agree_with_the_exporters(runtime, schedule):
                       schedule=schedule, recompute="none", sequence_parallel=False, zero_stage=1,
                       stage_layers=_ranges(spec.num_layers, pp, vpp, schedule), predicted=None)
     document = PlanFile(plans=[entry], model=spec)
+    version = resolve(runtime)
+    allowed = version.allowed("schedules")
     try:
-        export_plan(document, runtime)
-        exported = True
-    except ExportError:
-        exported = False
-    allowed = RUNTIME_RULES[runtime].get("schedules")
-    assert exported == (allowed is None or schedule in allowed)
-    assert SearchSpace(schedules=allowed).schedules == allowed
+        export_plan(document, version.exporter)
+        refused = None
+    except ExportError as exc:
+        refused = str(exc)
+    assert (refused is None) == (allowed is None or schedule in allowed)
+    if refused is not None:
+        assert version.rule_refusal("schedules", schedule) in refused
+    assert restrict(SearchSpace(), runtime).schedules == (allowed if allowed is not None else None)
 
 
 def _ranges(layers, pp, vpp, schedule):

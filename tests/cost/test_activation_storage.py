@@ -60,7 +60,7 @@ def test_fp8_precision_plans_save_fp8_linear_inputs_and_bf16_plans_do_not():
     cluster = Cluster.of(resolve_gpu("h100"), 8)
     shard = Shard(mbs=1, seq=4096)
     bf16 = CostModel(spec, cluster, CostOptions()).layer_costs("transformer", shard).activation_bytes
-    fp8 = CostModel(spec, cluster, CostOptions(precision="fp8")).layer_costs("transformer", shard).activation_bytes
+    fp8 = CostModel(spec, cluster, CostOptions.of(precision="fp8")).layer_costs("transformer", shard).activation_bytes
     assert bf16 == pytest.approx(llama_te_bytes(spec, 4096, 1, 1, 2, False), rel=1e-12)
     assert fp8 == pytest.approx(llama_te_bytes(spec, 4096, 1, 1, 1, True), rel=1e-12)
 
@@ -165,8 +165,8 @@ def test_parameter_copies_repeat_the_layers_state_not_the_ends():
     cluster = Cluster.of(resolve_gpu("h100"), 32)
     layout = Layout(tp=1, pp=4, dp=8, mbs=1, num_microbatches=8, schedule="1f1b",
                     stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"), recompute=("full",) * 4, zero_stage=1)
-    one, two = (layout_memory(CostModel(spec, cluster, CostOptions(parameter_copies=c)), layout,
-                              chunk_costs(CostModel(spec, cluster, CostOptions(parameter_copies=c)), layout, 4096),
+    one, two = (layout_memory(CostModel(spec, cluster, CostOptions.of(parameter_copies=c)), layout,
+                              chunk_costs(CostModel(spec, cluster, CostOptions.of(parameter_copies=c)), layout, 4096),
                               (0.0,) * 4) for c in (1, 2))
     per_layer = transformer_param_count(spec)
     for rank in range(4):
@@ -183,10 +183,10 @@ def test_deepseek_v3_published_run_fits_its_80gb_gpus():
     run = next(r for r in load_runs(DATA) if r.name == "deepseek-v3-pretrain-2048xh800")
     result = evaluate_run(run)
     assert result.fits, result.peak_memory_gib
-    without = evaluate_run(run.model_copy(update={"activation_storage": "default", "recompute_modules": ["core_attn"],
-                                                  "parameter_copies": 1}))
+    without = evaluate_run(run.model_copy(update={"settings": {
+        **run.settings, "activation_storage": "default", "recompute_modules": ["core_attn"], "parameter_copies": 1}}))
     assert not without.fits  # what the planner said before these mechanisms
-    assert cost_options(run).parameter_copies == 2
+    assert cost_options(run).memory.parameter_copies == 2
     model, layout = build(run)
     assert predict(model, layout, run.global_batch, run.seq).peak_memory_bytes == pytest.approx(
         result.peak_memory_gib * 2**30)

@@ -12,7 +12,8 @@ from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard, layer_work
 from planner.errors import PlannerError
-from planner.search.runtimes import default_attention, runtime_cost_options
+from planner.job import default_attention, runtime_cost_options
+from planner.runtimes import resolve
 from planner.spec import Cluster
 from tests.cost.burst_rates import burst_rates
 
@@ -65,7 +66,7 @@ def test_unfused_attention_saves_korthikantis_quadratic_term():
     instead of flash attention's fp32 log-sum-exp (4 b s a / t)."""
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=2, seq=4096, tp=4, sequence_parallel=True)
-    saved = {a: CostModel(LLAMA, cluster, CostOptions(attention=a, dropout=True))
+    saved = {a: CostModel(LLAMA, cluster, CostOptions.of(attention=a, dropout=True))
              .layer_costs("transformer", shard).activation_bytes for a in ("unfused", "flash2")}
     b, s, heads = shard.mbs, shard.seq, LLAMA.num_attention_heads // shard.tp
     assert saved["unfused"] - saved["flash2"] == pytest.approx(5 * heads * s * s * b - 4 * b * s * heads)
@@ -74,7 +75,7 @@ def test_unfused_attention_saves_korthikantis_quadratic_term():
 def test_selective_recompute_reruns_the_unfused_core_and_drops_its_memory():
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
-    model = CostModel(LLAMA, cluster, CostOptions(attention="unfused", cuda_graphs=True))
+    model = CostModel(LLAMA, cluster, CostOptions.of(attention="unfused", cuda_graphs=True))
     none, selective = model.layer_costs("transformer", shard, "none"), model.layer_costs("transformer", shard, "selective")
     core_fwd = model.analytic.attention_core_times(layer_work(LLAMA, "transformer", shard, attention="unfused"), "unfused")[0]
     assert selective.recompute_s == pytest.approx(core_fwd)
@@ -83,18 +84,18 @@ def test_selective_recompute_reruns_the_unfused_core_and_drops_its_memory():
 
 def test_a_kernel_the_gpu_lacks_is_refused():
     with pytest.raises(PlannerError, match="flash3"):
-        CostModel(LLAMA, Cluster.of(resolve_gpu("a100-80gb"), 8), CostOptions(attention="flash3"))
+        CostModel(LLAMA, Cluster.of(resolve_gpu("a100-80gb"), 8), CostOptions.of(attention="flash3"))
     with pytest.raises(ValueError, match="attention"):
-        CostOptions(attention="flash4")
+        CostOptions.of(attention="flash4")
 
 
 def test_runtime_defaults():
     assert default_attention(None, H100) == "cudnn"  # Megatron-LM + TE on Hopper
-    assert default_attention("megatron", resolve_gpu("h200")) == "cudnn"
-    assert default_attention("megatron", resolve_gpu("a100-80gb")) == "flash2"
-    assert default_attention("torchtitan", H100) == "flash2"  # torch SDPA flash backend
-    assert runtime_cost_options("torch", H100, "unfused").attention == "unfused"
-    assert CostOptions().flash_attention and not CostOptions(attention="unfused").flash_attention
+    assert default_attention(resolve("megatron"), resolve_gpu("h200")) == "cudnn"
+    assert default_attention(resolve("megatron"), resolve_gpu("a100-80gb")) == "flash2"
+    assert default_attention(resolve("torchtitan"), H100) == "flash2"  # torch SDPA flash backend
+    assert runtime_cost_options("torch", H100, "unfused").kernels.attention == "unfused"
+    assert CostOptions().kernels.flash_attention and not CostOptions.of(attention="unfused").kernels.flash_attention
 
 
 def _evaluate(cli, *extra: str) -> dict:

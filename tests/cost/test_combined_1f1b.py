@@ -111,9 +111,9 @@ def test_the_option_pairs_only_what_megatron_core_runs_as_combined_1f1b():
     from planner.predict import pairs_moe_comm
 
     model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
-    assert model.options.moe_ep_overlap and layout.schedule == "interleaved_1f1b" and layout.pp == 8
+    assert model.options.moe.moe_ep_overlap and layout.schedule == "interleaved_1f1b" and layout.pp == 8
     assert pairs_moe_comm(model, layout)
-    off = CostModel(model.spec, model.cluster, replace(model.options, moe_ep_overlap=False))
+    off = CostModel(model.spec, model.cluster, model.options.with_fields(moe_ep_overlap=False))
     assert not pairs_moe_comm(off, layout)
     # TransformerConfig: "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
     assert not pairs_moe_comm(model, replace(layout, recompute=("full",) * layout.pp))
@@ -127,13 +127,13 @@ def test_the_overlap_hides_most_of_the_all_to_all_of_the_published_layout():
     from planner.predict import layout_shard
 
     model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
-    off = CostModel(model.spec, model.cluster, replace(model.options, moe_ep_overlap=False))
+    off = CostModel(model.spec, model.cluster, model.options.with_fields(moe_ep_overlap=False))
     shard = layout_shard(layout, 4096)
     serial = off.layer_costs("transformer", shard, "selective", False).moe_comm_s
     paired = model.layer_costs("transformer", shard, "selective", True).moe_comm_s
     # DeepEP's normal kernels hold Buffer.num_sms = 20 of the H100's 132 SMs (not NCCL's 16 channels)
     share = 20 / 132
-    assert model.cluster.gpu.sm_count == 132 and model.options.moe_dispatcher == "deepep"
+    assert model.cluster.gpu.sm_count == 132 and model.options.moe.moe_dispatcher == "deepep"
     # the overlap leaves at most what does not fit beside the compute node Megatron pairs each
     # all-to-all with, plus the slowdown of the hidden rest (exactly that slowdown when all fit)
     assert share * serial * (1 - 1e-9) <= paired < 0.5 * serial
@@ -274,11 +274,11 @@ def test_deepeps_sm_count_sets_the_share_beside_compute_where_its_kernels_run():
     model, layout = _zoo_run("qwen3-235b-ep32-pp8-vpp4-a2a-overlap-256xh100")
     shard = layout_shard(layout, 4096)
     assert model._a2a_sm_share(shard) == pytest.approx(20 / 132)
-    nccl = CostModel(model.spec, model.cluster, replace(model.options, moe_dispatcher="alltoall"))
+    nccl = CostModel(model.spec, model.cluster, model.options.with_fields(moe_dispatcher="alltoall"))
     assert nccl._a2a_sm_share(shard) == model.cluster.gpu.efficiency.comm_sm_fraction
     unknown = model.cluster.model_copy(update={"gpu": model.cluster.gpu.model_copy(update={"sm_count": None})})
     assert CostModel(model.spec, unknown, model.options)._a2a_sm_share(shard) == nccl._a2a_sm_share(shard)
-    quiet = CostModel(model.spec, model.cluster, replace(model.options, interference=False))
+    quiet = CostModel(model.spec, model.cluster, model.options.with_fields(interference=False))
     assert quiet._a2a_sm_share(shard) == 0.0
 
 

@@ -15,7 +15,7 @@ SPEC = resolve_model("llama3-8b")
 
 def _cp_costs(cp_comm: str, seq: int, cp: int, interference: bool = True):
     cluster = Cluster.of(resolve_gpu("h100"), 8)  # CP inside one node (TP 1)
-    model = CostModel(SPEC, cluster, CostOptions(cp_comm=cp_comm, interference=interference))
+    model = CostModel(SPEC, cluster, CostOptions.of(cp_comm=cp_comm, interference=interference))
     return model, model.layer_costs("transformer", Shard(mbs=1, seq=seq, cp=cp))
 
 
@@ -51,4 +51,4 @@ def test_ring_cp_hides_behind_long_attention_but_not_short():
 
 def test_unknown_cp_comm_is_refused():
     with pytest.raises(ValueError, match="cp_comm"):
-        CostModel(SPEC, Cluster.of(resolve_gpu("h100"), 8), CostOptions(cp_comm="a2a"))
+        CostModel(SPEC, Cluster.of(resolve_gpu("h100"), 8), CostOptions.of(cp_comm="a2a"))

@@ -89,9 +89,9 @@ def _bloom(bf16_optimizer: bool, grad_reduce_bytes: int = 2, p2p_mode: str = "de
            context: float = memory.CUDA_CONTEXT_BYTES):
     spec = resolve_model("bloom-176b")
     cluster = Cluster.of(resolve_gpu("a100-80gb"), 384, gpus_per_node=8)
-    options = CostOptions(attention="unfused", dropout=True, p2p_mode=p2p_mode, bf16_optimizer=bf16_optimizer,
-                          grad_reduce_bytes=grad_reduce_bytes, overlap_grad_reduce=False,
-                          overlap_param_gather=False, cuda_context_bytes=context)
+    options = CostOptions.of(attention="unfused", dropout=True, p2p_mode=p2p_mode, bf16_optimizer=bf16_optimizer,
+                             grad_reduce_bytes=grad_reduce_bytes, overlap_grad_reduce=False,
+                             overlap_param_gather=False, cuda_context_bytes=context)
     cuts = stage_layers_from_counts([5] + [6] * 10 + [5], spec.num_layers, 12, 1, "1f1b")
     layout = Layout(tp=4, pp=12, dp=8, vpp=1, mbs=2, num_microbatches=128, schedule="1f1b",
                     recompute=("full",) * 12, sequence_parallel=False, zero_stage=1, stage_layers=cuts)
@@ -140,7 +140,7 @@ def test_cuda_context_option_is_outside_the_allocator():
         assert x.total - y.total == pytest.approx(1573 * MiB - memory.CUDA_CONTEXT_BYTES)
         assert x.reserved == pytest.approx(y.reserved)
     with pytest.raises(ValueError):
-        CostOptions(cuda_context_bytes=-1.0)
+        CostOptions.of(cuda_context_bytes=-1.0)
 
 
 def test_pipe_engine_buffers_ride_each_in_flight_micro_batch():

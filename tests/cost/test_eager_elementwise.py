@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from planner.fidelity.published import load_runs
+from planner.fidelity.published import cost_options, load_runs
 
 torch = pytest.importorskip("torch")
 
@@ -94,4 +94,4 @@ def test_eager_rows_carry_the_counted_traffic(counted):
     runs = {run.name: run for run in load_runs(RUNS)}
     for name in EAGER_ROWS:
         run = runs[name]
-        assert run.elementwise_traffic == round(traffic_ratio(run.model, *counted.values()), 1), name
+        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, *counted.values()), 1), name

@@ -1,4 +1,4 @@
-"""FSDP1's gradient assembly (`CostOptions.fsdp1_grad_cat`): its parameters are views of a flat
+"""FSDP1's gradient assembly (`CostOptions.data.fsdp1_grad_cat`): its parameters are views of a flat
 parameter, so autograd's backward of that split concatenates the views' gradients into the flat
 gradient. Counted on torch's own autograd, then checked in the step prediction."""
 
@@ -50,7 +50,7 @@ def test_split_backward_reads_and_writes_each_gradient_element_once():
 
 
 def _model(gpus: int, **options) -> CostModel:
-    return CostModel(resolve_model("mpt-7b"), Cluster.of(resolve_gpu("h100"), gpus), CostOptions(**options))
+    return CostModel(resolve_model("mpt-7b"), Cluster.of(resolve_gpu("h100"), gpus), CostOptions.of(**options))
 
 
 def _zero3(spec, dp: int, m: int, zero: int = 3) -> Layout:
@@ -77,4 +77,4 @@ def test_only_zero3_with_the_option_pays_it():
     assert "fsdp_copies" not in predict(_model(8, fsdp1_grad_cat=True), _zero3(spec, 8, 2, zero=1), 16,
                                         SEQ).time_breakdown_s
     with pytest.raises(ValueError, match="fsdp2 and fsdp1_grad_cat"):
-        CostOptions(fsdp2=True, fsdp1_grad_cat=True)
+        CostOptions.of(fsdp2=True, fsdp1_grad_cat=True)

@@ -67,7 +67,7 @@ def test_torch_clip_grad_norm_always_rescales():
 
 
 def _model(name, gpus, **options):
-    return CostModel(resolve_model(name), Cluster.of(resolve_gpu("h100"), gpus), CostOptions(**options))
+    return CostModel(resolve_model(name), Cluster.of(resolve_gpu("h100"), gpus), CostOptions.of(**options))
 
 
 def _fsdp(spec, dp, m, *, pp=1, zero=3):
@@ -134,7 +134,7 @@ def test_fsdp_root_unit_opens_the_forward_and_closes_the_backward():
 
 
 def test_torchtitan_plans_pay_fsdp2_copies_under_zero3_only():
-    from planner.search.runtimes import runtime_cost_options
+    from planner.job import runtime_cost_options
 
     spec = resolve_model("llama3-8b")
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 8), runtime_cost_options("torchtitan"))

@@ -19,7 +19,7 @@ SEQ = 2048
 
 def _predict(tp, dp, zero, **options):
     spec = resolve_model("megatron-gpt-1.7b")
-    model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), tp * dp), CostOptions(dtype="fp16", **options))
+    model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), tp * dp), CostOptions.of(dtype="fp16", **options))
     layout = Layout(tp=tp, pp=1, dp=dp, vpp=1, mbs=4, num_microbatches=2, schedule="1f1b",
                     recompute=("full",), sequence_parallel=False, zero_stage=zero,
                     stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
@@ -58,4 +58,4 @@ def test_ddp_copies_read_and_write_each_gradient_per_pass(passes, grad_bytes):
 
 def test_negative_copy_passes_are_refused():
     with pytest.raises(ValueError, match="ddp_grad_copy_passes"):
-        CostOptions(ddp_grad_copy_passes=-1)
+        CostOptions.of(ddp_grad_copy_passes=-1)

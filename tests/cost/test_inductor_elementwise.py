@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from planner.fidelity.published import load_runs
+from planner.fidelity.published import cost_options, load_runs
 
 torch = pytest.importorskip("torch")
 
@@ -135,4 +135,4 @@ def test_compiled_rows_carry_the_counted_traffic(counted):
     assert rows
     for name in rows:
         run = runs[name]
-        assert run.elementwise_traffic == round(traffic_ratio(run.model, forward, backward), 2), name
+        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, forward, backward), 2), name

@@ -33,7 +33,7 @@ def _case(pp, vpp, m, dp, *, zero=1, name="llama3-70b", schedule="interleaved_1f
                     recompute=("none",) * pp, sequence_parallel=True, zero_stage=zero,
                     stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
     cluster = Cluster.of(resolve_gpu("h100"), 8 * pp * dp)
-    return CostModel(spec, cluster, CostOptions(interference=False)), layout
+    return CostModel(spec, cluster, CostOptions.of(interference=False)), layout
 
 
 def _chunk_comm(model, layout, costs, rank):
@@ -101,7 +101,7 @@ def test_per_chunk_sync_only_for_megatron_interleaving_with_overlap():
     model, layout = _case(4, 2, 8, 8)
     costs = chunk_costs(model, layout, SEQ)
     assert exposed_dp_times(model, layout, costs)[1] == interleaved_dp_exposed(model, layout, costs, 1)
-    flush = CostModel(model.spec, model.cluster, CostOptions(interference=False, overlap_grad_reduce=False))
+    flush = CostModel(model.spec, model.cluster, CostOptions.of(interference=False, overlap_grad_reduce=False))
     assert exposed_dp_times(flush, layout, costs)[1] > interleaved_dp_exposed(model, layout, costs, 1)
 
 

@@ -48,13 +48,13 @@ def test_forward_per_op_host_time_is_the_small_shape_measurement():
     mbs x seq x hidden bf16 at the HBM rate, plus one kernel's overhead). What remains over the
     block's kernels and half its views is the per-op time (presets/gpus.toml host_source)."""
     counts = op_counts(LLAMA, "transformer")
-    compute = CostModel(LLAMA, Cluster.of(H100, 8), CostOptions(stragglers=False)).analytic
+    compute = CostModel(LLAMA, Cluster.of(H100, 8), CostOptions.of(stragglers=False)).analytic
     activation_bytes = SMALL.mbs * SMALL.seq * LLAMA.hidden_size * 2
     last_add_s = compute.elementwise_time(3 * activation_bytes, 1)
     host_s = MEASURED_SMALL_MS[0] * 1e-3 - last_add_s
     per_op_us = host_s / (counts.forward_kernels + 0.5 * counts.forward_views) * 1e6
     assert H100.efficiency.host_op_us_forward == pytest.approx(per_op_us, abs=0.05)
-    gpu_only = _block(CostOptions(cuda_graphs=True, stragglers=False), SMALL)
+    gpu_only = _block(CostOptions.of(cuda_graphs=True, stragglers=False), SMALL)
     assert gpu_only.forward_s < 0.5 * MEASURED_SMALL_MS[0] * 1e-3  # the pass is the host's
 
 
@@ -64,7 +64,7 @@ def test_host_floor_meets_the_small_shape_measurement():
     engine's start (a training backward pays those once per pipeline chunk), and closer to it than
     the GPU alone (docs/kernel_floor.md)."""
     floor = _block(CostOptions(), SMALL)
-    gpu_only = _block(CostOptions(cuda_graphs=True), SMALL)
+    gpu_only = _block(CostOptions.of(cuda_graphs=True), SMALL)
     assert floor.forward_s * 1e3 == pytest.approx(MEASURED_SMALL_MS[0], rel=0.03)
     assert floor.backward_s * 1e3 <= MEASURED_SMALL_MS[1]
     assert abs(floor.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1) < abs(gpu_only.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1)
@@ -73,7 +73,7 @@ def test_host_floor_meets_the_small_shape_measurement():
 def test_host_floor_leaves_the_large_shape_alone():
     """The same layer at mbs 4, seq 8192 was measured within 1% of the GPU roofline: the floor
     must not move it."""
-    floor, gpu_only = _block(CostOptions(), LARGE), _block(CostOptions(cuda_graphs=True), LARGE)
+    floor, gpu_only = _block(CostOptions(), LARGE), _block(CostOptions.of(cuda_graphs=True), LARGE)
     assert floor.forward_s == pytest.approx(gpu_only.forward_s, rel=0.01)
     assert floor.backward_s == pytest.approx(gpu_only.backward_s, rel=0.01)
 
@@ -82,7 +82,7 @@ def test_cuda_graphs_keep_the_gpu_side_per_kernel_cost():
     """Under CUDA graphs a layer is the roofline, GPU-side kernel overhead included: at a tiny
     shape it is at least one overhead per GEMM of the forward."""
     shard = Shard(mbs=1, seq=128, tp=8)
-    graphs = _block(CostOptions(cuda_graphs=True), shard)
+    graphs = _block(CostOptions.of(cuda_graphs=True), shard)
     work = layer_work(LLAMA, "transformer", shard)
     assert graphs.forward_s >= len(work.gemms) * H100.efficiency.kernel_overhead_us * 1e-6
     assert graphs.forward_s < _block(CostOptions(), shard).forward_s

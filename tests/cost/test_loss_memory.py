@@ -87,7 +87,7 @@ def test_cost_option_sets_the_heads_transient_bytes():
     shard = Shard(mbs=2, seq=8192, tp=1, cp=1, sequence_parallel=False)
     cluster = Cluster.of(gpu, 8)
     fused = CostModel(spec, cluster, CostOptions()).layer_costs("head", shard).peak_extra_bytes
-    eager = CostModel(spec, cluster, CostOptions(cross_entropy="eager_fp32")).layer_costs("head", shard).peak_extra_bytes
+    eager = CostModel(spec, cluster, CostOptions.of(cross_entropy="eager_fp32")).layer_costs("head", shard).peak_extra_bytes
     logits = 2 * 8192 * 128256
     assert (fused, eager) == (2 * logits, 8 * logits)
 

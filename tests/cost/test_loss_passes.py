@@ -81,8 +81,8 @@ def test_head_time_grows_by_the_extra_passes_only(tp):
     assert op_by_op.elementwise_bytes_bwd - fused.elementwise_bytes_bwd == pytest.approx(
         logits * (VOCAB_PARALLEL_CE_BYTES[1] - FUSED_CE_BYTES[1]))
     compute = AnalyticCompute(gpu, "fp16")
-    base = AnalyticSource(spec, compute, CostOptions(dtype="fp16")).layer_times("head", shard)
-    slow = AnalyticSource(spec, compute, CostOptions(dtype="fp16", loss_passes="vocab_parallel_fp32")).layer_times("head", shard)
+    base = AnalyticSource(spec, compute, CostOptions.of(dtype="fp16")).layer_times("head", shard)
+    slow = AnalyticSource(spec, compute, CostOptions.of(dtype="fp16", loss_passes="vocab_parallel_fp32")).layer_times("head", shard)
     extra_kernels = 3 * (op_by_op.kernels_fwd - fused.kernels_fwd)  # forward, and twice as many backward
     extra_s = logits * (sum(VOCAB_PARALLEL_CE_BYTES) - sum(FUSED_CE_BYTES)) / compute.mem_bw
     extra_s += extra_kernels * compute.overhead_s
@@ -91,4 +91,4 @@ def test_head_time_grows_by_the_extra_passes_only(tp):
 
 def test_unknown_loss_passes_is_refused():
     with pytest.raises(ValueError, match="loss_passes"):
-        CostOptions(loss_passes="chunked")
+        CostOptions.of(loss_passes="chunked")

@@ -10,8 +10,7 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel, CostOptions
-from planner.cost.moe import moe_gemms
-from planner.cost.shapes import Shard, layer_work
+from planner.cost.shapes import Shard, layer_work, moe_gemms
 from planner.spec import Cluster
 
 H100 = resolve_gpu("h100")
@@ -61,8 +60,8 @@ def test_imbalance_scales_the_busiest_ranks_expert_work_and_dispatch():
     spec = resolve_model("mixtral-8x7b")
     cluster = Cluster.of(resolve_gpu("h100"), 64)
     shard = Shard(mbs=1, seq=4096, ep=8, etp=1)
-    even = CostModel(spec, cluster, CostOptions(moe_imbalance=1.0)).layer_costs("transformer", shard)
-    skewed = CostModel(spec, cluster, CostOptions(moe_imbalance=1.5)).layer_costs("transformer", shard)
+    even = CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.0)).layer_costs("transformer", shard)
+    skewed = CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.5)).layer_costs("transformer", shard)
     # dispatch + combine, each way: the busiest rank sends 1.5x the even share of the tokens
     from planner.cost.moe import dispatch_bytes
     net = CostModel(spec, cluster).network
@@ -71,8 +70,8 @@ def test_imbalance_scales_the_busiest_ranks_expert_work_and_dispatch():
     assert skewed.moe_comm_s == pytest.approx(4 * net.all_to_all(1.5 * sent, 8, 1))
     assert skewed.forward_s > even.forward_s
     one_rank = Shard(mbs=1, seq=4096, ep=1, etp=1)  # every expert on one rank: no straggler
-    assert (CostModel(spec, cluster, CostOptions(moe_imbalance=1.5)).layer_costs("transformer", one_rank)
-            == CostModel(spec, cluster, CostOptions(moe_imbalance=1.0)).layer_costs("transformer", one_rank))
+    assert (CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.5)).layer_costs("transformer", one_rank)
+            == CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.0)).layer_costs("transformer", one_rank))
 
 
 def test_dualpipev_pairing_hides_the_all_to_all():

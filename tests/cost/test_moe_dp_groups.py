@@ -18,7 +18,7 @@ SEQ = 4096
 
 
 def model():
-    options = CostOptions(overlap_grad_reduce=False, overlap_param_gather=False)
+    options = CostOptions.of(overlap_grad_reduce=False, overlap_param_gather=False)
     return CostModel(resolve_model("mixtral-8x7b"), Cluster.of(resolve_gpu("h100"), 16), options)
 
 

@@ -25,7 +25,7 @@ def test_default_is_feplbs_idle_share_read_as_max_over_mean():
     loads = [DEFAULT_IMBALANCE] + [(8 - DEFAULT_IMBALANCE) / 7] * 7  # mean 1, busiest DEFAULT_IMBALANCE
     idle = sum(max(loads) - t for t in loads) / (len(loads) * max(loads))
     assert idle == pytest.approx(0.186, abs=5e-4)
-    assert CostOptions().moe_imbalance == DEFAULT_IMBALANCE
+    assert CostOptions().moe.moe_imbalance == DEFAULT_IMBALANCE
 
 
 def test_other_reading_and_the_old_prior_are_close():

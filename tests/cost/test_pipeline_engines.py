@@ -1,5 +1,5 @@
 """The pipeline engines' runtime behaviours in `predict`: blocking send/recv holds
-(`CostOptions.p2p_mode`) and DeepSpeed's BF16_Optimizer (`CostOptions.bf16_optimizer`).
+(`CostOptions.pipeline.p2p_mode`) and DeepSpeed's BF16_Optimizer (`CostOptions.data.bf16_optimizer`).
 
 The simulator side of the holds is checked against rendezvous replays of the runtimes' calls
 in tests/schedule/test_blocking_p2p.py; here: what each mode charges per exchange, from the
@@ -22,7 +22,7 @@ def _setup(mode: str = "overlapped", *, tp: int = 4, pp: int = 4, dp: int = 2, s
            zero: int = 1, bf16_optimizer: bool = False, m: int = 8):
     spec = resolve_model("gpt3-175b")
     cluster = Cluster.of(resolve_gpu("a100-80gb"), tp * pp * dp, gpus_per_node=8)
-    model = CostModel(spec, cluster, CostOptions(p2p_mode=mode, bf16_optimizer=bf16_optimizer))
+    model = CostModel(spec, cluster, CostOptions.of(p2p_mode=mode, bf16_optimizer=bf16_optimizer))
     layout = Layout(tp=tp, pp=pp, dp=dp, vpp=1, mbs=1, num_microbatches=m, schedule="1f1b",
                     recompute=("full",) * pp, sequence_parallel=sp, zero_stage=zero,
                     stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"))
@@ -156,12 +156,12 @@ def test_launch_blocking_adds_host_time_to_gpu_time():
 
     spec, gpu = resolve_model("bloom-176b"), resolve_gpu("a100-80gb")
     shard = Shard(mbs=2, seq=SEQ, tp=4, cp=1, sequence_parallel=False)
-    options = CostOptions(attention="unfused", dropout=True)
-    gpu_only = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), CostOptions(attention="unfused", dropout=True,
-                                                                              cuda_graphs=True))
+    options = CostOptions.of(attention="unfused", dropout=True)
+    gpu_only = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), CostOptions.of(attention="unfused", dropout=True,
+                                                                                 cuda_graphs=True))
     asynchronous = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), options)
     blocking = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"),
-                              CostOptions(attention="unfused", dropout=True, launch_blocking=True))
+                              CostOptions.of(attention="unfused", dropout=True, launch_blocking=True))
     host_fwd, host_bwd = host_times(op_counts(spec, "transformer", True, True), AnalyticCompute(gpu, "bf16").eff)
     base, lazy, eager = (s.layer_times("transformer", shard) for s in (gpu_only, asynchronous, blocking))
     assert eager.forward_s == pytest.approx(base.forward_s + host_fwd)

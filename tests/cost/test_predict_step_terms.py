@@ -27,7 +27,7 @@ def _layout(spec, tp, pp, dp, m, *, schedule="1f1b", vpp=1, mbs=1, zero=1):
 
 def _model(name, gpus, **options):
     spec = resolve_model(name)
-    return CostModel(spec, Cluster.of(resolve_gpu("h100"), gpus), CostOptions(**options))
+    return CostModel(spec, Cluster.of(resolve_gpu("h100"), gpus), CostOptions.of(**options))
 
 
 @pytest.mark.parametrize(("name", "tp", "pp", "dp", "m", "schedule", "vpp"), [

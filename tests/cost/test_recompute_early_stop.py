@@ -1,9 +1,7 @@
-"""Full recompute under torch's non-reentrant checkpoint (`CostOptions.recompute_early_stop`):
+"""Full recompute under torch's non-reentrant checkpoint (`CostOptions.recompute.recompute_early_stop`):
 counted on torch's own `torch.utils.checkpoint` on CPU, against what the cost model charges."""
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 
@@ -82,7 +80,7 @@ def test_model_leaves_out_the_down_projection_and_its_collective():
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 8)
     base = CostOptions()
-    on = CostModel(spec, cluster, replace(base, recompute_early_stop=True))
+    on = CostModel(spec, cluster, base.with_fields(recompute_early_stop=True))
     off = CostModel(spec, cluster, base)
     for shard in (Shard(mbs=2, seq=4096, tp=8, sequence_parallel=True), Shard(mbs=2, seq=4096, tp=8),
                   Shard(mbs=1, seq=4096)):
@@ -109,6 +107,6 @@ def test_moe_blocks_recompute_their_whole_forward():
     spec = resolve_model("qwen3-235b-a22b")
     cluster = Cluster.of(resolve_gpu("h100"), 64)
     shard = Shard(mbs=1, seq=4096, tp=2, sequence_parallel=True, ep=8, etp=1)
-    on = CostModel(spec, cluster, CostOptions(recompute_early_stop=True))
+    on = CostModel(spec, cluster, CostOptions.of(recompute_early_stop=True))
     off = CostModel(spec, cluster, CostOptions())
     assert on.layer_costs("transformer", shard, "full") == off.layer_costs("transformer", shard, "full")

@@ -15,7 +15,7 @@ from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard
 from planner.spec import Cluster
 
-TORCHTITAN = CostOptions(selective_policy="every_other_matmul")
+TORCHTITAN = CostOptions.of(selective_policy="every_other_matmul")
 
 
 def _saved_under_selective_ac(block, x) -> int:
@@ -113,7 +113,7 @@ def test_recompute_reruns_the_tensor_parallel_collectives():
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="selective_policy"):
         CostModel(resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 8),
-                  CostOptions(selective_policy="layer"))
+                  CostOptions.of(selective_policy="layer"))
 
 
 def test_three_qkv_matmuls_keep_q_and_v_under_the_same_policy():

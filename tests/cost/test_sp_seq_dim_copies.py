@@ -222,8 +222,8 @@ def test_model_charges_a_read_and_a_write_of_the_gathered_activation_per_copy():
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 8)
     sp = Shard(mbs=2, seq=8192, tp=8, sequence_parallel=True)
-    base = CostOptions(selective_policy="every_other_matmul", tp_backward_overlap="none")
-    on, off = CostModel(spec, cluster, replace(base, sp_seq_dim_copies=True)), CostModel(spec, cluster, base)
+    base = CostOptions.of(selective_policy="every_other_matmul", tp_backward_overlap="none")
+    on, off = CostModel(spec, cluster, base.with_fields(sp_seq_dim_copies=True)), CostModel(spec, cluster, base)
     one = on.analytic.elementwise_time(2 * 2 * sp.local_tokens * spec.hidden_size, 1)
     for kind, recompute in (("transformer", "selective"), ("transformer", "full"), ("embedding", "none"),
                             ("head", "none")):

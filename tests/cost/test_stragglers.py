@@ -8,7 +8,6 @@ import itertools
 import json
 import random
 import statistics
-from dataclasses import replace
 
 import pytest
 
@@ -121,7 +120,7 @@ def test_off_gives_the_predictions_of_a_gpu_without_a_population_exactly():
     spec, gpu = resolve_model("llama3-70b"), resolve_gpu("h100")
     without = gpu.model_copy(update={"speed_spread": None})
     for dp in (1, 8):
-        off = _prediction(spec, gpu, dp, CostOptions(stragglers=False))
+        off = _prediction(spec, gpu, dp, CostOptions.of(stragglers=False))
         none = _prediction(spec, without, dp, CostOptions())
         assert off.step_time_s == none.step_time_s
         assert off.time_breakdown_s == none.time_breakdown_s
@@ -132,7 +131,7 @@ def test_on_slows_compute_more_with_more_gpus_and_leaves_memory_alone():
     spec, gpu = resolve_model("llama3-70b"), resolve_gpu("h100")
     factors = {}
     for dp in (1, 8, 64):
-        on, off = (_prediction(spec, gpu, dp, CostOptions(stragglers=s)) for s in (True, False))
+        on, off = (_prediction(spec, gpu, dp, CostOptions.of(stragglers=s)) for s in (True, False))
         factors[dp] = on.time_breakdown_s["compute"] / off.time_breakdown_s["compute"]
         assert 1.0 < factors[dp] < straggler_slowdown(gpu.speed_spread, 16 * dp)
         assert on.peak_memory_bytes == off.peak_memory_bytes
@@ -148,7 +147,7 @@ def test_a_measured_source_is_scaled_whole_by_the_factor():
 
     spec, gpu = resolve_model("llama3-8b"), resolve_gpu("h100")
     shard = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
-    options = CostOptions(tp_comm_overlap=0.0)
+    options = CostOptions.of(tp_comm_overlap=0.0)
     costs = CostModel(spec, Cluster.of(gpu, 512), options, source=Fixed()).layer_costs("transformer", shard)
     factor = compute_slowdown(gpu, options, 512)
     assert factor > 1.0
@@ -170,9 +169,9 @@ def test_cli_switch_and_population_choice(cli, tmp_path):
 
 def test_options_default_on_and_replaceable():
     options = CostOptions()
-    assert options.stragglers and options.speed_spread is None
-    assert compute_slowdown(resolve_gpu("a100-80gb"), replace(options, stragglers=False), 4096) == 1.0
-    assert compute_slowdown(resolve_gpu("a100-80gb"), replace(options, speed_spread="a100-ls6-resnet50"), 64) == \
+    assert options.cluster.stragglers and options.cluster.speed_spread is None
+    assert compute_slowdown(resolve_gpu("a100-80gb"), options.with_fields(stragglers=False), 4096) == 1.0
+    assert compute_slowdown(resolve_gpu("a100-80gb"), options.with_fields(speed_spread="a100-ls6-resnet50"), 64) == \
         pytest.approx(builtin_spreads()["a100-ls6-resnet50"].slowdown(64))
 
 

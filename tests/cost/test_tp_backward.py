@@ -17,7 +17,7 @@ from planner.cost.shapes import Shard
 from planner.cost.tp_backward import BackwardCollective, backward_collectives, backward_comm_seconds
 from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs
-from planner.search.runtimes import runtime_cost_options
+from planner.job import runtime_cost_options
 from planner.spec import Cluster
 
 BLOCK = (("qkv", "column"), ("attn_out", "row"), ("mlp_up", "column"), ("mlp_down", "row"))
@@ -200,7 +200,7 @@ def test_column_linear_backward_against_a_brute_force_timeline():
 def _model(option: str, sequence_parallel: bool = True, intra_gbps: float | None = None):
     spec = resolve_model("llama3-70b")
     cluster = Cluster.of(resolve_gpu("h100"), 8, **({} if intra_gbps is None else {"intra_node_bw_gbps": intra_gbps}))
-    model = CostModel(spec, cluster, CostOptions(tp_backward_overlap=option))
+    model = CostModel(spec, cluster, CostOptions.of(tp_backward_overlap=option))
     return model, Shard(mbs=1, seq=8192, tp=8, sequence_parallel=sequence_parallel)
 
 
@@ -264,10 +264,10 @@ def test_split_backward_schedules_charge_the_deferred_reductions():
 
 
 def test_runtimes_choose_their_backward():
-    assert CostOptions().tp_backward_overlap == "async"
-    assert runtime_cost_options("megatron").tp_backward_overlap == "async"
-    assert runtime_cost_options(None).tp_backward_overlap == "async"
-    assert runtime_cost_options("torchtitan").tp_backward_overlap == "none"
-    assert runtime_cost_options("torch").tp_backward_overlap == "none"
+    assert CostOptions().tensor.tp_backward_overlap == "async"
+    assert runtime_cost_options("megatron").tensor.tp_backward_overlap == "async"
+    assert runtime_cost_options(None).tensor.tp_backward_overlap == "async"
+    assert runtime_cost_options("torchtitan").tensor.tp_backward_overlap == "none"
+    assert runtime_cost_options("torch").tensor.tp_backward_overlap == "none"
     with pytest.raises(ValueError):
-        CostOptions(tp_backward_overlap="overlapped")
+        CostOptions.of(tp_backward_overlap="overlapped")

@@ -97,7 +97,7 @@ def test_memory_is_a_fused_kernels():
     """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2: no score matrix."""
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=4, seq=2048)
-    saved = {a: CostModel(MPT_7B, cluster, CostOptions(attention=a)).layer_costs("transformer", shard).activation_bytes
+    saved = {a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
              for a in ("flash2", "triton_fa1", "unfused")}
     assert saved["triton_fa1"] == saved["flash2"] < saved["unfused"]
 
@@ -106,7 +106,7 @@ def test_memory_is_a_fused_kernels():
 def test_gpus_without_a_source_refuse_it(gpu):
     """No measurement of the kernel (nor pre-MLIR Triton support) on Blackwell or AMD."""
     with pytest.raises(PlannerError, match="no measured triton_fa1"):
-        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions(attention="triton_fa1"))
+        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions.of(attention="triton_fa1"))
 
 
 def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:

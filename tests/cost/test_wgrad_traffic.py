@@ -11,7 +11,7 @@ from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel, CostOptions, analytic_compute
 from planner.cost.shapes import Gemm, Shard
 from planner.fidelity.published import cost_options, load_runs
-from planner.search.runtimes import runtime_cost_options
+from planner.job import runtime_cost_options
 from planner.spec import Cluster
 from tests.cost.roofline import closed_form_gemm_s
 
@@ -51,8 +51,8 @@ def test_many_tokens_hide_the_main_gradient_traffic():
 
 @pytest.mark.parametrize(("options", "expected"), [
     (CostOptions(), 8.0),  # Megatron-LM: fused into fp32 main gradients
-    (CostOptions(grad_reduce_bytes=2), 4.0),  # --grad-reduce-in-bf16: bf16 main gradients
-    (CostOptions(wgrad_accumulation="autograd"), 2.0),
+    (CostOptions.of(grad_reduce_bytes=2), 4.0),  # --grad-reduce-in-bf16: bf16 main gradients
+    (CostOptions.of(wgrad_accumulation="autograd"), 2.0),
     (runtime_cost_options("megatron"), 8.0),
     (runtime_cost_options("torchtitan"), 2.0),
     (runtime_cost_options("deepspeed"), 2.0),
@@ -64,18 +64,18 @@ def test_options_choose_the_output_bytes(options, expected):
 
 def test_published_runs_take_their_runtimes_accumulation():
     runs = {run.name: run for run in load_runs(RUNS)}
-    assert cost_options(runs["korthikanti-22b-full"]).wgrad_accumulation == "fused"
-    assert cost_options(runs["torchtitan-llama3-8b-fsdp8"]).wgrad_accumulation == "none"
-    assert cost_options(runs["megatron-sc21-gpt-1.7b"]).wgrad_accumulation == "autograd"  # named in the file
+    assert cost_options(runs["korthikanti-22b-full"]).data.wgrad_accumulation == "fused"
+    assert cost_options(runs["torchtitan-llama3-8b-fsdp8"]).data.wgrad_accumulation == "none"
+    assert cost_options(runs["megatron-sc21-gpt-1.7b"]).data.wgrad_accumulation == "autograd"  # named in the file
     # Megatron-FSDP's recipe passes --no-gradient-accumulation-fusion
-    assert cost_options(runs["qwen3-235b-ep8-fsdp-256xh100"]).wgrad_accumulation == "none"
+    assert cost_options(runs["qwen3-235b-ep8-fsdp-256xh100"]).data.wgrad_accumulation == "none"
 
 
 def _fused_and_fresh(model: str, shard: Shard):
     """One block's times with the weight gradients accumulated in place, and written fresh."""
     spec, cluster = resolve_model(model), Cluster.of(resolve_gpu("h100"), 256, gpus_per_node=8)
     fused = CostModel(spec, cluster, CostOptions()).source.layer_times("transformer", shard)
-    fresh = CostModel(spec, cluster, CostOptions(wgrad_accumulation="none")).source.layer_times("transformer", shard)
+    fresh = CostModel(spec, cluster, CostOptions.of(wgrad_accumulation="none")).source.layer_times("transformer", shard)
     assert (fused.forward_s, fused.backward_input_s) == (fresh.forward_s, fresh.backward_input_s)
     return fused, fresh
 

@@ -99,7 +99,7 @@ def test_exported_pipeline_trains_in_deepspeed(tmp_path):
     (dict(schedule="zb_h1"), "zb_h1"),
     (dict(zero_stage=2), "ZeRO-2 with pipeline"),
     (dict(zero_stage=3), "ZeRO-3 with pipeline"),
-    (dict(tp=2), "tensor / context"),
+    (dict(tp=2), "needs Megatron-DeepSpeed"),
     (dict(recompute="selective"), "selective"),
 ])
 def test_deepspeed_refuses(fields, words):

@@ -22,7 +22,7 @@ import typing
 import pytest
 
 from planner.export.megatron import export_megatron, pipeline_layout
-from planner.schedule.registry import interleave_rounds
+from planner.schedule.generators import interleave_rounds
 
 from export_helpers import make_plan, write_files
 
@@ -310,7 +310,7 @@ def test_the_overlap_gate_is_megatrons_own(case, megatron, tmp_path, monkeypatch
     if mtp is not None:  # Qwen3 with two MTP layers (Megatron's --mtp-num-layers)
         plan_file = plan_file.model_copy(update={"model": plan_file.model.model_copy(update={"mtp_depth": mtp})})
     entry, spec = plan_file.plans[0], plan_file.model
-    priced = runs_combined_1f1b(CostOptions(moe_ep_overlap=True), spec, layout_from_entry(entry))
+    priced = runs_combined_1f1b(CostOptions.of(moe_ep_overlap=True), spec, layout_from_entry(entry))
     overlap = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if priced:
         _, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch, extra_args=overlap)

@@ -17,7 +17,7 @@ from export_helpers import make_plan, write_files
 from planner.catalog import resolve_model
 from planner.errors import ExportError
 from planner.export.torchtitan import export_torchtitan
-from planner.plan import virtual_stage
+from planner.schedule.registry import virtual_stage
 
 pytest.importorskip("torchtitan", reason="torchtitan not installed (see docs/exporters.md)")
 torch = pytest.importorskip("torch")
@@ -39,7 +39,8 @@ PLANS = {
                                       sequence_parallel=True, recompute="full",
                                       stage_layers=per_rank([4, 8, 12, 16, 20, 24, 28, 32], 4, 2, "zbv"))),
     "interleaved_uneven": ("llama3-8b", dict(pp=4, dp=2, vpp=2, schedule="interleaved_1f1b", num_microbatches=8,
-                                             stage_layers=per_rank([3, 7, 11, 15, 19, 23, 27, 32], 4, 2, "loop"),
+                                             stage_layers=per_rank([3, 7, 11, 15, 19, 23, 27, 32], 4, 2,
+                                                                  "interleaved_1f1b"),
                                              zero_stage=3)),
     "zb_h2_from_csv": ("tiny-llama", dict(pp=2, schedule="zb_h2", dtype="fp32")),
     "no_pipeline_ddp": ("tiny-llama", dict(pp=1, dp=8, num_microbatches=4, stage_layers=[[0, 4]], zero_stage=0,

@@ -19,7 +19,7 @@ PRESETS = Path(__file__).parents[2] / "planner" / "presets"
 
 def _model(gpu: str, stragglers: bool = True) -> CostModel:
     cluster = Cluster.of(resolve_gpu(gpu), 256, gpus_per_node=8)
-    return CostModel(resolve_model("qwen3-235b-a22b"), cluster, CostOptions(stragglers=stragglers))
+    return CostModel(resolve_model("qwen3-235b-a22b"), cluster, CostOptions.of(stragglers=stragglers))
 
 
 def test_shapes_are_the_busiest_gpus_experts():

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import resolve_model
+from planner.catalog import resolve_gpu, resolve_model
+from planner.job import default_attention
+from planner.runtimes import resolve
 from planner.cost.memory import total_param_count
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
@@ -87,7 +89,7 @@ LinearWithGradAccumulationAndAsyncCommunication and Transformer Engine's linears
 (planner/cost/tp_backward.py, docs/tp_backward.md: a column-parallel linear's input-gradient
 all-reduce / reduce-scatter beside its weight-gradient GEMM, under sequence parallelism its input
 gathered again beside its data-gradient GEMM), set per run from the runtime's source
-(CostOptions.tp_backward_overlap): korthikanti2022 3.0% -> 5.1% (Megatron-LM 2022, async by
+(CostOptions.tensor.tp_backward_overlap): korthikanti2022 3.0% -> 5.1% (Megatron-LM 2022, async by
 default since 2021-09), nemotron4-2024 14.5% -> 16.9% (TE, no userbuffers), and the
 megatron-moe-modelzoo 20.4% -> 20.6% (TE; the '+1f1b overlap' row with --delay-wgrad-compute
 gathers again but hides no reduction): a mechanism the runtimes have, which hides communication
@@ -186,7 +188,7 @@ def test_set_covers_sources_years_generations_runtimes_and_scales(runs):
     assert len({r.year for r in runs}) >= 3
     generations = {r.gpu.split("-")[0] for r in runs}
     assert {"a100", "h100"} <= generations
-    assert {"megatron-lm", "megatron-deepspeed", "torchtitan", "nemo"} <= {r.runtime for r in runs}
+    assert {"megatron@2021", "megatron@0.19", "deepspeed@megatron-2022", "torchtitan@0.3", "nemo@2024"} <= {r.runtime for r in runs}
     assert min(r.gpus for r in runs) <= 8 and max(r.gpus for r in runs) >= 10_000
     assert set(MEAN_ABS_STEP_ERROR_BOUND) == sources
 
@@ -204,23 +206,24 @@ def test_held_out_runs_follow_the_stated_rule(runs):
     assert sum(r.held_out for r in runs) >= len(runs) // 4
 
 
-def test_attention_and_precision_map_to_cost_options(runs):
+def test_settings_map_to_cost_options_over_the_runtime_version(runs):
     for run in runs:
-        options = cost_options(run)
-        assert options.flash_attention == (run.attention != "unfused")
-        assert options.dtype == run.precision
-        assert options.dropout == run.dropout
+        options = cost_options(run).flat()
+        version = resolve(run.runtime)
+        expected = {**version.costs, **run.request().options}
+        assert all(options[name] == value for name, value in expected.items()), run.name
+        if "attention" not in expected:
+            assert options["attention"] == default_attention(version, resolve_gpu(run.gpu)), run.name
 
 
 def _row(**overrides) -> str:
     fields = {
-        "name": '"x"', "source_id": '"s"', "year": "2022", "runtime": '"megatron-lm"', "model": '"gpt3-175b"',
+        "name": '"x"', "source_id": '"s"', "year": "2022", "runtime": '"megatron@2022"', "model": '"gpt3-175b"',
         "gpu": '"a100-80gb"', "gpus": "64", "gpus_per_node": "8", "intra_node_bw_gbps": "300.0",
         "inter_node_bw_gbps": "25.0", "tp": "8", "pp": "8", "cp": "1", "dp": "1", "vpp": "1", "mbs": "1",
         "schedule": '"1f1b"', "recompute": '"full"', "sequence_parallel": "false", "zero_stage": "0",
-        "global_batch": "64", "seq": "2048", "attention": '"unfused"', "precision": '"fp16"',
-        "overlap_grad_reduce": "false", "overlap_param_gather": "false", "tp_comm_overlap": "0.0",
-        "grad_reduce_bytes": "4", "step_time_s": "18.0", "flops_convention": '"megatron_hfu"',
+        "global_batch": "64", "seq": "2048", "settings": '{ dtype = "fp16" }',
+        "step_time_s": "18.0", "flops_convention": '"megatron_hfu"',
         "source": '"A paper, Table 5, row 175B"', "url": '"https://arxiv.org/abs/2205.05198"',
         "assumptions": '"' + "a" * 50 + '"',
     }
@@ -229,10 +232,12 @@ def _row(**overrides) -> str:
 
 
 @pytest.mark.parametrize("override", [
-    {"attention": '"flash9"'},
-    {"attention": None},
-    {"precision": '"fp8"'},
-    {"flash_attention": "true"},
+    {"settings": '{ attention = "flash9" }'},
+    {"settings": '{ tensor_parallel_magic = true }'},
+    {"settings": '{ p2p_mode = "carrier-pigeon" }'},
+    {"runtime": '"megatron@1999"'},
+    {"runtime": '"megatron-lm"'},
+    {"attention": '"unfused"'},
     {"dp": "2"},
     {"url": '"http://example.com"'},
     {"step_time_s": None},
@@ -334,7 +339,7 @@ def test_stated_step_times_and_throughputs_agree_through_the_sources_flop_count(
         if run.step_time_s is None or (run.tflops_per_gpu is None and run.mfu is None):
             continue
         model, _ = build(run)
-        peak = model.cluster.gpu.peak_flops(run.precision)
+        peak = model.cluster.gpu.peak_flops(model.options.kernels.dtype)
         from_step = run.global_batch * run.seq / (run.step_time_s * run.gpus)
         stated = throughput_as_tokens_per_s_per_gpu(run, model.spec, peak)
         assert stated == pytest.approx(from_step, rel=0.015), run.name
@@ -348,7 +353,7 @@ def test_published_conversion_round_trips_stated_mfu(runs):
         if run.tflops_per_gpu is None or run.mfu is None:
             continue
         model, _ = build(run)
-        peak = model.cluster.gpu.peak_flops(run.precision)
+        peak = model.cluster.gpu.peak_flops(model.options.kernels.dtype)
         assert run.tflops_per_gpu * 1e12 / peak == pytest.approx(run.mfu, abs=0.01)
         assert published_tokens_per_s_per_gpu(run, model.spec, peak) > 0
 

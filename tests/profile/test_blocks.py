@@ -24,7 +24,7 @@ from planner.errors import PlannerError  # noqa: E402
 from planner.profile.blocks import build_transformer, check_block  # noqa: E402
 from planner.profile.measure import Settings, measure_shape, param_count  # noqa: E402
 from planner.profile.schema import ShapeKey  # noqa: E402
-from planner.search.runtimes import runtime_cost_options  # noqa: E402
+from planner.job import runtime_cost_options  # noqa: E402
 
 RUNTIME_AGREEMENT = 0.05
 
@@ -32,9 +32,10 @@ RUNTIME_AGREEMENT = 0.05
 def _activation_options(runtime: str | None, **extra) -> memory.ActivationOptions:
     """The analytic model's activation options for plans `runtime` runs (as CostModel builds them)."""
     options = runtime_cost_options(runtime)
-    return memory.ActivationOptions(flash_attention=options.flash_attention, dropout=options.dropout,
-                                    selective_policy=options.selective_policy,
-                                    eager_swiglu=options.eager_swiglu, **extra)
+    kernels = options.kernels
+    return memory.ActivationOptions(flash_attention=kernels.flash_attention, dropout=kernels.dropout,
+                                    selective_policy=options.recompute.selective_policy,
+                                    eager_swiglu=kernels.eager_swiglu, **extra)
 
 
 def _measure(block: str, tp: int, recompute: str = "none", model: str = "tiny-llama"):

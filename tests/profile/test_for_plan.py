@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from profile_factories import make_profile, ok_row
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cli import options as opt
@@ -15,13 +16,13 @@ from planner.cost.calibrate import fit, fit_file
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel
 from planner.cost.shapes import Shard, layer_work
+from planner.job import build_cost_model
 from planner.profile import store
 from planner.profile.lookup import MeasuredFirst, ProfiledCompute
 from planner.search.profile_shapes import cheapest, plan_shapes
 from planner.search.search import search
 from planner.search.space import SearchSpace
 from planner.spec import Cluster
-from profile_factories import make_profile, ok_row
 
 FAST = ["--dtype", "fp32", "--device", "cpu", "--warmup", "0", "--repeats", "1"]
 TINY = ["--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "256"]
@@ -117,7 +118,7 @@ def test_unmeasured_shapes_get_the_model_fitted_to_the_profile(tmp_path, dtype):
     path = tmp_path / "p.json"
     store.save(path, make_profile(rows, model="llama3-8b", device="NVIDIA H100 80GB HBM3", device_type="cuda",
                                   dtype=dtype))
-    model = opt.build_cost_model(spec, Cluster.of(H100, 8), path)
+    model = build_cost_model(spec, Cluster.of(H100, 8), path)
     measured, elsewhere = Shard(mbs=2, seq=1024), Shard(mbs=4, seq=2048, tp=4)
     assert model.source.source_of("transformer", measured) == "measured"
     assert model.source.source_of("transformer", elsewhere) == "calibrated"

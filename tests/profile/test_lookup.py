@@ -116,7 +116,7 @@ def test_profiled_source_feeds_the_cost_model(tmp_path):
     assert source.name == "profile:h100-llama3-8b.json"
     measured = ROWS[[r.key for r in ROWS].index(("transformer", 2, 4, 1024, "none"))].forward_ms / 1e3
     shard = Shard(mbs=4, seq=1024, tp=2)
-    model = CostModel(SPEC, Cluster.of(H100, 8), CostOptions(stragglers=False), source=source)
+    model = CostModel(SPEC, Cluster.of(H100, 8), CostOptions.of(stragglers=False), source=source)
     assert model.layer_costs("transformer", shard).forward_s == measured
     # timed on one GPU; the 8-GPU job waits for its slowest GPU (planner/cost/stragglers.py)
     model = CostModel(SPEC, Cluster.of(H100, 8), source=source)

@@ -102,7 +102,7 @@ def test_plan_profile_uses_the_nodes_measured_collectives(tmp_path):
     measured group size exactly; another size through the nearest size's bus bandwidth),
     groups across nodes keep the NCCL model."""
     from planner.catalog import resolve_gpu, resolve_model
-    from planner.cli.options import build_cost_model
+    from planner.job import build_cost_model
     from planner.cost.comm import Network
     from planner.spec import Cluster
     from tests.profile.profile_factories import ok_row

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from planner.errors import ConfigError
+from planner.errors import ConfigError, PlannerError
 from planner.profile import store
 from profile_factories import make_profile, ok_row
 
@@ -32,7 +32,7 @@ def test_a_failed_write_leaves_the_previous_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(PlannerError, match="cannot write profile .*p.json: disk full"):
         store.save(path, first.with_row(ok_row(mbs=2)))
     monkeypatch.undo()
     assert store.load(path) == first

@@ -28,7 +28,7 @@ def test_the_page_shows_the_plan_file_and_its_budget(plan_report):
     html = page.read_text()
     document = parse_plan_file(plan.read_text())
     best = document.plans[0]
-    assert document.inputs is not None and document.inputs.num_gpus == 8
+    assert document.request is not None and document.request.num_gpus == 8
     for name in best.runtimes:
         assert f"planner export {plan} --to {name}" in html
     assert "Why not something else" in html
@@ -57,12 +57,28 @@ def test_report_re_creates_the_plan_from_the_file(plan_report, tmp_path, cli):
 def test_a_plan_file_without_inputs_still_reports(plan_report, tmp_path, cli):
     plan, _ = plan_report
     document = json.loads(plan.read_text())
-    del document["inputs"]
+    del document["request"]
     old = tmp_path / "old.json"
     old.write_text(json.dumps(document))
     code, _, err = _report(cli, old, tmp_path / "old.html")
     assert code == 0, err
     assert "predates recorded inputs" in (tmp_path / "old.html").read_text()
+
+
+def test_a_plan_file_with_the_older_inputs_record_rebuilds_its_request(plan_report, tmp_path, cli):
+    """Files written before the request was recorded kept an `inputs` record: it is read as
+    the request, so the page re-simulates the same job."""
+    plan, _ = plan_report
+    document = json.loads(plan.read_text())
+    request = document.pop("request")
+    document["inputs"] = {"gpu": request["gpu"], "num_gpus": request["num_gpus"], "precision": "bf16",
+                          "moe_dispatcher": "alltoall", "moe_ep_overlap": False, "command": ["planner", "plan"]}
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(document))
+    code, _, err = _report(cli, old, tmp_path / "old.html")
+    assert code == 0, err
+    html = (tmp_path / "old.html").read_text()
+    assert "predates recorded inputs" not in html and "differs from the file" not in html
 
 
 def test_without_plotly_report_exits_2_saying_what_to_install(plan_report, tmp_path, cli, monkeypatch):

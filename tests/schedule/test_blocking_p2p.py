@@ -25,8 +25,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planner.runtimes.megatron_exchange import exchange_program
 from planner.schedule import StageCosts, compile_schedule, generate, simulate
 from planner.schedule.actions import Action, F
+
+
+def _megatron(name: str, pp: int, m: int, v: int = 1):
+    """Schedule `name` compiled with Megatron-LM's blocking calls, where it has them."""
+    return compile_schedule(name, pp, m, v, exchanges=exchange_program(name, pp, m))
 
 
 def _rendezvous(ops: list[list[tuple]], costs: dict[str, list[float]]) -> float:
@@ -195,8 +201,9 @@ def test_blocked_time_is_the_holds_of_each_ranks_sending_actions(pp, m):
     assert held.step_time_s > plain.step_time_s
 
 
-# The rendezvous itself (compile_schedule knows Megatron-LM's blocking exchange calls for
-# 1f1b and interleaved_1f1b): the simulator pairs each call with its peers' matching calls.
+# The rendezvous itself (planner/runtimes/megatron_exchange.py has Megatron-LM's blocking
+# exchange calls for 1f1b and interleaved_1f1b): the simulator pairs each call with its peers'
+# matching calls.
 
 
 def _megatron_interleaved(pp: int, m: int, v: int, hold: float) -> list[list[tuple]]:
@@ -280,7 +287,7 @@ def test_megatron_1f1b_rendezvous_matches_its_calls_on_uneven_stages(fs, bs, mul
     pp, hold = len(fs), 0.1
     m = mult * pp + 1
     reference = _rendezvous(_megatron_1f1b(pp, m, hold), {"F": fs, "B": bs})
-    simulated = simulate(compile_schedule("1f1b", pp, m, paired_exchanges=True), _costs(fs, bs, hold, hold))
+    simulated = simulate(_megatron("1f1b", pp, m), _costs(fs, bs, hold, hold))
     assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
 
 
@@ -290,7 +297,7 @@ def test_megatron_1f1b_rendezvous_equals_the_holds_on_equal_stages(pp, m, f, b, 
     """The docstring's argument: equal stages in plain 1F1B pair a rank ending a forward with a
     neighbour ending a backward, so the paired calls give today's hold-only makespan."""
     costs = _costs([f] * pp, [b] * pp, hold, hold)
-    paired = simulate(compile_schedule("1f1b", pp, m, paired_exchanges=True), costs).step_time_s
+    paired = simulate(_megatron("1f1b", pp, m), costs).step_time_s
     held = simulate(generate("1f1b", pp, m), costs).step_time_s
     assert paired == pytest.approx(held, rel=1e-12)
 
@@ -304,7 +311,7 @@ def test_megatron_interleaved_rendezvous_matches_its_calls(pp, m, v, stages):
     fs = [1.0] * pp if stages == "equal" else [1.0 + 0.37 * ((3 * r) % pp) / pp for r in range(pp)]
     bs = [2.0 * f + (0.3 if r == 1 else 0.0) for r, f in enumerate(fs)]
     reference = _rendezvous(_megatron_interleaved(pp, m, v, hold), {"F": fs, "B": bs})
-    simulated = simulate(compile_schedule("interleaved_1f1b", pp, m, v, paired_exchanges=True),
+    simulated = simulate(_megatron("interleaved_1f1b", pp, m, v),
                          _chunked(fs, bs, v, hold))
     assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
 
@@ -321,7 +328,7 @@ def test_a_slow_receiver_holds_its_sender_hand_enumerated():
     def start(result, rank, mb):
         return next(e.start_s for e in result.timeline if e.rank == rank and e.action == Action(0, F, mb))
 
-    paired = simulate(compile_schedule("1f1b", 3, 3, paired_exchanges=True), costs, timeline=True)
+    paired = simulate(_megatron("1f1b", 3, 3), costs, timeline=True)
     held = simulate(generate("1f1b", 3, 3), costs, timeline=True)
     assert [start(paired, 0, mb) for mb in range(3)] == pytest.approx([0.0, 1.5, 4.5], abs=1e-12)
     assert start(held, 0, 2) == pytest.approx(3.0, abs=1e-12)
@@ -338,8 +345,8 @@ def test_paired_calls_keep_busy_time_and_count_one_transfer_per_call(name, pp, m
     rank one send_backward_recv_forward per micro-batch (M). Interleaved 1F1B: one call per
     warm-up forward, steady (F, B) pair and cool-down backward (V M + w) that carries a message."""
     base = StageCosts.uniform(pp, v, 1.0, 1.0, 1.0)
-    held = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), replace(base, send_hold_forward_s=0.1, send_hold_backward_s=0.1))
-    plain = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), base)
+    held = simulate(_megatron(name, pp, m, v), replace(base, send_hold_forward_s=0.1, send_hold_backward_s=0.1))
+    plain = simulate(_megatron(name, pp, m, v), base)
     assert held.busy_s == plain.busy_s
     if name == "1f1b":
         warm = [pp - 1 - r for r in range(pp)]
@@ -361,9 +368,8 @@ def test_paired_calls_only_add_time(pp, rounds, v, fs, bs, hold):
     receiver never starts before its producer's end plus one transfer."""
     name, m = ("1f1b", rounds * pp) if v == 1 else ("interleaved_1f1b", rounds * pp)
     costs = _chunked(fs[:pp], bs[:pp], v, hold)
-    paired = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), costs, timeline=True)
-    free = simulate(compile_schedule(name, pp, m, v, paired_exchanges=True), replace(costs, send_hold_forward_s=0.0,
-                                                               send_hold_backward_s=0.0))
+    paired = simulate(_megatron(name, pp, m, v), costs, timeline=True)
+    free = simulate(_megatron(name, pp, m, v), replace(costs, send_hold_forward_s=0.0, send_hold_backward_s=0.0))
     assert paired.step_time_s >= free.step_time_s - 1e-9
     ends = {e.action: e for e in paired.timeline}
     for e in paired.timeline:
@@ -376,9 +382,9 @@ def test_paired_calls_only_add_time(pp, rounds, v, fs, bs, hold):
 
 
 def test_unpaired_compile_keeps_holds_after_each_sender():
-    """Without `paired_exchanges` (DeepSpeed's engine, another call program, or overlapped
+    """Without an exchange program (DeepSpeed's engine, another call program, or overlapped
     sends) a compiled 1f1b keeps the holds after each sender, as the raw order does."""
     costs = _costs([1.0, 1.5, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0], 0.2, 0.2)
     assert compile_schedule("1f1b", 4, 8).exchanges is None
     assert simulate(compile_schedule("1f1b", 4, 8), costs) == simulate(generate("1f1b", 4, 8), costs)
-    assert compile_schedule("1f1b", 4, 8, paired_exchanges=True).exchanges is not None
+    assert _megatron("1f1b", 4, 8).exchanges is not None

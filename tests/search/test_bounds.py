@@ -14,7 +14,6 @@ from planner.cost.model import CostModel
 from planner.pipeline import ChunkCosts
 from planner.predict import predict
 from planner.schedule import SCHEDULES, StageCosts, check_shape, compile_schedule, generate, peak_held_counts, simulate
-from planner.plan import V_SHAPED_SCHEDULES
 from planner.search.bounds import FIRST_CHUNK_SHARE, layout_bound, round_trip_bound, sequencing_bound, work_bound
 from planner.search.costing import (
     inflight_of,
@@ -97,7 +96,7 @@ def test_sequencing_bound_never_exceeds_the_simulated_step(shape, data):
     costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
                        backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
                        extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p, segments=k)
-    split, v_shaped = SCHEDULES[name].split_backward, name in V_SHAPED_SCHEDULES
+    split, v_shaped = SCHEDULES[name].split_backward, SCHEDULES[name].v_shaped
     bound = sequencing_bound(costs, m, split, v_shaped)
     assert bound <= sim.step_time_s * (1 + 1e-9)
     assert bound >= layout_bound(costs, m, split and pp > 1) * (1 - 1e-9)

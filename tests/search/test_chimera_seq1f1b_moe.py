@@ -24,7 +24,7 @@ SPEC = resolve_model("tiny-moe").model_copy(update={"mtp_depth": 1})  # one dens
 
 
 def _model(gpus, limit=None, **options):
-    return CostModel(SPEC, Cluster.of(resolve_gpu("h100"), gpus, memory_limit_gib=limit), CostOptions(**options))
+    return CostModel(SPEC, Cluster.of(resolve_gpu("h100"), gpus, memory_limit_gib=limit), CostOptions.of(**options))
 
 
 def _layout(schedule, pp, m, *, vpp=1, segments=1, dp=4, ep=2, zero=1):

@@ -5,7 +5,6 @@ predict may pair a layout's layers, predict blends in the warm-up passes that ru
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import lru_cache
 
 import pytest
@@ -38,7 +37,7 @@ MECHANISMS = [(d, o) for d in ("alltoall", "deepep") for o in (False, True)]
 @lru_cache(maxsize=None)
 def _model(dispatcher: str, overlap: bool) -> CostModel:
     """Qwen3-30B-A3B (128 experts, top-8) on 8 nodes of 8 H100s: EP up to 64, across nodes."""
-    options = CostOptions(moe_dispatcher=dispatcher, moe_ep_overlap=overlap)
+    options = CostOptions.of(moe_dispatcher=dispatcher, moe_ep_overlap=overlap)
     return CostModel(resolve_model("qwen3-30b-a3b"), Cluster.of(resolve_gpu("h100"), GPUS), options)
 
 
@@ -130,7 +129,7 @@ def test_dense_model_plans_are_unchanged_by_the_moe_options():
     """A dense model: the MoE options are accepted and change no cost and no search answer."""
     spec, cluster = resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 16)
     plain = CostModel(spec, cluster)
-    both = CostModel(spec, cluster, replace(CostOptions(), moe_dispatcher="deepep", moe_ep_overlap=True))
+    both = CostModel(spec, cluster, CostOptions.of(moe_dispatcher="deepep", moe_ep_overlap=True))
     space = SearchSpace(pp=(1, 2), schedules=("1f1b", "interleaved_1f1b"), mbs=(1,))
     a = search(plain, 32, 2048, space, top=3).plans
     b = search(both, 32, 2048, space, top=3).plans

@@ -1,0 +1,147 @@
+"""The Python API: the same requests, jobs and plans the command line prints as JSON.
+
+    import planner
+    request = planner.Request(model="llama3-70b", num_gpus=256, global_batch=512, seq=8192,
+                              runtime="megatron@0.19")
+    best = planner.plan(request).plans[0]                 # a PlanFile, as `plan --json` prints
+    one = planner.evaluate(request, tp=8, pp=4, vpp=2)    # a PlanFile with one plan
+
+`layout_of` and `evaluate_layout` are the steps `planner evaluate` and the published-runs
+harness take; `plan` is `planner plan` without the terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import LayoutError
+from planner.job import Job, build
+from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
+from planner.plan import RECOMPUTE_MODES, ClusterSummary, PlanEntry, PlanFile
+from planner.predict import Prediction, predict, priced_options
+from planner.request import Request
+from planner.schedule import check_shape
+from planner.schedule.registry import schedule_info
+from planner.search.space import SearchSpace
+from planner.spec import ModelSpec
+from planner.version import __version__
+
+DEFAULT_SEGMENTS = 4
+"""Seq1F1B's sequence segments per micro-batch when none is named."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evaluation:
+    """One layout of a job, priced."""
+
+    job: Job
+    layout: Layout
+    prediction: Prediction
+
+    def entry(self) -> PlanEntry:
+        """The layout and its prediction as the JSON contract's plan entry."""
+        request, options = self.job.request, self.job.cost_model.options
+        return entry_from_layout(self.layout, request.global_batch, request.seq, self.prediction.to_predicted(),
+                                 **priced_options(options, self.job.spec, self.layout))
+
+
+def parse_recompute(modes: str | tuple[str, ...], pp: int) -> tuple[str, ...]:
+    """One recompute mode for every pipeline rank, or one per rank ('none' or 'full,none,...')."""
+    listed = [m.strip() for m in modes.split(",")] if isinstance(modes, str) else list(modes)
+    for mode in listed:
+        if mode not in RECOMPUTE_MODES:
+            raise LayoutError(f"unknown recompute mode '{mode}': choose {', '.join(RECOMPUTE_MODES)}")
+    if len(listed) == 1:
+        return (listed[0],) * pp
+    if len(listed) != pp:
+        raise LayoutError(f"--recompute lists {len(listed)} modes for {pp} pipeline ranks; give 1 or {pp}")
+    return tuple(listed)
+
+
+def layout_of(spec: ModelSpec, request: Request, *, tp: int = 1, pp: int = 1, cp: int = 1, vpp: int = 1,
+              mbs: int = 1, schedule: str | None = None, segments: int | None = None,
+              recompute: str | tuple[str, ...] = "none", sequence_parallel: bool | None = None, zero: int = 1,
+              ep: int = 1, etp: int | None = None, stage_layers: list[int] | None = None) -> Layout:
+    """The fixed layout `planner evaluate` takes: DP from the GPUs left, micro-batches from the
+    global batch, 1F1B (interleaved with vpp > 1), sequence parallelism with TP, even cuts
+    unless `stage_layers` (layers per virtual stage in model order) says otherwise."""
+    gpus, global_batch = request.num_gpus, request.global_batch
+    if gpus % (tp * pp * cp):
+        raise LayoutError(f"{gpus} GPUs are not divisible by tp {tp} x pp {pp} x cp {cp} = {tp * pp * cp}")
+    dp = gpus // (tp * pp * cp)
+    if global_batch % (dp * mbs):
+        raise LayoutError(f"global batch {global_batch} is not divisible by dp {dp} x mbs {mbs} = {dp * mbs}")
+    num_microbatches = global_batch // (dp * mbs)
+    schedule = schedule or ("interleaved_1f1b" if vpp > 1 else "1f1b")
+    if segments is None:
+        segments = DEFAULT_SEGMENTS if schedule_info(schedule).segmented else 1
+    check_shape(schedule, pp, num_microbatches, vpp, segments)
+    if stage_layers is None:
+        cuts = even_stage_layers(spec.num_layers, pp, vpp, schedule)
+    else:
+        cuts = stage_layers_from_counts(list(stage_layers), spec.num_layers, pp, vpp, schedule)
+    return Layout(
+        tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
+        schedule=schedule, recompute=parse_recompute(recompute, pp),
+        sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel and tp > 1,
+        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
+    )
+
+
+def evaluate_layout(job: Job, layout: Layout) -> Evaluation:
+    """`layout` of `job`, checked against it and priced."""
+    request = job.request
+    check_layout(layout, job.spec, job.cluster, request.global_batch, request.seq)
+    return Evaluation(job=job, layout=layout,
+                      prediction=predict(job.cost_model, layout, request.global_batch, request.seq))
+
+
+def evaluate(request: Request, **layout_fields) -> PlanFile:
+    """The plan file of one fixed layout (`layout_of`'s fields) of `request`, as
+    `planner evaluate --json` prints it."""
+    job = build(request)
+    evaluation = evaluate_layout(job, layout_of(job.spec, request, **layout_fields))
+    return plan_document(job, [evaluation.entry()])
+
+
+def plan(request: Request, space: SearchSpace | None = None, top: int = 5) -> PlanFile:
+    """The best `top` plans of `request` over `space` (restricted to what its runtime runs), as
+    `planner plan --json` prints them; NoFeasiblePlanError when none fits."""
+    from planner.errors import NoFeasiblePlanError
+    from planner.search.runtimes import restrict, runtime_check
+    from planner.search.search import search
+
+    job = build(request)
+    space = space or SearchSpace()
+    accept = None
+    if request.runtime is not None:
+        space = restrict(space, request.runtime)
+        accept = runtime_check(request.runtime, job.spec, job.cluster, request.global_batch, request.seq,
+                               job.cost_model.options)
+    result = search(job.cost_model, request.global_batch, request.seq, space, top, accept)
+    if not result.plans:
+        raise NoFeasiblePlanError(f"no plan of {job.spec.name} on {request.num_gpus} x {job.cluster.gpu.name} "
+                                  "fits; `planner plan` with the same request says what would")
+    entries = [Evaluation(job=job, layout=found.layout, prediction=found.prediction).entry()
+               for found in result.plans]
+    return plan_document(job, entries)
+
+
+def plan_document(job: Job, entries: list[PlanEntry]) -> PlanFile:
+    """The plan file of `entries`, with the request that made them and the runtimes each runs on."""
+    from planner.search.runtimes import with_runtimes
+
+    cluster = job.cluster
+    document = PlanFile(plans=entries, model=job.spec,
+                        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus,
+                                               gpus_per_node=cluster.gpus_per_node),
+                        planner_version=__version__, cost_source=cost_source_text(job), request=job.request)
+    return with_runtimes(document)
+
+
+def cost_source_text(job: Job) -> str:
+    """The plan file's `cost_source`: the compute source, and the calibration when one is used."""
+    if job.calibration is None:
+        return job.cost_model.source.name
+    runs = job.calibration.num_runs
+    return f"{job.cost_model.source.name}, calibrated from {runs} run{'s' if runs != 1 else ''}"
