@@ -9,13 +9,21 @@ from dataclasses import replace
 import pytest
 
 from planner.calibration.fit import (
-    BOUNDS, KNOBS, MIN_SENSITIVITY, Run, apply, fit, knob_bounds, predict_run, select,
+    BOUNDS,
+    KNOBS,
+    MIN_SENSITIVITY,
+    Run,
+    apply,
+    fit,
+    knob_bounds,
+    predict_run,
+    select,
 )
 from planner.calibration.logs import parse_log, steady_state
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostOptions
+from planner.cost.shapes import model_flops_per_token
 from planner.layout import Layout, even_stage_layers
-from planner.predict import model_flops_per_token
 from planner.spec import Cluster
 from planner.units import GiB
 from tests.calibration.logmaker import megatron_log, torchtitan_log
