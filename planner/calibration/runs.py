@@ -9,20 +9,28 @@ from dataclasses import dataclass
 from planner.calibration.fit import BOUNDS, KNOBS, FitResult, Residual, Run
 from planner.calibration.logs import Measured
 from planner.calibration.schema import (
-    CalibrationFile, ClusterEntry, FieldEntry, KnobEntry, MemoryResidual, PlanSummary, RunEntry, RunResidual,
+    CalibrationFile,
+    ClusterEntry,
+    FieldEntry,
+    KnobEntry,
+    MemoryResidual,
+    PlanSummary,
+    RunEntry,
+    RunResidual,
 )
-from planner.catalog import resolve_gpu
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError, PlannerError
+from planner.job import build
 from planner.layout import check_layout, layout_from_entry
 from planner.plan import PlanFile
-from planner.job import runtime_cost_options
-from planner.spec import Cluster, GpuEfficiency
+from planner.request import Request
+from planner.spec import GpuEfficiency
 from planner.units import GiB
 from planner.version import __version__
 
 LOG_RUNTIMES = {"megatron": None, "torchtitan": "torchtitan"}
-"""The runtime whose cost options (planner/search/runtimes.py) a log format implies."""
+"""The runtime (planner/runtimes/) a log format implies where the plan's request names none;
+a Megatron-LM log keeps planner's defaults, which are Megatron-LM's kernels."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,8 +44,10 @@ class Source:
 
 
 def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str) -> Run:
-    """The run a log measured: the plan file's first plan, on its model and cluster, costed as
-    the log's runtime runs it."""
+    """The run a log measured: the plan file's first plan, on the job its request describes
+    (cluster overrides, runtime version, settings; the log's runtime where the request names
+    none), or on its model and cluster costed as the log's runtime runs it when the file keeps
+    no request."""
     if document.model is None or document.cluster is None:
         raise ConfigError(f"{origin} has no model or cluster: write it with `planner plan/evaluate -o`")
     if not document.plans:
@@ -49,13 +59,17 @@ def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str
             "write the plan of the layout the log ran (planner evaluate ... -o)"
         )
     summary = document.cluster
-    cluster = Cluster.of(resolve_gpu(summary.gpu), summary.num_gpus, gpus_per_node=summary.gpus_per_node)
+    request = document.request or Request(model=document.model.name, gpu=summary.gpu, num_gpus=summary.num_gpus,
+                                           gpus_per_node=summary.gpus_per_node)
+    request = request.model_copy(update={"runtime": request.runtime or LOG_RUNTIMES[measured.format],
+                                         "profile": None, "profile_only": False, "calibration": None})
+    job = build(request, spec=document.model)
     layout = layout_from_entry(entry)
-    check_layout(layout, document.model, cluster, entry.global_batch, entry.seq)
+    check_layout(layout, document.model, job.cluster, entry.global_batch, entry.seq)
     tokens = entry.global_batch * entry.seq
     return Run(
-        name=name, spec=document.model, cluster=cluster, layout=layout, global_batch=entry.global_batch,
-        seq=entry.seq, options=runtime_cost_options(LOG_RUNTIMES[measured.format], cluster.gpu),
+        name=name, spec=document.model, cluster=job.cluster, layout=layout, global_batch=entry.global_batch,
+        seq=entry.seq, options=job.cost_model.options,
         measured_step_time_s=measured.step_time_for(tokens, layout.num_gpus),
     )
 
