@@ -13,6 +13,17 @@ from planner.spec import Cluster, ModelSpec
 
 LayerRange = tuple[int, int]
 
+SHARED_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "num_microbatches", "schedule", "sequence_parallel",
+                 "zero_stage", "ep", "etp", "segments")
+"""The fields a search `Candidate`, a `Layout` and a plan file's `PlanEntry` hold alike, with the
+same meaning: the converters between them copy these and add what each type alone has
+(cut points and per-rank recompute; the batch, sequence and prediction)."""
+
+
+def shared_fields(source) -> dict:
+    """`SHARED_FIELDS` of a Candidate, Layout or PlanEntry, by name."""
+    return {name: getattr(source, name) for name in SHARED_FIELDS}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Layout:
@@ -173,21 +184,9 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
 def layout_from_entry(entry: PlanEntry) -> Layout:
     """The hot-path Layout of a validated PlanEntry."""
     return Layout(
-        tp=entry.tp,
-        pp=entry.pp,
-        dp=entry.dp,
-        cp=entry.cp,
-        vpp=entry.vpp,
-        mbs=entry.mbs,
-        num_microbatches=entry.num_microbatches,
-        schedule=entry.schedule,
+        **shared_fields(entry),
         recompute=tuple(entry.recompute_of(r) for r in range(entry.pp)),
-        sequence_parallel=entry.sequence_parallel,
-        zero_stage=entry.zero_stage,
         stage_layers=tuple(tuple(entry.chunks_of(r)) for r in range(entry.pp)),
-        ep=entry.ep,
-        etp=entry.etp,
-        segments=entry.segments,
     )
 
 
@@ -204,27 +203,15 @@ def entry_from_layout(
     else:
         stage_layers = [[list(r) for r in chunks] for chunks in layout.stage_layers]
     return PlanEntry(
-        tp=layout.tp,
-        pp=layout.pp,
-        dp=layout.dp,
-        cp=layout.cp,
-        vpp=layout.vpp,
-        mbs=layout.mbs,
-        num_microbatches=layout.num_microbatches,
+        **shared_fields(layout),
         global_batch=global_batch,
         seq=seq,
-        schedule=layout.schedule,
         recompute=modes.pop() if len(modes) == 1 else list(layout.recompute),
-        sequence_parallel=layout.sequence_parallel,
-        zero_stage=layout.zero_stage,
         dtype=dtype,
-        ep=layout.ep,
-        etp=layout.etp,
         precision=precision,
         moe_dispatcher=moe_dispatcher,
         moe_ep_overlap=moe_ep_overlap,
         attention=attention,
         stage_layers=stage_layers,
         predicted=predicted,
-        segments=layout.segments,
     )

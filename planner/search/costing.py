@@ -23,10 +23,27 @@ from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, LayerCosts
 from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
-from planner.layout import Layout, even_stage_counts, even_stage_layers, stage_layers_from_counts
-from planner.predict import combined_1f1b_runs, dp_equivalent_params, layout_memory, optimizer_time
+from planner.layout import (
+    Layout,
+    even_stage_counts,
+    even_stage_layers,
+    shared_fields,
+    stage_layers_from_counts,
+)
 from planner.pipeline import ChunkCosts
-from planner.schedule import SCHEDULES, generated_order, head_rank, peak_held_counts, virtual_stage
+from planner.predict import (
+    combined_1f1b_runs,
+    dp_equivalent_params,
+    layout_memory,
+    optimizer_time,
+)
+from planner.schedule import (
+    SCHEDULES,
+    generated_order,
+    head_rank,
+    peak_held_counts,
+    virtual_stage,
+)
 from planner.schedule.closed_form import inflight_closed_form
 from planner.search.bounds import FIRST_CHUNK_SHARE, round_trip_bound, work_bound
 from planner.search.partition import Cuts, RankCosts, split_into_chunks
@@ -429,13 +446,7 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
 
 def layout_of(candidate: Candidate, stage_layers, recompute: tuple[str, ...]) -> Layout:
     """The Layout of a candidate with these cuts and per-rank recompute modes."""
-    return Layout(
-        tp=candidate.tp, pp=candidate.pp, dp=candidate.dp, cp=candidate.cp, vpp=candidate.vpp,
-        mbs=candidate.mbs, num_microbatches=candidate.num_microbatches, schedule=candidate.schedule,
-        recompute=recompute, sequence_parallel=candidate.sequence_parallel,
-        zero_stage=candidate.zero_stage, stage_layers=stage_layers, ep=candidate.ep, etp=candidate.etp,
-        segments=candidate.segments,
-    )
+    return Layout(**shared_fields(candidate), recompute=recompute, stage_layers=stage_layers)
 
 
 def solved_layout(candidate: Candidate, cuts: Cuts, num_layers: int) -> Layout:
