@@ -13,6 +13,7 @@ harness take; `plan` is `planner plan` without the terminal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from planner.errors import LayoutError
 from planner.job import Job, build
@@ -24,6 +25,7 @@ from planner.schedule import check_shape
 from planner.schedule.registry import schedule_info
 from planner.search.space import SearchSpace
 from planner.spec import ModelSpec
+from planner.uncertainty import Interval, interval_from_errors, step_interval
 from planner.version import __version__
 
 DEFAULT_SEGMENTS = 4
@@ -39,10 +41,23 @@ class Evaluation:
     prediction: Prediction
 
     def entry(self) -> PlanEntry:
-        """The layout and its prediction as the JSON contract's plan entry."""
+        """The layout and its prediction, with its interval, as the JSON contract's plan entry."""
         request, options = self.job.request, self.job.cost_model.options
-        return entry_from_layout(self.layout, request.global_batch, request.seq, self.prediction.to_predicted(),
+        interval = prediction_interval(self.job, self.prediction.step_time_s)
+        predicted = self.prediction.to_predicted().model_copy(update={
+            "step_time_interval_s": [interval.low_s, interval.high_s], "interval_basis": interval.basis})
+        return entry_from_layout(self.layout, request.global_batch, request.seq, predicted,
                                  **priced_options(options, self.job.spec, self.layout))
+
+
+def prediction_interval(job: Job, step_time_s: float) -> Interval:
+    """The interval of a step time of `job`: from its calibration's runs when it has one, else
+    from the development set's comparable runs."""
+    if job.calibration is not None and job.calibration.residuals:
+        errors = [r.predicted_after_s / r.measured_step_time_s - 1 for r in job.calibration.residuals]
+        return interval_from_errors(step_time_s, errors, f"{len(errors)} calibration run(s)")
+    return step_interval(step_time_s, job.request.runtime, job.cluster.gpu.name, job.cluster.num_gpus,
+                         job.spec.is_moe)
 
 
 def parse_recompute(modes: str | tuple[str, ...], pp: int) -> tuple[str, ...]:
@@ -96,7 +111,7 @@ def evaluate_layout(job: Job, layout: Layout) -> Evaluation:
                       prediction=predict(job.cost_model, layout, request.global_batch, request.seq))
 
 
-def evaluate(request: Request, **layout_fields) -> PlanFile:
+def evaluate(request: Request, **layout_fields: Any) -> PlanFile:
     """The plan file of one fixed layout (`layout_of`'s fields) of `request`, as
     `planner evaluate --json` prints it."""
     job = build(request)

@@ -1,7 +1,7 @@
 """The plan: one training layout and what the planner predicts for it.
 
 This is the JSON contract of `planner plan --json`, `planner evaluate --json` and the
-`-o plan.json` file the exporters read (see DESIGN.md). Field names and meanings are fixed;
+`-o plan.json` file the exporters read (docs/architecture.md, "The plan file"). Field names and meanings are fixed;
 new fields may be added, none removed.
 """
 
@@ -70,6 +70,11 @@ class Predicted(BaseModel):
     torch.cuda.max_memory_reserved reports), GiB."""
     memory_allocated_gb_per_stage: list[float] = Field(default_factory=list)
     """Peak memory of the tensors per pipeline rank (torch.cuda.max_memory_allocated), GiB."""
+    step_time_interval_s: list[float] = Field(default_factory=list)
+    """[low, high]: the step time runs like this one measured, from the step errors of comparable
+    published runs, or of the calibration's own runs (planner/uncertainty.py)."""
+    interval_basis: str = ""
+    """The runs the interval rests on."""
 
 
 TIME_PART_NAMES = {"pipeline_bubble": "pipeline idle", "tp_cp_comm": "TP/CP comm", "moe_all_to_all": "MoE all-to-all",
@@ -83,7 +88,7 @@ def time_part_name(key: str) -> str:
 
 
 class PlanEntry(BaseModel):
-    """One layout (the DESIGN JSON contract's `plans[i]`)."""
+    """One layout (the JSON contract's `plans[i]`)."""
 
     model_config = FROZEN
 

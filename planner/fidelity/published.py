@@ -27,6 +27,7 @@ Pure functions: `load_runs` is the only one that reads a file.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.catalog import resolve_gpu
+from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
@@ -44,8 +45,9 @@ from planner.job import cost_options as job_cost_options
 from planner.layout import Layout, check_layout
 from planner.predict import Prediction, predict
 from planner.request import Request
+from planner.uncertainty import gpu_generation
 from planner.runtimes import resolve as resolve_runtime
-from planner.spec import ModelSpec, validation_message
+from planner.spec import GpuSpec, ModelSpec, validation_message
 from planner.units import GiB
 
 TableT = TypeVar("TableT", bound=BaseModel)
@@ -292,20 +294,20 @@ def evaluate_command(run: PublishedRun) -> list[str]:
     return words + request.option_flags()
 
 
-def build(run: PublishedRun) -> tuple[CostModel, Layout]:
+def build(run: PublishedRun, gpu: GpuSpec | None = None) -> tuple[CostModel, Layout]:
     """The cost model and layout a run describes, as `planner evaluate` builds them from
-    `evaluate_command` (LayoutError if they cannot exist)."""
+    `evaluate_command` (LayoutError if they cannot exist); `gpu` in place of the run's preset."""
     request = run.request()
-    job = build_job(request)
+    job = build_job(request, gpu=gpu)
     layout = layout_of(job.spec, request, **layout_fields(run))
     check_layout(layout, job.spec, job.cluster, run.global_batch, run.seq)
     return job.cost_model, layout
 
 
-def evaluate_run(run: PublishedRun) -> RunResult:
+def evaluate_run(run: PublishedRun, gpu: GpuSpec | None = None) -> RunResult:
     """Predict one published run through `planner evaluate`'s path and compare it with what
-    was published."""
-    model, layout = build(run)
+    was published (`gpu` in place of the preset the run names)."""
+    model, layout = build(run, gpu)
     prediction = predict(model, layout, run.global_batch, run.seq)
     peak = model.cluster.gpu.peak_flops(model.options.kernels.dtype)
     published = published_tokens_per_s_per_gpu(run, model.spec, peak)
@@ -390,3 +392,15 @@ def result_row(result: RunResult) -> dict[str, object]:
         "source": run.source,
         "url": run.url,
     }
+
+
+def residuals_json(results: list[RunResult]) -> str:
+    """The development set's step errors as planner/presets/residuals.json holds them
+    (planner/uncertainty.py reads them)."""
+    rows = [{"name": r.run.name, "runtime": r.run.runtime.partition("@")[0],
+             "gpu_generation": gpu_generation(r.run.gpu), "gpus": r.run.gpus,
+             "moe": resolve_model(r.run.model).is_moe,
+             "step_error": round(r.step_error, 6)} for r in results]
+    body = ",\n".join("    " + json.dumps(row) for row in rows)
+    return ('{"source": "python tests/bench/published_runs.py --residuals",\n "runs": [\n'
+            + body + "\n]}\n")

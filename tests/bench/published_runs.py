@@ -23,11 +23,20 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from planner.fidelity.published import by_source, evaluate_all, evaluate_command, load_runs, result_row, summarize
+from planner.fidelity.published import (
+    by_source,
+    evaluate_all,
+    evaluate_command,
+    load_runs,
+    residuals_json,
+    result_row,
+    summarize,
+)
 from planner.fidelity.published_report import layout_label, markdown_report
 from planner.request import command_text
 
 DATA = Path(__file__).with_name("published_runs.toml")
+RESIDUALS = Path(__file__).parents[2] / "planner" / "presets" / "residuals.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
     output.add_argument("--markdown", action="store_true", help="print the README's accuracy block")
+    output.add_argument("--residuals", action="store_true",
+                        help="write planner/presets/residuals.json (the development set's step errors, "
+                             "behind every prediction's interval)")
     output.add_argument("--commands", action="store_true",
                         help="print the `planner evaluate` command that predicts each run, and nothing else")
     parser.add_argument("--file", type=Path, default=DATA, help="published runs TOML")
@@ -45,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {run.name}\n{command_text(evaluate_command(run))}")
         return 0
     results = evaluate_all(runs)
+    if args.residuals:
+        RESIDUALS.write_text(residuals_json(results))
+        print(f"wrote {RESIDUALS}")
+        return 0
     if args.markdown:
         print(markdown_report(results), end="")
         return 0

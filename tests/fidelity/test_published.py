@@ -16,6 +16,7 @@ from planner.cost.memory import total_param_count
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
 from planner.fidelity.published import (
+    residuals_json,
     build,
     by_source,
     cost_options,
@@ -402,3 +403,10 @@ def test_bloom_published_tflops_convert_to_paper_scale_throughput(runs):
     tps = published_tokens_per_s_per_gpu(run, model.spec, model.cluster.gpu.peak_flops("bf16"))
     step_s = run.global_batch * run.seq / (tps * run.gpus)
     assert step_s == pytest.approx(105, rel=0.03)
+
+
+def test_shipped_residuals_are_the_development_sets_own(results):
+    """planner/presets/residuals.json, behind every prediction's interval, is what the published
+    set gives now (`python tests/bench/published_runs.py --residuals` rewrites it)."""
+    shipped = Path(__file__).parents[2] / "planner" / "presets" / "residuals.json"
+    assert shipped.read_text() == residuals_json(results)
