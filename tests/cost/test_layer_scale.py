@@ -64,7 +64,7 @@ def test_every_gh100_part_takes_the_same_anchor():
     """One die (H100 SXM, H800, H200, the 96 GB part): one measured scale, each with a source."""
     scales = {name: resolve_gpu(name).efficiency for name in GH100_PARTS}
     assert len({eff.layer_scale for eff in scales.values()}) == 1
-    assert all("issue 12" in eff.layer_scale_source for eff in scales.values())
+    assert all("Llama-3-8B block measured on one H100" in eff.layer_scale_source for eff in scales.values())
 
 
 def test_gpus_without_a_measured_layer_keep_their_component_rates():
