@@ -12,7 +12,8 @@ from typing import Any
 
 from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.model import AnalyticSource, CostModel, CostOptions, analytic_compute
+from planner.cost.model import AnalyticSource, CostModel, analytic_compute
+from planner.cost.options import CostOptions
 from planner.errors import ConfigError, LayoutError, PlannerError
 from planner.request import Request, option_flag
 from planner.runtimes import RuntimeVersion, resolve
@@ -35,11 +36,12 @@ class Job:
     calibration: calibration_schema.CalibrationFile | None
 
 
-def build(request: Request, spec: ModelSpec | None = None) -> Job:
-    """The job `request` describes (`spec` in place of reading `request.model` again)."""
+def build(request: Request, spec: ModelSpec | None = None, gpu: GpuSpec | None = None) -> Job:
+    """The job `request` describes (`spec` in place of reading `request.model` again, `gpu` in
+    place of the preset `request.gpu` names)."""
     spec = spec or resolve_model(request.model)
     calibration = None if request.calibration is None else calibration_schema.load(Path(request.calibration))
-    cluster = build_cluster(request, calibration)
+    cluster = build_cluster(request, calibration, gpu)
     runtime = None if request.runtime is None else resolve(request.runtime)
     check_runtime_options(runtime, spec, request.options)
     options = cost_options(runtime, cluster.gpu, request.options)
@@ -49,10 +51,11 @@ def build(request: Request, spec: ModelSpec | None = None) -> Job:
                calibration=calibration)
 
 
-def build_cluster(request: Request, calibration: calibration_schema.CalibrationFile | None = None) -> Cluster:
+def build_cluster(request: Request, calibration: calibration_schema.CalibrationFile | None = None,
+                  gpu: GpuSpec | None = None) -> Cluster:
     """The request's GPUs with its overrides (and, with a calibration, the GPU's efficiencies
-    replaced by the fitted ones)."""
-    gpu = resolve_gpu(request.gpu)
+    replaced by the fitted ones); `gpu` in place of the preset `request.gpu` names."""
+    gpu = gpu or resolve_gpu(request.gpu)
     if calibration is not None:
         if calibration.gpu != gpu.name:
             raise ConfigError(f"the calibration file describes GPU {calibration.gpu}, but --gpu is {gpu.name}")

@@ -20,7 +20,7 @@ same meaning: the converters between them copy these and add what each type alon
 (cut points and per-rank recompute; the batch, sequence and prediction)."""
 
 
-def shared_fields(source) -> dict:
+def shared_fields(source: object) -> dict[str, object]:
     """`SHARED_FIELDS` of a Candidate, Layout or PlanEntry, by name."""
     return {name: getattr(source, name) for name in SHARED_FIELDS}
 

@@ -33,6 +33,7 @@ def fit_to_terminal() -> None:
     """Lay stdout out in the terminal's width (COLUMNS when set), or PIPE_WIDTH for a pipe or file."""
     stdout.width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else PIPE_WIDTH
 
+
 EXIT_USER_ERROR = 2
 
 

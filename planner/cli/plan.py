@@ -23,10 +23,11 @@ from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.hints import planner_command
 from planner.job import build
+from planner.layout import Layout
 from planner.output import refuse_existing, write_atomic
 from planner.plan import RECOMPUTE_MODES, PlanEntry
 from planner.report import require_plotly
-from planner.search.explain import alternatives, layout_text, nearest_layouts, what_would_fit
+from planner.search.explain import alternatives, layout_changes, layout_text, nearest_layouts, what_would_fit
 from planner.search.runtimes import model_refusal, model_runtimes, restrict, runtime_check
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
@@ -181,13 +182,13 @@ def plan_command(
     if profile is not None:
         print_cost_sources(entries, cost_model)
     if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
-        stdout.print(hint, markup=False, highlight=False)
+        stdout.print(hint, markup=False, highlight=False, soft_wrap=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     for line in search_summary(result, runtime, profile_only):
         stdout.print(line, markup=False, highlight=False, soft_wrap=False)
     if explain:
         stdout.print(explain_table(alternatives(cost_model, result.plans[0], global_batch, seq, space, accept),
-                                   layout_text(result.plans[0].layout)))
+                                   result.plans[0].layout, stdout.width), soft_wrap=False)
     for written in (out, report):
         if written is not None:
             stdout.print(f"wrote {written}", markup=False, highlight=False)
@@ -204,14 +205,13 @@ def search_summary(result: SearchResult, runtime: str | None, profile_only: bool
                  (profiled_oom, "refused: a layer ran out of memory at their shape when profiled", bool(profiled_oom)),
                  (dropped, "dropped by --profile-only (shapes the profile does not span)", profile_only),
                  (stats.fitted, "fit", True)]
-    return [
-        f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} over memory "
-        f"by their state alone, {stats.pruned_bound:,} cut by the step-time bound, {stats.solved:,} solved for "
-        "cut points",
-        f"these {stats.solved:,} gave {stats.layouts:,} layouts: {stats.out_of_memory:,} over memory, "
-        f"{stats.layouts_pruned_bound:,} cut by the step-time bound, {stats.simulated:,} simulated ("
-        + ", ".join(f"{count:,} {what}" for count, what, shown in simulated if shown) + ")",
-    ]
+    candidates = (f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} "
+                  f"over memory by their state alone, {stats.pruned_bound:,} cut by the step-time bound, "
+                  f"{stats.solved:,} solved for cut points")
+    outcomes = ", ".join(f"{count:,} {what}" for count, what, shown in simulated if shown)
+    layouts = (f"these {stats.solved:,} gave {stats.layouts:,} layouts: {stats.out_of_memory:,} over memory, "
+               f"{stats.layouts_pruned_bound:,} cut by the step-time bound, {stats.simulated:,} simulated ({outcomes})")
+    return [candidates, layouts]
 
 
 def print_cost_sources(entries: list[PlanEntry], cost_model: CostModel) -> None:
@@ -228,16 +228,34 @@ def print_cost_sources(entries: list[PlanEntry], cost_model: CostModel) -> None:
         stdout.print(note, markup=False, highlight=False)
 
 
-def explain_table(items, best_text: str) -> Table:
-    """One row per single-dimension change of the best plan."""
-    table = Table(title=f"why not something else (best: {best_text})", title_justify="left")
-    for column in ("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"):
-        table.add_column(column)
+EXPLAIN_FULL_WIDTH = 100
+"""Narrower than this, the explain table leaves out MFU (it follows the step time) and memory."""
+EXPLAIN_SHARES = {"change": 6, "what differs": 4}
+"""The explain table's `change` and `what differs` columns grow to at most 1/n of the width
+(a longer word widens one), so that `why it lost` gets the room left."""
+
+
+def explain_table(items, best: Layout, width: int) -> Table:
+    """One row per single-dimension change of the best plan: what its best layout sets
+    differently, its figures and why it lost, in `width` columns."""
+    columns = [c for c in ("change", "what differs", "step s", "MFU", "mem GiB", "why it lost")
+               if width >= EXPLAIN_FULL_WIDTH or c not in ("MFU", "mem GiB")]
+    rows = []
     for item in items:
-        if item.found is None:
-            table.add_row(item.change, "-", "-", "-", "-", item.reason)
-            continue
-        p = item.found.prediction
-        table.add_row(item.change, layout_text(item.found.layout), f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
-                      f"{p.peak_memory_bytes / GiB:.1f}", item.reason)
+        cells = {"change": item.change, "why it lost": item.reason}
+        if item.found is not None:
+            p = item.found.prediction
+            cells.update({"what differs": layout_changes(best, item.found.layout) or "same layout",
+                          "step s": f"{p.step_time_s:.3f}", "MFU": f"{p.mfu:.1%}",
+                          "mem GiB": f"{p.peak_memory_bytes / GiB:.1f}"})
+        rows.append([cells.get(column, "-") for column in columns])
+    table = Table(title=f"why not something else (best: {layout_text(best)})", title_justify="left")
+    for index, column in enumerate(columns):
+        widest = None
+        if column in EXPLAIN_SHARES:
+            widest = max(width // EXPLAIN_SHARES[column], *(len(word) for row in rows for word in row[index].split()))
+        text = column in (*EXPLAIN_SHARES, "why it lost")
+        table.add_column(column, justify="left" if text else "right", no_wrap=not text, max_width=widest)
+    for row in rows:
+        table.add_row(*row)
     return table

@@ -46,7 +46,7 @@ def write_plan_file(path: Path, document: PlanFile) -> None:
     write_atomic(path, plan_json(document) + "\n", what="plan file")
 
 
-def stage_sizes(entry: PlanEntry) -> list[int]:
+def cut_sizes(entry: PlanEntry) -> list[int]:
     """Layers per virtual stage in model order (chimera: per model stage, each run by both
     directions)."""
     ordered = entry.ranges_in_model_order()
@@ -57,7 +57,7 @@ def stage_sizes(entry: PlanEntry) -> list[int]:
 
 def cuts_text(entry: PlanEntry) -> str:
     """Every virtual stage's layer count in model order, e.g. '19|20|21|20'."""
-    return "|".join(str(size) for size in stage_sizes(entry))
+    return "|".join(str(size) for size in cut_sizes(entry))
 
 
 def run_length(values: list) -> str:
@@ -76,10 +76,10 @@ SCHEDULE_SHORT_NAMES = {"interleaved_1f1b": "i1f1b", "looped_bfs": "lbfs", "dual
 """The terminal tables' names of the schedules whose full name is long (the JSON keeps the full name)."""
 
 
-def schedule_text(entry: PlanEntry, short: bool = False) -> str:
-    """The schedule's name (`short`: the terminal table's), with seq1f1b's sequence segments
-    per micro-batch ('seq1f1b k4')."""
-    name = SCHEDULE_SHORT_NAMES.get(entry.schedule, entry.schedule) if short else entry.schedule
+def schedule_text(entry: PlanEntry) -> str:
+    """The schedule as the terminal tables name it ('i1f1b'), with seq1f1b's sequence segments
+    per micro-batch ('s1f1b k4')."""
+    name = SCHEDULE_SHORT_NAMES.get(entry.schedule, entry.schedule)
     return name + (f" k{entry.segments}" if entry.segments > 1 else "")
 
 
@@ -101,11 +101,10 @@ def runs_on_text(runtimes: list[str] | None) -> str:
     return ",".join(RUNTIME_SHORT_NAMES.get(name, name) for name in runtimes) or "none"
 
 
-def runs_on_legend() -> str:
-    """What the `runs on` short names stand for, and the command that exports to one."""
+def runs_on_meaning() -> str:
+    """What the `runs on` column says, its short names, and the command that exports to one."""
     names = ", ".join(f"{short} {name}" if short != name else name for name, short in RUNTIME_SHORT_NAMES.items())
-    return f"runs on: the runtimes whose exporter takes the plan as it is ({names}): " \
-           f"{planner_command('export', '--to NAME')}"
+    return f"the runtimes whose exporter takes the plan as it is ({names}): {planner_command('export', '--to NAME')}"
 
 
 def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
@@ -123,29 +122,31 @@ def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> 
     return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
 
-PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "ep", "etp", "sched", "V", "mbs", "M", "recomp", "sp", "zero", "cuts",
-                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
-"""The plans table's columns, in order (ep and etp only where a plan has experts)."""
+PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sched", "V", "mbs", "M", "recomp", "sp", "zero", "cuts",
+                "step s", "tokens/s", "tokens/s/GPU", "MFU", "bubble", "mem GiB", "runs on")
+"""The plans table's columns after the plan's number, in order (ep and etp only where a plan
+has experts, tokens/s/GPU only where asked)."""
 TEXT_COLUMNS = frozenset({"sched", "recomp", "cuts", "runs on"})
 """Left-justified columns; the rest are numbers, right-justified."""
-MOVABLE_COLUMNS = ("runs on", "tokens/s", "cuts")
+MOVABLE_COLUMNS = ("runs on", "tokens/s", "tokens/s/GPU", "cuts")
 """Columns moved under the table, in this order, while it is wider than the terminal."""
 
 
-def plan_cells(entry: PlanEntry, rank: int, wide: bool) -> dict[str, str]:
+def plan_cells(entry: PlanEntry, wide: bool) -> dict[str, str]:
     """One plan's cells by column (`wide`: every stage's layer count, else runs)."""
     p = entry.predicted
-    figures = dict.fromkeys(("step s", "tokens/s", "MFU", "bubble", "mem GiB"), "-") if p is None else {
-        "step s": f"{p.step_time_s:.3f}", "tokens/s": f"{p.tokens_per_s:,.0f}", "MFU": f"{p.mfu:.1%}",
+    figures = dict.fromkeys(("step s", "tokens/s", "tokens/s/GPU", "MFU", "bubble", "mem GiB"), "-") if p is None else {
+        "step s": f"{p.step_time_s:.3f}", "tokens/s": f"{p.tokens_per_s:,.0f}",
+        "tokens/s/GPU": f"{p.tokens_per_s / entry.num_gpus:,.0f}", "MFU": f"{p.mfu:.1%}",
         "bubble": f"{p.bubble_fraction:.1%}", "mem GiB": f"{max(p.memory_gb_per_stage):.1f}"}
     recompute = recompute_text(entry)
     return {
-        "#": str(rank), "tp": str(entry.tp), "pp": str(entry.pp), "dp": str(entry.dp), "cp": str(entry.cp),
-        "ep": str(entry.ep), "etp": str(entry.etp or entry.tp), "sched": schedule_text(entry, short=True),
+        "tp": str(entry.tp), "pp": str(entry.pp), "dp": str(entry.dp), "cp": str(entry.cp),
+        "ep": str(entry.ep), "etp": str(entry.etp or entry.tp), "sched": schedule_text(entry),
         "V": str(entry.vpp), "mbs": str(entry.mbs), "M": str(entry.num_microbatches),
         "recomp": "sel" if recompute == "selective" else recompute, "sp": "y" if entry.sequence_parallel else "n",
         "zero": str(entry.zero_stage),
-        "cuts": " ".join(map(str, stage_sizes(entry))) if wide else run_length(stage_sizes(entry)),
+        "cuts": " ".join(map(str, cut_sizes(entry))) if wide else run_length(cut_sizes(entry)),
         **figures, "runs on": runs_on_text(entry.runtimes),
     }
 
@@ -166,21 +167,22 @@ def grid(rows: list[dict[str, str]], columns: list[str], gap: int = GAPS[0]) -> 
     return table
 
 
+UNBOUNDED_WIDTH = 10_000
+"""A width no table reaches (to measure tables at their natural width)."""
+
+
 def natural_width(table: Table) -> int:
     """Columns the table takes with no cell wrapped."""
     return Console(width=UNBOUNDED_WIDTH).measure(table).maximum
 
 
-UNBOUNDED_WIDTH = 10_000
-"""A width no table reaches (to measure tables at their natural width)."""
-
-
-def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: bool) -> tuple[list[str], int]:
-    """The columns to move under the table and the gap between columns, so that the table fits
-    in `width`: two spaces with as few moved as can be, else one (the last try is taken even
-    when too wide)."""
-    tries = [(["cuts"] if wide else []) + list(MOVABLE_COLUMNS[:n])
-             for n in range(len(MOVABLE_COLUMNS) + 1)]
+def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: bool,
+           movable: tuple[str, ...]) -> tuple[list[str], int]:
+    """The columns to move under the table (the first of `movable` first) and the gap between
+    columns, so that the table fits in `width`: two spaces with as few moved as can be, else
+    one (the last try is taken even when too wide)."""
+    movable = tuple(c for c in movable if c in columns)
+    tries = [(["cuts"] if wide else []) + list(movable[:n]) for n in range(len(movable) + 1)]
     for gap in GAPS:
         for moved in tries:
             if natural_width(grid(rows, [c for c in columns if c not in moved], gap)) <= width:
@@ -188,32 +190,41 @@ def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: boo
     return tries[-1], GAPS[-1]
 
 
-def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = False) -> Group:
+def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = False,
+               keys: tuple[str, list[str]] | None = None, per_gpu: bool = False,
+               movable: tuple[str, ...] = MOVABLE_COLUMNS) -> Group:
     """The title and one row per plan (mesh, schedule, batching, recompute, cuts, the
     predictions, the runtimes that run it) in `width` columns: the columns that do not fit
-    (runs on, then tokens/s, then cuts; with `wide` the full cut list always) go under it, a
+    (`movable`, first to last; with `wide` the full cut list always) go under it, a
     line for a column equal in every plan, a second table by plan number for the others; then
-    what the short names stand for."""
-    rows = [plan_cells(entry, rank, wide) for rank, entry in enumerate(entries, start=1)]
+    what the short names stand for. `keys`: the first column's name and cells (default: the
+    plans' numbers); `per_gpu`: a tokens/s/GPU column too."""
+    key, labels = keys or ("#", [str(rank) for rank in range(1, len(entries) + 1)])
+    rows = [{key: label, **plan_cells(entry, wide)} for label, entry in zip(labels, entries)]
     moe = any(entry.etp is not None for entry in entries)
-    columns = [c for c in PLAN_COLUMNS if moe or c not in ("ep", "etp")]
-    moved, gap = fitted(rows, columns, width, wide)
+    columns = [key, *(c for c in PLAN_COLUMNS
+                      if (moe or c not in ("ep", "etp")) and (per_gpu or c != "tokens/s/GPU"))]
+    moved, gap = fitted(rows, columns, width, wide, movable)
     moved = [c for c in columns if c in moved]
     parts: list = [Text(title), grid(rows, [c for c in columns if c not in moved], gap)]
     every = "" if len(rows) == 1 else " (every plan)"
     same = [c for c in moved if len({row[c] for row in rows}) == 1]
     if differ := [c for c in moved if c not in same]:
-        parts.append(grid(rows, ["#", *differ], gap))
-    parts += [Text(f"{column}{every}: {rows[0][column]}") for column in same]
-    return Group(*parts, *(Text(line) for line in plans_legend(entries, wide)))
+        parts.append(grid(rows, [key, *differ], gap))
+    legend = plans_legend(entries, wide)
+    parts += [Text(f"{column}{every}: {rows[0][column]}" + (f"; {legend.pop(column)}" if column in legend else ""))
+              for column in same]
+    return Group(*parts, *(Text(f"{column}: {meaning}") for column, meaning in legend.items()))
 
 
-def plans_legend(entries: list[PlanEntry], wide: bool) -> list[str]:
-    """What the table's short names stand for: the schedules shortened, the cuts, the runtimes."""
+def plans_legend(entries: list[PlanEntry], wide: bool) -> dict[str, str]:
+    """What the plans table's columns with short names say, by column: the schedules
+    shortened, the cuts, the runtimes."""
     shortened = sorted({e.schedule for e in entries if e.schedule in SCHEDULE_SHORT_NAMES})
-    lines = [f"sched: {', '.join(f'{SCHEDULE_SHORT_NAMES[name]} = {name}' for name in shortened)}"] if shortened else []
-    lines.append("cuts: layers per virtual stage in model order" + ("" if wide else ", 3×20 = 20 stages of 3 layers"))
-    return [*lines, runs_on_legend()]
+    legend = {"sched": ", ".join(f"{SCHEDULE_SHORT_NAMES[name]} = {name}" for name in shortened)} if shortened else {}
+    legend["cuts"] = "layers per virtual stage in model order" + ("" if wide else ", 3×20 = 20 stages of 3 layers")
+    legend["runs on"] = runs_on_meaning()
+    return legend
 
 
 def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:

@@ -3,6 +3,7 @@ shareable HTML page, re-simulated from the plan file's model, cluster and record
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import typer
@@ -11,16 +12,18 @@ from planner.cli import options as opt
 from planner.cli.app import app, stdout
 from planner.cli.report import cuts_text, recompute_text, runs_on_text
 from planner.cost.model import CostModel
+from planner.cost.options import MoeOptions
 from planner.errors import ConfigError
 from planner.job import build
 from planner.layout import layout_from_entry
 from planner.output import refuse_existing, write_atomic
 from planner.plan import PlanEntry, PlanFile, parse_plan_file
 from planner.report.html import Table
-from planner.request import Request, command_text
+from planner.request import Request, command_text, option_flag
 from planner.search.runtimes import restrict, runtime_check
 from planner.search.search import Found
 from planner.search.space import SearchSpace
+from planner.spec import ModelSpec
 from planner.units import GiB
 
 REPORT = typer.Option(None, "--report", help="Also write the plan's report, one self-contained HTML page "
@@ -136,9 +139,17 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
                                          space, accept))
     budget = None if tokens is None else training_budget(
         tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price)
-    lines = [command_text(["planner", "plan", *request.cluster_flags(), *request.option_flags()])]
+    lines = [command_text(["planner", "plan", *request.cluster_flags(), *pricing_flags(request, model.spec)])]
     return plan_page(document, figures, plans=plans_rows(document.plans), plan_path=plan_path, explain=rows,
                      budget=budget, price=gpu_hour_price, inputs=lines, notes=notes)
+
+
+def pricing_flags(request: Request, spec: ModelSpec) -> list[str]:
+    """The flags of the request's cost options that price this model (a dense model: none of
+    the MoE options)."""
+    moe = {option.name for option in fields(MoeOptions)}
+    return [word for name, value in request.options.items() if spec.is_moe or name not in moe
+            for word in option_flag(name, value)]
 
 
 @app.command("report")

@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from planner.api import Evaluation, cost_source_text, plan_document
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import build_space
-from planner.cli.report import runs_on_legend, runs_on_text
+from planner.cli.report import plans_view, runs_on_text
 from planner.cli.sweep_plot import chart_points, sweep_html, sweep_svg
 from planner.errors import LayoutError, PlannerError
 from planner.job import build
@@ -25,6 +24,9 @@ from planner.search.search import SearchResult, search
 from planner.units import GiB
 
 VARIABLES = ("gpus", "global-batch", "seq")
+MOVABLE_COLUMNS = ("runs on", "cuts", "tokens/s/GPU", "tokens/s")
+"""The sweep table's columns moved under it, in this order, while it is wider than the
+terminal: throughput, what the sweep compares, stays longest."""
 
 
 @app.command("sweep")
@@ -63,7 +65,7 @@ def sweep_command(
     force: bool = opt.FORCE,
     as_json: bool = opt.JSON,
 ) -> None:
-    """Search the best plan for each value of one input, e.g. to choose a cluster size."""
+    """Search the best plan for each value of one input: the GPU count, the global batch or the sequence."""
     if svg is not None or report is not None:
         require_plotly()
     refuse_existing(svg, report, force=force)
@@ -110,7 +112,7 @@ def sweep_command(
         print_json(json.dumps({"vary": vary, "cost_source": source, "points": [_point(value, entry, note)
                                                          for value, _, _, entry, note in rows]}, indent=2))
     else:
-        stdout.print(_table(f"{spec.name} ({source} costs)", vary, rows, profile is not None))
+        print_table(f"{spec.name} ({source} costs): best plan per {vary}", vary, rows, profile is not None)
     title = f"{spec.name} on {gpu}: best plan as {vary} varies ({source} costs)"
     values, plotted = list(points), chart_points(rows)
     for path, draw in ((svg, lambda: sweep_svg(title, vary, values, plotted)),
@@ -153,19 +155,17 @@ def _html_table(vary: str, rows) -> HtmlTable:
                      tuple(cells), frozenset({"best layout", "runs on"}))
 
 
-def _table(model: str, vary: str, rows, profiled: bool) -> Table:
-    table = Table(title=f"{model}: best plan per {vary}", title_justify="left", caption=runs_on_legend(),
-                  caption_justify="left")
-    columns = (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on")
-    for column in columns + (("costs",) if profiled else ()):
-        table.add_column(column, justify="left" if column in ("best layout", "runs on", "costs") else "right")
-    for value, job, best, entry, note in rows:
-        extra = ((opt.sources_text(entry.cost_sources) if entry else "") or "-",) if profiled else ()
+def print_table(title: str, vary: str, rows, profiled: bool) -> None:
+    """The best plan per value as `plan` shows plans, keyed by the value; then the values
+    without a plan and, with a profile, where each plan's costs came from."""
+    found = [(value, entry) for value, _, best, entry, _ in rows if best is not None]
+    if found:
+        stdout.print(plans_view([entry for _, entry in found], title, stdout.width,
+                                keys=(vary, [str(value) for value, _ in found]), per_gpu=True,
+                                movable=MOVABLE_COLUMNS), soft_wrap=False)
+    for value, _, best, entry, note in rows:
         if best is None:
-            table.add_row(str(value), note, "-", "-", "-", "-", "-", "-", *extra)
-            continue
-        p = best.prediction
-        table.add_row(str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
-                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
-                      runs_on_text(entry.runtimes), *extra)
-    return table
+            stdout.print(f"{vary} {value}: {note}", markup=False, highlight=False, soft_wrap=False)
+        elif profiled:
+            stdout.print(f"costs of {vary} {value}: {opt.sources_text(entry.cost_sources)}", markup=False,
+                         highlight=False, soft_wrap=False)

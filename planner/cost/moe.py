@@ -46,7 +46,7 @@ max / mean - 1 it would be 1.186 (3.5% lower). It is GEMM time, which tracks tok
 sizes, measured without an auxiliary loss: a run whose router balances harder (aux loss,
 DeepSeek's bias) may sit lower. Cross-check: Switch Transformer's capacity factor (Fedus et al.
 2022, JMLR, Table 1: 1.25, the per-expert head-room that dropped few tokens under its
-load-balancing loss), the previous prior, is within 2%. Other sources checked (issue 14), none a
+load-balancing loss), is within 2%. Other sources checked (docs/moe.md), none a
 per-step, per-rank figure:
 
 * Wang et al. 2024 (arXiv 2408.15664), Table 2, as two third-party notes on its HTML quote it

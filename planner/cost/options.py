@@ -215,11 +215,11 @@ class CostOptions:
     cluster: ClusterOptions = ClusterOptions()
 
     @classmethod
-    def of(cls, **fields) -> CostOptions:
+    def of(cls, **fields: Any) -> CostOptions:
         """Options from field names as `planner runtimes` and `--set` spell them (flat)."""
         return cls().with_fields(**fields)
 
-    def with_fields(self, **fields) -> CostOptions:
+    def with_fields(self, **fields: Any) -> CostOptions:
         """These options with the named fields (flat names) replaced."""
         changes: dict[str, dict[str, Any]] = {}
         for name, value in fields.items():
@@ -234,5 +234,5 @@ class CostOptions:
 
 
 FIELD_GROUP: dict[str, str] = {field.name: group.name for group in fields(CostOptions)
-                               for field in fields(group.default)}
+                               for field in fields(getattr(CostOptions(), group.name))}
 """Each field's flat name -> the CostOptions attribute of the group that holds it."""

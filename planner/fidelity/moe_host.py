@@ -1,7 +1,7 @@
 """Measure the host time and the GPU time of one MoE layer's routed experts at a run's per-GPU
 shapes, and set them beside what the cost model charges for the same work.
 
-The question it answers (issue 12, docs/moe.md "Measuring the experts' host time"): with many
+The question it answers (docs/moe.md "Measuring the experts' host time"): with many
 local experts and few tokens each (the Megatron MoE ModelZoo's Qwen3-235B row at TP 4, EP 8:
 16 experts, ~630 tokens each per micro-batch), does the host take longer to issue the experts'
 GEMMs than the GPU takes to run them? The cost model charges the host per op from op counts

@@ -1,4 +1,5 @@
-"""The accuracy table of the published-runs check as Markdown (what the README embeds).
+"""The accuracy table of the published-runs check as Markdown (what docs/accuracy_published.md
+embeds; the README quotes its per-source table).
 
 `markdown_report` is pure: results in, text out. `python tests/bench/published_runs.py
 --markdown` prints it.
@@ -110,7 +111,7 @@ def run_table(results: list[RunResult]) -> list[str]:
 
 
 def markdown_report(results: list[RunResult]) -> str:
-    """The README's accuracy block: per-source table, then the per-run table."""
+    """The accuracy block: per-source table, then the per-run table."""
     overall = summarize(results)
     sources = by_source(results)
     verdict = "meets" if overall.mean_abs <= STEP_ERROR_GOAL else "misses"

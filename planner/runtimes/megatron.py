@@ -4,7 +4,7 @@ Sources: Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
 Megatron-LM" (SC'21); Korthikanti et al., "Reducing Activation Recomputation in Large Transformer
 Models" (2022); the Megatron-LM repository (megatron/p2p_communication.py, megatron/optimizer/,
 megatron/model/fused_*, megatron/training/arguments.py) and megatron-core's pipeline schedules.
-docs/runtimes.md says what each cost option means.
+docs/cost_options.md says what each cost option means.
 """
 
 from __future__ import annotations

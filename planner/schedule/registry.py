@@ -1,4 +1,4 @@
-"""The schedule table: one record per schedule name of the DESIGN contract (its generator,
+"""The schedule table: one record per schedule name of the plan contract (its generator,
 placement, backward split, allowed V, how it pipelines, whether a runtime runs it, torch's
 name for it), the shape rules, and `generate`, which picks the generator by name.
 

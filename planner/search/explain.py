@@ -3,7 +3,7 @@
 `alternatives` changes one dimension of the best plan at a time (TP, PP, micro-batch size,
 schedule, V, recompute, sequence parallelism, ZeRO), searches the best layout with that
 change (cut points re-solved) and names what it lost to: out of memory by how much, or
-the part of the step time (pipeline bubble, TP/CP or DP communication, compute, optimizer)
+the part of the step time (pipeline idle, TP/CP or DP communication, compute, optimizer)
 that grew the most. `what_would_fit` re-runs the search with one relaxation at a time
 (recompute, ZeRO, micro-batch 1, more GPUs, a larger GPU) for a request where nothing fits.
 `nearest_layouts` answers a request with no layout at all (the GPUs or the batch do not
@@ -66,6 +66,25 @@ def layout_text(layout: Layout) -> str:
             f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
             f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}"
             f"{f' ep{layout.ep} etp{layout.expert_tp}' if layout.etp is not None else ''}")
+
+
+def layout_choices(layout: Layout) -> dict[str, str | None]:
+    """Each choice of a layout as a word of `layout_text` (sequence parallelism off: 'no sp';
+    None: not a choice of this layout)."""
+    return {"tp": f"tp{layout.tp}", "pp": f"pp{layout.pp}", "dp": f"dp{layout.dp}", "cp": f"cp{layout.cp}",
+            "schedule": layout.schedule, "V": f"V{layout.vpp}",
+            "segments": f"k{layout.segments}" if layout.segments > 1 else None,
+            "mbs": f"mbs{layout.mbs}", "M": f"M{layout.num_microbatches}",
+            "recompute": f"recompute {'/'.join(sorted(set(layout.recompute)))}",
+            "sp": "sp" if layout.sequence_parallel else "no sp", "zero": f"zero{layout.zero_stage}",
+            "ep": f"ep{layout.ep}" if layout.etp is not None else None,
+            "etp": f"etp{layout.expert_tp}" if layout.etp is not None else None}
+
+
+def layout_changes(best: Layout, other: Layout) -> str:
+    """The choices of `other` that differ from `best`'s, e.g. 'tp2 dp128 M8 recompute full'."""
+    before = layout_choices(best)
+    return " ".join(word for name, word in layout_choices(other).items() if word and word != before[name])
 
 
 def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, space: SearchSpace,

@@ -97,12 +97,12 @@ class SearchStats:
     rejected_by_runtime: int = 0
     """Simulated layouts that fit but that the runtime (or the profile) refuses."""
     fitted: int = 0
-    """Simulated layouts that fit and are accepted: the ones ranked."""
+    """Simulated layouts that fit and are accepted: those compared for the best plans."""
     seconds: float = 0.0
 
     @property
     def simulated(self) -> int:
-        """Layouts simulated: over memory once simulated, refused, or ranked."""
+        """Layouts simulated: over memory once simulated, refused, or fit."""
         return self.simulated_out_of_memory + self.rejected_by_runtime + self.fitted
 
 

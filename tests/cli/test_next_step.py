@@ -14,31 +14,39 @@ README_REQUEST = ["--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "-
 COMMAND = re.compile(r"`planner (\w+) \.\.\. ([^`]*)`")
 
 
-def _table_rows(out: str) -> list[list[str]]:
-    """The body rows of the first table: its cells, stripped (a row folded onto more lines
-    continues with an empty first cell, which is skipped)."""
-    rows = []
-    for line in out.splitlines():
-        if line.startswith("│"):
-            cells = [cell.strip() for cell in line.strip("│").split("│")]
-            if cells[0]:
-                rows.append(cells)
-        elif rows:
-            break
-    return rows
+def _tables(out: str) -> list[list[dict[str, str]]]:
+    """The borderless plan tables (header `#  tp ...` or `#  cuts ...`, a rule, a row per plan):
+    each row by column, cells split on runs of two or more spaces."""
+    tables, lines = [], out.splitlines()
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("#  ") and lines[i + 1].startswith("─"):
+            columns = re.split(r" {2,}", line.strip())
+            rows = []
+            for row in lines[i + 2:]:
+                if not row[:1].isdigit():
+                    break
+                rows.append(dict(zip(columns, re.split(r" {2,}", row.strip()))))
+            tables.append(rows)
+    return tables
+
+
+def _runs_on(out: str) -> list[str]:
+    """Each plan's `runs on`: in a table, or under it (one line when every plan has the same)."""
+    tables = _tables(out)
+    for table in tables:
+        if "runs on" in table[0]:
+            return [row["runs on"] for row in table]
+    return [re.search(r"^runs on(?: \(every plan\))?: ([^;\s]+)", out, re.MULTILINE).group(1)] * len(tables[0])
 
 
 def test_readme_request_says_where_each_plan_runs_and_export_follows_it(cli, tmp_path):
     path = tmp_path / "p.json"
     code, out, err = cli("plan", *README_REQUEST, "-o", str(path))
     assert code == 0, err
-    header = next(line for line in out.splitlines() if line.startswith("┃"))
-    assert [c.strip() for c in header.strip("┃").split("┃")][-1] == "runs on"
     document = parse_plan_file(path.read_text())
-    rows = _table_rows(out)
-    assert len(rows) == len(document.plans) == 5
-    for row, entry in zip(rows, document.plans):
-        assert row[-1] == ",".join(RUNTIME_SHORT_NAMES[name] for name in entry.runtimes)
+    assert len(_tables(out)[0]) == len(document.plans) == 5
+    runs_on = [",".join(RUNTIME_SHORT_NAMES[name] for name in entry.runtimes) for entry in document.plans]
+    assert _runs_on(out) == runs_on
     # the recommended plan does not run on some runtime: the table says so, and says how to get one
     best = document.plans[0]
     missing = next(name for name in RUNTIME_SHORT_NAMES if name not in best.runtimes)
@@ -68,7 +76,7 @@ def test_evaluate_and_sweep_show_where_plans_run(cli):
     assert json.loads(out)["plans"][0]["runtimes"] == ["torchtitan", "torch"]
     code, out, err = cli("evaluate", *base, "--pp", "2", "--schedule", "1f1b")
     assert code == 0, err
-    assert _table_rows(out)[0][-1] == "mt,tt,torch,ds"
+    assert _runs_on(out) == ["mt,tt,torch,ds"]
     code, out, err = cli("sweep", *base[:2], *base[4:], "--vary", "gpus", "--values", "8,16", "--json")
     assert code == 0, err
     assert all(point["plan"]["runtimes"] for point in json.loads(out)["points"])
