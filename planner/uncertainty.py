@@ -112,4 +112,4 @@ def step_interval(step_time_s: float, runtime: str | None, gpu: str, gpus: int, 
     """The interval of a prediction from the development set's comparable runs."""
     chosen, basis = comparable(development_residuals(), runtime, gpu, gpus, moe)
     return interval_from_errors(step_time_s, [r.step_error for r in chosen],
-                                f"{len(chosen)} published runs ({basis})")
+                                f"{len(chosen)} published runs: {basis}")

@@ -48,3 +48,26 @@ def test_a_calibration_narrows_the_interval_to_its_own_runs():
 def test_shipped_development_residuals_give_an_interval_around_the_prediction():
     interval = step_interval(10.0, None, "h100", 1024, moe=False)
     assert interval.runs >= MIN_RUNS and interval.low_s < interval.high_s
+
+
+def test_the_interval_is_in_the_json_the_table_and_the_report(cli, tmp_path):
+    job = ["-m", "llama3-8b", "-n", "16", "-b", "64", "-s", "4096", "--tp", "2"]
+    code, out, err = cli("evaluate", *job, "--json")
+    assert code == 0, err
+    import json
+
+    predicted = json.loads(out)["plans"][0]["predicted"]
+    low, high = predicted["step_time_interval_s"]
+    expected = step_interval(predicted["step_time_s"], None, "h100", 16, moe=False)
+    assert (low, high) == (expected.low_s, expected.high_s)
+    assert predicted["interval_basis"] == expected.basis
+    code, out, err = cli("evaluate", *job)
+    assert code == 0, err
+    assert f"{low:.2f}-{high:.2f} s" in out
+    pytest.importorskip("plotly")
+    page = tmp_path / "plan.html"
+    code, _, err = cli("evaluate", *job, "-o", str(tmp_path / "plan.json"))
+    assert code == 0, err
+    code, _, err = cli("report", str(tmp_path / "plan.json"), "-o", str(page), "--no-explain")
+    assert code == 0, err
+    assert f"runs like it measured {low:.3f} to {high:.3f} s" in page.read_text()

@@ -239,6 +239,9 @@ def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:
     for name, seconds in p.time_breakdown_s.items():
         table.add_row(f"time: {time_part_name(name)}", f"{seconds:.3f} s ({seconds / p.step_time_s:.1%})")
     table.add_row("bubble: ranks' mean idle / span", f"{p.bubble_fraction:.1%}")
+    if p.step_time_interval_s:
+        low, high = p.step_time_interval_s
+        table.add_row("step: what comparable runs measured", f"{low:.2f}-{high:.2f} s ({p.interval_basis})")
     m = p.memory_breakdown_gb
     for name in ("weights", "grads", "optimizer", "activations", "other"):
         table.add_row(f"memory: {name}", f"{getattr(m, name):.2f} GiB")

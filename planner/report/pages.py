@@ -42,7 +42,7 @@ def plan_page(document: PlanFile, figures: PlanFigures, *, plans: Table, plan_pa
                    "double-click to reset, hover an action for its micro-batch, chunk and layers.", note=True)
          + chart_div("timeline")),
         ("Memory per pipeline rank", chart_div("memory") + chart_div("activations")),
-        ("Step time", chart_div("breakdown")),
+        ("Step time", interval_paragraph(best) + chart_div("breakdown")),
     ]
     if budget is not None:
         sections.append(("Training budget", table_html(budget_rows(budget, price))))
@@ -59,6 +59,16 @@ def plan_page(document: PlanFile, figures: PlanFigures, *, plans: Table, plan_pa
         "activations": charts.activation_figure(figures, "saved activations over the step"),
         "breakdown": charts.breakdown_figure(p.time_breakdown_s, "where the step time goes"),
     })
+
+
+def interval_paragraph(entry: PlanEntry) -> str:
+    """What runs comparable to the plan measured, as the plan file records it ('' without)."""
+    p = entry.predicted
+    if p is None or not p.step_time_interval_s:
+        return ""
+    low, high = p.step_time_interval_s
+    return paragraph(f"predicted step {p.step_time_s:.3f} s; runs like it measured {low:.3f} to {high:.3f} s "
+                     f"({p.interval_basis})")
 
 
 def sweep_page(title: str, vary: str, values: list[int], points: list[dict | None], second: str,
