@@ -13,11 +13,21 @@ harness take; `plan` is `planner plan` without the terminal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner.errors import LayoutError
 from planner.job import Job, build
-from planner.layout import Layout, check_layout, entry_from_layout, even_stage_layers, stage_layers_from_counts
+from planner.layout import (
+    Layout,
+    check_expert_parallel,
+    check_layout,
+    check_tensor_parallel,
+    entry_from_layout,
+    even_stage_layers,
+    layout_from_entry,
+    stage_layers_from_counts,
+)
 from planner.plan import RECOMPUTE_MODES, ClusterSummary, PlanEntry, PlanFile
 from planner.predict import Prediction, predict, priced_options
 from planner.request import Request
@@ -160,3 +170,74 @@ def cost_source_text(job: Job) -> str:
         return job.cost_model.source.name
     runs = job.calibration.num_runs
     return f"{job.cost_model.source.name}, calibrated from {runs} run{'s' if runs != 1 else ''}"
+
+
+def document_request(document: PlanFile) -> tuple[Request, list[str]]:
+    """The request the plan file answers (converted from the older `inputs` record where the
+    file has no `request`), and notes on what could not be recreated."""
+    cluster = document.cluster
+    notes = []
+    if document.request is not None:
+        request = document.request
+    elif document.inputs is not None:
+        old = document.inputs
+        given = {"attention": old.attention, "precision": old.precision, "moe_imbalance": old.moe_imbalance,
+                 "moe_dispatcher": old.moe_dispatcher, "moe_ep_overlap": old.moe_ep_overlap,
+                 "cuda_graphs": old.cuda_graphs, "interference": old.interference, "stragglers": old.stragglers,
+                 "speed_spread": old.speed_spread}
+        request = Request(model=document.model.name, gpu=old.gpu, num_gpus=old.num_gpus,
+                          gpus_per_node=old.gpus_per_node, intra_node_bw_gbps=old.intra_node_bw_gbps,
+                          inter_node_bw_gbps=old.inter_node_bw_gbps, max_memory_gb=old.max_memory_gb,
+                          runtime=old.runtime, options={k: v for k, v in given.items() if v is not None},
+                          profile=old.profile, profile_only=old.profile_only, calibration=old.calibration)
+    else:
+        request = Request(model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
+                          gpus_per_node=cluster.gpus_per_node)
+        notes.append("this plan file predates recorded inputs: re-simulated with the preset's network and "
+                     "the default cost options")
+    if request.profile is not None and not Path(request.profile).exists():
+        notes.append(f"the profile {request.profile} is not here: re-simulated with analytic costs")
+        request = request.model_copy(update={"profile": None, "profile_only": False})
+    return request, notes
+
+
+def rechecked(document: PlanFile, index: int = 0) -> tuple[PlanFile, list[str]]:
+    """The plan file with plan `index` checked against its model, cluster and request and
+    priced afresh (LayoutError naming the rule a hand-edited plan breaks), and notes on what
+    changed; a file without a cluster is checked against its model only."""
+    entry = document.plans[index]
+    spec = document.model
+    if spec is None or schedule_info(entry.schedule).simulated_only:
+        return document, []  # the exporters refuse both, naming why
+    check_cuts(entry, spec.num_layers)
+    layout = layout_from_entry(entry)
+    if document.cluster is None:
+        check_tensor_parallel(spec, layout.tp)
+        check_expert_parallel(spec, layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
+        return document, []
+    request, notes = document_request(document)
+    request = request.model_copy(update={"global_batch": entry.global_batch, "seq": entry.seq})
+    job = build(request, spec=spec)
+    fresh = evaluate_layout(job, layout).entry().model_copy(update={"cost_sources": entry.cost_sources})
+    recorded, now = entry.predicted, fresh.predicted
+    if recorded is not None and now is not None and abs(now.step_time_s / recorded.step_time_s - 1) > 1e-6:
+        notes.append(f"predicted step {recorded.step_time_s:.4g} s in the file, {now.step_time_s:.4g} s now "
+                     "(the plan was edited or the planner changed): the files carry the fresh figures")
+    plans = [fresh if i == index else plan for i, plan in enumerate(document.plans)]
+    return document.model_copy(update={"plans": plans}), notes
+
+
+def check_cuts(entry: PlanEntry, num_layers: int) -> None:
+    """LayoutError unless the plan's stage ranges, in model order, tile the model's layers."""
+    try:
+        ranges = entry.ranges_in_model_order()
+    except ValueError as exc:
+        raise LayoutError(f"stage_layers: {exc}") from None
+    expected = 0
+    for start, end in ranges:
+        if start != expected or end < start:
+            raise LayoutError(f"stage_layers: a stage starts at layer {start} where {expected} was expected; the "
+                              f"stages must cover layers 0..{num_layers} in order")
+        expected = end
+    if expected != num_layers:
+        raise LayoutError(f"stage_layers cover layers 0..{expected}, but the model has {num_layers} layers")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from planner.api import rechecked
 from planner.cli.app import app, stdout
 from planner.errors import ConfigError, ExportError
 from planner.export import EXPORTERS, export_plan
@@ -39,12 +40,17 @@ def export_command(
                                "(its other files stay)."),
 ) -> None:
     """Write the launch configuration of one plan for Megatron-LM, torchtitan, a
-    torch.distributed.pipelining script or DeepSpeed."""
+    torch.distributed.pipelining script or DeepSpeed; the plan is checked against its model
+    and cluster and priced afresh first, so a hand-edited plan that breaks a rule is refused."""
     try:
         text = plan.read_text()
     except OSError as exc:
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
-    files = export_plan(parse_plan_file(text, str(plan)), exporter_of(to), index)
+    document = parse_plan_file(text, str(plan))
+    notes: list[str] = []
+    if index < len(document.plans):
+        document, notes = rechecked(document, index)
+    files = export_plan(document, exporter_of(to), index)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output path {out} exists and is not a folder")
     refuse_existing(*(out / name for name in files), force=force)
@@ -52,6 +58,8 @@ def export_command(
     width = max(len(name) for name in files)
     stdout.print(f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:",
                  markup=False, highlight=False)
+    for note in notes:
+        stdout.print(f"note: {note}", markup=False, highlight=False)
     for name, content in files.items():
         write_atomic(out / name, content, executable=name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"))
         stdout.print(f"  {name:<{width}}  {len(content.encode()):>9,} bytes", markup=False, highlight=False)

@@ -14,6 +14,7 @@ from planner.cli.report import cuts_text, recompute_text, runs_on_text
 from planner.cost.model import CostModel
 from planner.cost.options import MoeOptions
 from planner.errors import ConfigError
+from planner.api import document_request
 from planner.job import build
 from planner.layout import layout_from_entry
 from planner.output import refuse_existing, write_atomic
@@ -71,41 +72,12 @@ def explain_rows(items) -> Table:
                  frozenset({"change", "its best layout", "why it lost"}))
 
 
-def recorded_request(document: PlanFile) -> tuple[Request, list[str]]:
-    """The request the plan file answers (converted from the older `inputs` record where the
-    file has no `request`), and notes on what could not be recreated."""
-    cluster = document.cluster
-    notes = []
-    if document.request is not None:
-        request = document.request
-    elif document.inputs is not None:
-        old = document.inputs
-        given = {"attention": old.attention, "precision": old.precision, "moe_imbalance": old.moe_imbalance,
-                 "moe_dispatcher": old.moe_dispatcher, "moe_ep_overlap": old.moe_ep_overlap,
-                 "cuda_graphs": old.cuda_graphs, "interference": old.interference, "stragglers": old.stragglers,
-                 "speed_spread": old.speed_spread}
-        request = Request(model=document.model.name, gpu=old.gpu, num_gpus=old.num_gpus,
-                          gpus_per_node=old.gpus_per_node, intra_node_bw_gbps=old.intra_node_bw_gbps,
-                          inter_node_bw_gbps=old.inter_node_bw_gbps, max_memory_gb=old.max_memory_gb,
-                          runtime=old.runtime, options={k: v for k, v in given.items() if v is not None},
-                          profile=old.profile, profile_only=old.profile_only, calibration=old.calibration)
-    else:
-        request = Request(model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
-                          gpus_per_node=cluster.gpus_per_node)
-        notes.append("this plan file predates recorded inputs: re-simulated with the preset's network and "
-                     "the default cost options")
-    if request.profile is not None and not Path(request.profile).exists():
-        notes.append(f"the profile {request.profile} is not here: re-simulated with analytic costs")
-        request = request.model_copy(update={"profile": None, "profile_only": False})
-    return request, notes
-
-
 def cost_model_of(document: PlanFile) -> tuple[CostModel, Request, list[str]]:
     """The cost model the plan file was made with, its request, and notes on what could not be
     recreated."""
     if document.model is None or document.cluster is None:
         raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
-    request, notes = recorded_request(document)
+    request, notes = document_request(document)
     return build(request, spec=document.model).cost_model, request, notes
 
 
