@@ -1,6 +1,6 @@
 """Predicted vs published step time, throughput and memory of public training runs.
 
-    python tests/bench/published_runs.py [--json | --markdown] [--file tests/bench/published_runs.toml]
+    python tests/bench/published_runs.py [--json | --markdown | --sensitivity] [--file tests/bench/published_runs.toml]
 
 Evaluates every run in published_runs.toml (or `--file`'s: tests/bench/preregistered_runs.toml
 is the pre-registered validation set, docs/accuracy_preregistered.md) with planner's cost
@@ -10,6 +10,9 @@ the GPU's and the published one; then the errors per source and overall (held-ou
 `--markdown` prints the accuracy block the README embeds; `--json` one JSON object, each run
 with its `planner evaluate` command; `--commands` only those commands. Each prediction is the
 one its command prints (tests/fidelity/test_published_commands.py runs a sample).
+`--sensitivity` prints one table instead: each global factor of planner/presets/factor_ranges.toml
+at its low end, default and high end, and the set's mean |step error| and mean signed step error
+at each (planner/fidelity/sensitivity.py; progress on stderr).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from planner.fidelity.published import (
     summarize,
 )
 from planner.fidelity.published_report import layout_label, markdown_report
+from planner.fidelity.sensitivity import (
+    load_factor_ranges,
+    sensitivity,
+    sensitivity_markdown,
+)
 from planner.request import command_text
 
 DATA = Path(__file__).with_name("published_runs.toml")
@@ -49,12 +57,18 @@ def main(argv: list[str] | None = None) -> int:
                              "behind every prediction's interval)")
     output.add_argument("--commands", action="store_true",
                         help="print the `planner evaluate` command that predicts each run, and nothing else")
+    output.add_argument("--sensitivity", action="store_true",
+                        help="print the errors with each global factor at the ends of its stated range")
     parser.add_argument("--file", type=Path, default=DATA, help="published runs TOML")
     args = parser.parse_args(argv)
     runs = load_runs(args.file)
     if args.commands:
         for run in runs:
             print(f"# {run.name}\n{command_text(evaluate_command(run))}")
+        return 0
+    if args.sensitivity:
+        rows = sensitivity(runs, load_factor_ranges(), lambda line: print(line, file=sys.stderr, flush=True))
+        print(sensitivity_markdown(rows), end="")
         return 0
     results = evaluate_all(runs)
     if args.residuals:
