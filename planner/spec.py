@@ -109,6 +109,9 @@ class ModelSpec(BaseModel):
     """Group-limited routing: the experts in this many equal groups, a token choosing its
     top-k among the `moe_router_group_topk` best groups only (DeepSeek-V3: 8 groups, 4 chosen)."""
     moe_router_group_topk: int | None = Field(default=None, gt=0)
+    moe_router_group_score: Literal["top2_sum", "max"] = "top2_sum"
+    """How group-limited routing ranks the groups: by the sum of each group's two best scores
+    (DeepSeek-V3's noaux_tc) or by its best one (DeepSeek-V2's group_limited_greedy)."""
     moe_router_expert_bias: bool = False
     """A per-expert bias added to the scores to choose the experts, not to weight them
     (DeepSeek-V3's aux-loss-free balancing, `e_score_correction_bias`)."""
@@ -209,7 +212,8 @@ class ModelSpec(BaseModel):
 
     def block_fields(self, tp: int = 1, seq: int | None = None) -> dict[str, Any]:
         """Keyword arguments of `planner.torch_blocks.BlockConfig` for this model, with heads
-        and the FFN divided by `tp` (one tensor-parallel shard); `seq` caps the positions."""
+        and the FFN divided by `tp` (one tensor-parallel shard); `seq` sets the length of the
+        RoPE tables (learned positions keep the model's table)."""
         return {
             "family": self.family,
             "num_layers": self.num_layers,
@@ -219,7 +223,7 @@ class ModelSpec(BaseModel):
             "head_dim": self.kv_channels,
             "ffn_hidden_size": self.ffn_hidden_size // tp,
             "vocab_size": self.vocab_size,
-            "max_seq_len": seq or self.max_position_embeddings,
+            "max_seq_len": self.max_position_embeddings if self.position_embedding == "learned" or not seq else seq,
             "norm": self.norm,
             "norm_eps": self.norm_eps,
             "activation": self.activation,
@@ -261,7 +265,7 @@ class GpuEfficiency(BaseModel):
     kernel_overhead_us: float = Field(ge=0)
     """Fixed launch/tail cost charged per kernel."""
     source: str = ""
-    # Attention kernels, host time per op, overlap interference (issue 12, points 2-4).
+    # Attention kernels, host time per op, overlap interference (docs/kernel_floor.md).
     # attention_fwd/attention_bwd above are FlashAttention-2's rates (what torch SDPA's flash
     # backend runs and `planner profile` measures); other fused kernels have their own, None
     # where the kernel does not run on this GPU.
@@ -530,7 +534,8 @@ def _router_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
         "moe_router_expert_bias": method == "noaux_tc",
     }
     if method in ("group_limited_greedy", "noaux_tc") and (config.get("n_group") or 1) > 1:
-        fields |= {"moe_router_num_groups": config["n_group"], "moe_router_group_topk": _require(config, "topk_group")}
+        fields |= {"moe_router_num_groups": config["n_group"], "moe_router_group_topk": _require(config, "topk_group"),
+                   "moe_router_group_score": "max" if method == "group_limited_greedy" else "top2_sum"}
     return fields
 
 

@@ -162,12 +162,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     """Rotate pairs of the first 2 x cos.shape[-1] channels of x (batch, seq, heads, head_dim)
     by the position angle, the rest passing through. The result stays in (batch, seq, heads)
     order, so attention's output in that order reshapes to (batch, seq, hidden) without a copy."""
-    seq, rotary_dim = x.shape[1], 2 * cos.shape[-1]
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim < x.shape[-1]:  # partial rotary (Nemotron-4)
+        return torch.cat((apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+    seq = x.shape[1]
     cos, sin = cos[:seq, None].to(x.dtype), sin[:seq, None].to(x.dtype)
-    rotary, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    x1, x2 = rotary[..., 0::2], rotary[..., 1::2]
-    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    return torch.cat((rotated, rest), dim=-1) if rest.shape[-1] else rotated
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return rotated.flatten(-2)
 
 
 def alibi_bias(num_heads: int, seq_len: int, head_offset: int = 0, total_heads: int | None = None):

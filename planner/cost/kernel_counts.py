@@ -24,11 +24,13 @@ MEGATRON_MOE_DATA = Path(__file__).parents[1] / "presets" / "megatron_moe_counts
 
 STYLES: dict[str, tuple[str, dict]] = {
     "rmsnorm-swiglu-rope": ("tiny-llama", {}),
+    "rmsnorm-swiglu-rope-qknorm": ("tiny-llama", {"qk_norm": True}),
     "layernorm-gelu-learned": ("tiny-gpt", {}),
     "layernorm-gelu-alibi": ("tiny-gpt", {"position_embedding": "alibi", "embedding_norm": True}),
 }
 """Block styles traced, each from a preset model (with overrides): the model's norm,
-activation and position embedding decide which ops its block runs."""
+activation and position embedding, and whether it normalises queries and keys (Qwen3's
+QK-norm), decide which ops its block runs."""
 
 VIEW_HOST_SHARE = 0.5
 """Share of an op's host time that an aliasing op (view, transpose, detach) also pays:
@@ -56,8 +58,8 @@ class OpCounts:
 
 
 def style_of(spec: ModelSpec) -> str:
-    """The block style key of a model: norm-activation-positions."""
-    return f"{spec.norm}-{spec.activation}-{spec.position_embedding}"
+    """The block style key of a model: norm-activation-positions, then -qknorm with QK-norm."""
+    return f"{spec.norm}-{spec.activation}-{spec.position_embedding}" + ("-qknorm" if spec.qk_norm else "")
 
 
 @cache

@@ -199,6 +199,8 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
         d = v  # the attention output's per-head width
     else:
         saved.append(SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"))
+        if spec.qk_norm:  # QK-norm's two RMSNorms keep their inputs (q, k) and an fp32 1/rms per head
+            saved.append(SavedTensor("qk_norm_inputs", (bf16 * d + BYTES_FP32) * tokens * (heads + kv_heads), "keep"))
     attn_out = tokens * heads * d
     if options.flash_attention:
         saved.append(SavedTensor("softmax_lse", BYTES_FP32 * tokens * heads, "keep"))
@@ -303,8 +305,7 @@ def every_other_matmul_saved(spec: ModelSpec, shard: Shard, fused_qkv: bool = TO
     """Bytes a block keeps under torchtitan's per-op checkpointing (`SelectiveAC`): its input,
     the outputs of its 1st, 3rd, 5th... matmul (fused qkv, gate, down for a SwiGLU block) and
     the attention op's output and log-sum-exp; everything else is recomputed. Measured on
-    torchtitan's own block and policy by tests/cost/test_selective_policy.py (until this
-    counted q, k, v as three matmuls and missed k: 6.9% low for tiny-llama). With three
+    torchtitan's own block and policy by tests/cost/test_selective_policy.py. With three
     (`fused_qkv` False: torchtitan's 2024 Llama) it keeps q and v and recomputes k."""
     matmuls = separate_matmuls(spec, shard, fused_qkv=fused_qkv)
     heads = spec.num_attention_heads / shard.tp
@@ -314,10 +315,11 @@ def every_other_matmul_saved(spec: ModelSpec, shard: Shard, fused_qkv: bool = TO
 
 
 def attention_param_count(spec: ModelSpec, tp: int = 1) -> float:
-    """Parameters of one block's attention (projections and biases) on one of `tp` GPUs. KV
-    heads are replicated when there are fewer of them than TP ranks (as Megatron does). Latent
-    attention (MLA) splits its up-projections and output by heads and replicates its
-    down-projections and their norms (Megatron-Core's MLASelfAttention)."""
+    """Parameters of one block's attention (projections, biases and QK-norm's two head_dim-wide
+    weights, replicated) on one of `tp` GPUs. KV heads are replicated when there are fewer of
+    them than TP ranks (as Megatron does). Latent attention (MLA) splits its up-projections and
+    output by heads and replicates its down-projections and their norms (Megatron-Core's
+    MLASelfAttention)."""
     h, d = spec.hidden_size, spec.kv_channels
     if spec.is_mla:
         heads = spec.num_attention_heads / tp
@@ -334,6 +336,8 @@ def attention_param_count(spec: ModelSpec, tp: int = 1) -> float:
         attn += q_width + 2 * kv_width
     if spec.linear_bias:
         attn += h
+    if spec.qk_norm:
+        attn += 2 * d
     return attn
 
 
@@ -348,8 +352,9 @@ def routed_expert_param_count(spec: ModelSpec, ep: int = 1, etp: int = 1, expert
 def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1, etp: int | None = None,
                     active: bool = False) -> float:
     """Parameters of one block's MLP on one GPU: dense (split over `tp`), or an MoE layer's
-    router (replicated), shared experts (split over `tp`) and routed experts (over `ep` x
-    `etp`, `etp` = `tp` when unset); with `active`, only the top-k experts a token runs."""
+    router (replicated), shared experts (split over `tp`, their gate replicated) and routed
+    experts (over `ep` x `etp`, `etp` = `tp` when unset); with `active`, only the top-k experts
+    a token runs."""
     h, up = spec.hidden_size, 2 if spec.activation == "swiglu" else 1
     if not moe:
         ffn = spec.ffn_hidden_size / tp
@@ -358,7 +363,8 @@ def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1
     routed = routed_expert_param_count(spec, 1 if active else ep, 1 if active else (etp or tp), experts)
     if active:
         routed /= tp
-    return routed + h * spec.num_experts + (up + 1) * h * spec.shared_ffn_width / tp
+    gate = h if spec.moe_shared_expert_gate else 0.0
+    return routed + h * spec.num_experts + (up + 1) * h * spec.shared_ffn_width / tp + gate
 
 
 def transformer_param_count(spec: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None,
@@ -382,9 +388,11 @@ def active_param_count(spec: ModelSpec) -> float:
 
 def mtp_param_count(spec: ModelSpec) -> float:
     """Parameters of the multi-token-prediction modules beyond those shared with the model
-    (embedding and head): per module two norms, the 2h x h projection and one MoE block."""
+    (embedding and head): per module three norms (the embedding's and the hidden state's
+    before the projection, the output's before the shared head), the 2h x h projection and one
+    MoE block."""
     norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
-    per_module = 2 * norm + 2 * spec.hidden_size**2 + transformer_param_count(spec, moe=spec.is_moe)
+    per_module = 3 * norm + 2 * spec.hidden_size**2 + transformer_param_count(spec, moe=spec.is_moe)
     return spec.mtp_depth * per_module
 
 

@@ -45,6 +45,9 @@ FUSED_ROPE_BYTES = (4.0, 8.0)
 UNFUSED_ROPE_KERNELS = (6, 8)
 """Kernels per rotated tensor of megatron-core's unfused RoPE (`unfused_rope_bytes`), forward and
 backward, besides the cos and sin of the small frequency table."""
+QK_NORM_KERNELS = (2, 2)
+"""Kernels of QK-norm (Qwen3's q_norm and k_norm), forward and backward: one fused RMSNorm each
+way on q and on k (as traced on planner/torch_blocks.py in presets/kernel_counts.toml)."""
 
 
 def unfused_rope_bytes(rotary_percent: float) -> tuple[float, float]:
@@ -174,7 +177,7 @@ def moe_gemms(spec: ModelSpec, shard: Shard, imbalance: float = 1.0) -> tuple[Ge
     h, ep, etp = spec.hidden_size, shard.ep, expert_tp(shard)
     up = 2 if spec.activation == "swiglu" else 1
     ffn = spec.expert_ffn_hidden_size
-    # routed rows: the old (EP 1, ETP = TP) shape counts the TP group's tokens once
+    # routed rows: the plain (EP 1, ETP = TP) shape counts the TP group's tokens once
     routed = shard.local_tokens * spec.moe_top_k * ep * etp / (shard.tp * spec.num_experts)
     per_expert = max(1, round(routed * imbalance))
     local = spec.num_experts // ep
@@ -304,13 +307,16 @@ def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bo
         ffn = spec.expert_ffn_hidden_size * spec.moe_top_k * imbalance + spec.shared_ffn_width
     act_width = ffn // tp
     # bf16 bytes moved by the memory-bound kernels, forward: two norms (read x, write y),
-    # two residual adds (read 2, write 1), RoPE on q and k (fused: read, write), the activation
-    # function (SwiGLU reads 2 and writes 1 of width ffn; GeLU reads 1, writes 1).
+    # two residual adds (read 2, write 1), QK-norm's two norms over q and k (read, write), RoPE
+    # on q and k (fused: read, write), the activation function (SwiGLU reads 2 and writes 1 of
+    # width ffn; GeLU and squared ReLU read 1, write 1).
     norm_and_residual = (2 * 2 + 2 * 3) * rep_tokens * h * 2
     if spec.is_mla:  # RoPE on the rotary part of each q head and on the one shared k part
         q_k_width = (spec.num_attention_heads / tp + 1) * spec.qk_rope_head_dim
     else:
         q_k_width = (spec.num_attention_heads + spec.num_kv_heads) * spec.kv_channels / tp
+    qk_norm = 2 * 2 * tokens * q_k_width if spec.qk_norm else 0.0
+    qk_norm_kernels = QK_NORM_KERNELS if spec.qk_norm else (0, 0)
     has_rope = spec.position_embedding == "rope"
     if not rope_fusion and spec.is_mla:
         raise ValueError("unfused RoPE is priced for megatron-core's standard attention, not MLA")
@@ -318,7 +324,7 @@ def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bo
     rope_kernels = (0, 0) if rope_fusion or not has_rope else tuple(2 * (k - 1) for k in UNFUSED_ROPE_KERNELS)
     rope_elements = tokens * q_k_width if has_rope else 0.0
     act = (3 if spec.activation == "swiglu" else 2) * tokens * act_width * 2
-    fwd_bytes = norm_and_residual + act
+    fwd_bytes = norm_and_residual + qk_norm + act
     flash = attention != "unfused"
     unfused = attention_passes(spec, shard, dropout) if not flash else ((), 0.0, 0.0, 0)
     return LayerWork(
@@ -327,8 +333,8 @@ def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bo
         attention_seq=shard.seq // shard.cp,
         elementwise_bytes_fwd=fwd_bytes + rope_elements * rope_fwd,
         elementwise_bytes_bwd=2 * fwd_bytes + rope_elements * rope_bwd,
-        kernels_fwd=14 + rope_kernels[0],
-        kernels_bwd=28 + rope_kernels[1],
+        kernels_fwd=14 + rope_kernels[0] + qk_norm_kernels[0],
+        kernels_bwd=28 + rope_kernels[1] + qk_norm_kernels[1],
         attention_gemms=unfused[0],
         attention_bytes_fwd=unfused[1],
         attention_bytes_bwd=unfused[2],

@@ -45,6 +45,20 @@ def require_model(plan_file: PlanFile, runtime: str) -> ModelSpec:
     return plan_file.model
 
 
+def check_positions(entry: PlanEntry, spec: ModelSpec, runtime: str) -> None:
+    """ExportError where the plan's sequence needs another model than `spec`: longer than its
+    learned position table, or than its sliding attention window (no exporter writes a window:
+    within it, attention is plain causal attention)."""
+    if spec.position_embedding == "learned" and entry.seq > spec.max_position_embeddings:
+        raise ExportError(f"{runtime}: seq {entry.seq} is longer than the {spec.max_position_embeddings} learned "
+                          f"positions of {spec.name}; re-plan with a shorter sequence: "
+                          f"{planner_command('plan', f'--seq {spec.max_position_embeddings}')}")
+    if spec.sliding_window is not None and entry.seq > spec.sliding_window:
+        raise ExportError(f"{runtime}: seq {entry.seq} is longer than the {spec.sliding_window}-token sliding "
+                          f"attention window of {spec.name}, which the planner prices and exports as full causal "
+                          f"attention; re-plan with a sequence within it: {planner_command('plan', f'--seq {spec.sliding_window}')}")
+
+
 def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
     """The one recompute mode of every pipeline rank (`check_rules` has refused ranks that differ
     for a runtime that applies one setting to every stage)."""

@@ -26,6 +26,7 @@ from planner.export.common import (
     Files,
     check_attention_kernel,
     check_moe_mechanisms,
+    check_positions,
     comment_block,
     provenance_readme,
     require_model,
@@ -111,6 +112,7 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
                           "DeepSpeed's MoE layer (deepspeed.moe.layer.MoE) returns an auxiliary loss per layer "
                           "that the engine's last-stage loss function does not collect")
     check_rules(entry, RUNTIME)
+    check_positions(entry, spec, RUNTIME)
     if entry.dtype not in ("bf16", "fp16", "fp32"):
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not exported (bf16, fp16, fp32)")
 

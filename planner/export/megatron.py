@@ -8,9 +8,16 @@ holds the same number of layers, as `--decoder-first/last-pipeline-num-layers` w
 first and last stage differ (V = 1), and otherwise as `--pipeline-model-parallel-layout`
 (`E` embedding, `t` transformer layer, `L` loss, `|` between virtual stages in model order).
 
+The model arguments build the planned model itself: widths, heads and groups, norm and its
+epsilon, QK-norm, RoPE base, rotated share and scaling, biases, tying, the vocabulary (padded by
+Megatron to a multiple of `--make-vocab-size-divisible-by` x tp, chosen so it pads none where tp
+divides it), the experts and their router, latent-attention ranks (tests/export build Megatron's
+GPT model from them and compare it with the model field by field).
+
 Megatron-LM runs 1F1B and (with virtual stages) interleaved 1F1B; every other schedule is
 refused, as are model features it has no argument for (ALiBi, an embedding norm, MLP biases
-without QKV bias) and ZeRO-2/3 sharding (Megatron-FSDP) together with pipeline parallelism.
+without QKV bias, RoPE scalings and routers its arguments cannot express) and ZeRO-2/3
+sharding (Megatron-FSDP) together with pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from planner.export.common import (
     PROVENANCE_FILE,
     Files,
     check_attention_kernel,
+    check_positions,
     comment_block,
     provenance_readme,
     replan_for,
@@ -96,30 +104,36 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     if spec.linear_bias and not spec.qkv_bias:
         raise ExportError(f"{RUNTIME}: model {spec.name} has MLP/output biases but no QKV bias; "
                           "Megatron-LM's bias switches (every linear layer, or QKV only) cannot express that")
+    check_positions(entry, spec, RUNTIME)
     args = [
         "--num-layers", str(spec.num_layers),
         "--hidden-size", str(spec.hidden_size),
         "--ffn-hidden-size", str(spec.ffn_hidden_size),
         "--num-attention-heads", str(spec.num_attention_heads),
     ]
-    if spec.head_dim is not None and spec.head_dim * spec.num_attention_heads != spec.hidden_size:
-        args += ["--kv-channels", str(spec.head_dim)]
+    if not spec.is_mla:  # latent attention's head widths are its own arguments (below)
+        args += ["--kv-channels", str(spec.kv_channels)]
     if spec.num_kv_heads != spec.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(spec.num_kv_heads)]
     args += [
         "--seq-length", str(entry.seq),
         "--max-position-embeddings", str(max(spec.max_position_embeddings, entry.seq)),
         "--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute",
-        "--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
     ]
-    if spec.activation == "swiglu":
-        args.append("--swiglu")
+    if spec.position_embedding == "rope":
+        args += _rope_args(spec)
+    args += ["--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+             "--norm-epsilon", str(spec.norm_eps)]
+    if spec.qk_norm or spec.is_mla:  # Megatron's MLA builds its latents' norms only with this switch
+        args.append("--qk-layernorm")
+    args += {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"], "gelu": []}[spec.activation]
     if not spec.tie_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not spec.linear_bias:
         args.append("--disable-bias-linear")
         if spec.qkv_bias:
             args.append("--add-qkv-bias")
+    args += ["--make-vocab-size-divisible-by", str(vocab_divisor(spec.vocab_size, entry.tp))]
     if spec.is_moe:
         args += _moe_model_args(spec, entry)
     if spec.is_mla:
@@ -133,12 +147,102 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     return args
 
 
+def vocab_divisor(vocab_size: int, tp: int) -> int:
+    """Megatron-LM's --make-vocab-size-divisible-by for the model's vocabulary: the largest power
+    of two up to its default 128 that, times tp, divides the vocabulary, so Megatron pads none
+    (1 where tp does not divide it: Megatron then pads to the next multiple of tp)."""
+    divisor = 128
+    while divisor > 1 and vocab_size % (divisor * tp):
+        divisor //= 2
+    return divisor
+
+
+MEGATRON_LLAMA3_SCALING = (1.0, 4.0, 8192)
+"""(low_freq_factor, high_freq_factor, original_max_position_embeddings) of Llama 3.1's RoPE
+scaling, fixed in Megatron-LM (no argument sets them). Source: megatron-core 0.19
+RotaryEmbedding._apply_scaling defaults."""
+MEGATRON_MLA_YARN = (4096, 32.0, 1.0)
+"""(original_max_position_embeddings, beta_fast, beta_slow) of YaRN in Megatron-LM's latent
+attention, fixed (no argument sets them). Source: megatron-core 0.19 MLATransformerConfig defaults."""
+
+
+def _rope_args(spec: ModelSpec) -> list[str]:
+    """RoPE's base, rotated share and long-context scaling as Megatron-LM's arguments;
+    ExportError where they cannot express the model's."""
+    if spec.rope_theta != int(spec.rope_theta):
+        raise ExportError(f"{RUNTIME}: model {spec.name} has RoPE base {spec.rope_theta}; Megatron-LM's "
+                          "--rotary-base takes an integer")
+    args = ["--rotary-base", str(int(spec.rope_theta))]
+    if spec.rotary_percent != 1.0:
+        args += ["--rotary-percent", str(spec.rotary_percent)]
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return args + (["--rope-type", "rope"] if spec.is_mla else [])  # MLA's default is YaRN
+    if scaling.rope_type == "llama3" and not spec.is_mla:
+        fixed = (scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position_embeddings)
+        if fixed != MEGATRON_LLAMA3_SCALING:
+            raise ExportError(f"{RUNTIME}: model {spec.name}'s Llama 3.1 RoPE scaling has (low_freq_factor, "
+                              f"high_freq_factor, original_max_position_embeddings) {fixed}; Megatron-LM fixes "
+                              f"them at {MEGATRON_LLAMA3_SCALING}")
+        return args + ["--use-rope-scaling", "--rope-scaling-factor", str(scaling.factor)]
+    if scaling.rope_type == "yarn" and spec.is_mla:
+        fixed = (scaling.original_max_position_embeddings, scaling.beta_fast, scaling.beta_slow)
+        if fixed != MEGATRON_MLA_YARN:
+            raise ExportError(f"{RUNTIME}: model {spec.name}'s YaRN scaling has (original_max_position_embeddings, "
+                              f"beta_fast, beta_slow) {fixed}; Megatron-LM's latent attention fixes them at "
+                              f"{MEGATRON_MLA_YARN}")
+        return args + ["--rope-type", "yarn", "--rotary-scaling-factor", str(scaling.factor),
+                       "--mscale", str(scaling.mscale), "--mscale-all-dim", str(scaling.mscale_all_dim)]
+    attention = "latent attention" if spec.is_mla else "standard attention"
+    raise ExportError(f"{RUNTIME}: model {spec.name} has {scaling.rope_type} RoPE scaling with {attention}, "
+                      "which this exporter does not write for Megatron-LM (Llama 3.1 scaling with standard "
+                      "attention, YaRN with latent attention)")
+
+
+_GROUP_BEST = {"top2_sum": 2, "max": 1}
+"""Scores per group that rank the groups under each of ModelSpec.moe_router_group_score."""
+
+
+def _router_args(spec: ModelSpec) -> list[str]:
+    """The router's score function, top-k renormalisation, scaling factor, group-limited
+    routing and expert bias, and the shared experts' gate, as Megatron-LM's arguments;
+    ExportError for a router it cannot build."""
+    why = None
+    if spec.moe_score_function == "sigmoid" and not spec.moe_norm_topk_prob and spec.moe_top_k > 1:
+        why = "sigmoid scores used as they are (Megatron-LM renormalises sigmoid top-k scores)"
+    elif spec.moe_score_function == "softmax" and spec.moe_norm_topk_prob and spec.moe_top_k == 1:
+        why = "top-1 softmax routing renormalised to weight 1 (Megatron-LM needs --moe-router-pre-softmax with top-1)"
+    elif spec.moe_router_expert_bias and spec.moe_score_function == "softmax":
+        why = "an expert bias on softmax scores (Megatron-LM's expert bias needs sigmoid scores)"
+    elif spec.moe_router_group_topk and spec.moe_top_k // spec.moe_router_group_topk != _GROUP_BEST[
+            spec.moe_router_group_score]:
+        why = (f"groups ranked by {spec.moe_router_group_score} (Megatron-LM sums each group's top "
+               f"top-k / group-topk = {spec.moe_top_k // spec.moe_router_group_topk} scores)")
+    if why is not None:
+        raise ExportError(f"{RUNTIME}: model {spec.name}'s router has {why}")
+    args = []
+    if spec.moe_score_function == "sigmoid":
+        args += ["--moe-router-score-function", "sigmoid"]
+    elif not spec.moe_norm_topk_prob:  # softmax over every expert, then the top-k as they are
+        args.append("--moe-router-pre-softmax")
+    if spec.moe_routed_scaling_factor != 1.0:
+        args += ["--moe-router-topk-scaling-factor", str(spec.moe_routed_scaling_factor)]
+    if spec.moe_router_num_groups is not None:
+        args += ["--moe-router-num-groups", str(spec.moe_router_num_groups),
+                 "--moe-router-group-topk", str(spec.moe_router_group_topk)]
+    if spec.moe_router_expert_bias:
+        args.append("--moe-router-enable-expert-bias")
+    if spec.moe_shared_expert_gate:
+        args.append("--moe-shared-expert-gate")
+    return args
+
+
 def _moe_model_args(spec: ModelSpec, entry: PlanEntry) -> list[str]:
-    """Experts, top-k, expert width, shared experts, the dense/MoE layer pattern, the grouped
-    GEMM and the token dispatcher the plan was priced with (NCCL all-to-all, or DeepEP's through
+    """Experts, top-k, router, expert width, shared experts, the dense/MoE layer pattern, the
+    grouped GEMM and the token dispatcher the plan was priced with (NCCL all-to-all, or DeepEP's through
     Megatron's flex dispatcher), dropless or capacity-capped."""
     args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
-            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size), "--moe-grouped-gemm"]
+            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size), "--moe-grouped-gemm", *_router_args(spec)]
     if entry.moe_dispatcher == "deepep":
         if spec.moe_capacity_factor is not None:  # TransformerConfig refuses the padding with DeepEP
             raise ExportError(f"{RUNTIME}: the plan was priced with DeepEP's token dispatcher, but {spec.name} "

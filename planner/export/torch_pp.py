@@ -25,6 +25,7 @@ from planner.export.common import (
     check_attention_kernel,
     check_rules,
     check_moe_mechanisms,
+    check_positions,
     comment_block,
     provenance_readme,
     replan_for,
@@ -109,12 +110,16 @@ def render_script(spec: ModelSpec, plan: dict, header: list[str]) -> str:
 
 
 def moe_block_fields(spec: ModelSpec) -> dict:
-    """BlockConfig's mixture-of-experts arguments for `spec` (none for a dense model)."""
+    """BlockConfig's mixture-of-experts arguments for `spec`, its router's included (none for
+    a dense model)."""
     if not spec.is_moe:
         return {}
     return {"num_experts": spec.num_experts, "moe_top_k": spec.moe_top_k,
             "expert_ffn_hidden_size": spec.expert_ffn_hidden_size, "shared_ffn_hidden_size": spec.shared_ffn_width,
-            "first_dense_layers": spec.first_dense_layers, "moe_layer_freq": spec.moe_layer_freq}
+            "first_dense_layers": spec.first_dense_layers, "moe_layer_freq": spec.moe_layer_freq,
+            "moe_score_function": spec.moe_score_function, "moe_norm_topk_prob": spec.moe_norm_topk_prob,
+            "moe_routed_scaling_factor": spec.moe_routed_scaling_factor,
+            "moe_shared_expert_gate": spec.moe_shared_expert_gate}
 
 
 def module_source(name: str) -> str:
@@ -130,6 +135,7 @@ def _replace_region(text: str, markers: tuple[str, str], content: str) -> str:
 
 
 def _check(entry: PlanEntry, spec: ModelSpec) -> None:
+    check_positions(entry, spec, RUNTIME)
     if spec.is_moe:
         _check_moe(entry, spec)
     elif entry.ep > 1:
@@ -151,10 +157,17 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
 
 def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
     """What the script's mixture of experts (planner/torch_blocks.py MoE) does not do."""
-    if spec.is_mla or spec.mtp_depth or spec.activation != "swiglu" or spec.moe_capacity_factor is not None:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has latent attention, multi-token prediction, "
-                          "non-SwiGLU experts or a capacity factor, which the exported script's blocks "
-                          f"(planner/torch_blocks.py: GQA, dropless SwiGLU experts) do not have")
+    features = [what for present, what in (
+        (spec.is_mla, "latent attention"), (spec.mtp_depth > 0, "multi-token prediction"),
+        (spec.activation != "swiglu", f"{spec.activation} experts"),
+        (spec.moe_capacity_factor is not None, "a capacity factor"),
+        (spec.moe_router_num_groups is not None, "group-limited routing"),
+        (spec.moe_router_expert_bias, "a routing expert bias"),
+    ) if present]
+    if features:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has {', '.join(features)}, which the exported script's "
+                          "blocks (planner/torch_blocks.py: GQA, dropless SwiGLU experts, top-k of all experts' "
+                          "scores) do not have")
     if entry.tp > 1:
         raise ExportError(f"{RUNTIME}: tensor parallelism (tp={entry.tp}) of a mixture of experts is not in the "
                           f"exported script (experts parallel over data-parallel ranks only); {replan_for(RUNTIME)}")

@@ -19,11 +19,20 @@ Data parallelism maps to torchtitan's FSDP2 / HSDP: ZeRO-0 is `data_parallel_rep
 and optimizer state sharded, parameters kept gathered between forward and backward: ZeRO-2,
 which holds no more memory than ZeRO-1 for the same communication), ZeRO-3 reshards always.
 
-A mixture of experts with GQA is built from torchtitan's Qwen3 blocks (here without Qwen3's
-QK-norm, which the planner's model does not have; per layer a dense SwiGLU MLP or torchtitan's
-MoE: softmax top-k router renormalised over the k, grouped experts, shared experts, all-to-all
-token dispatch); one with latent attention is torchtitan's DeepSeek-V3 model (dense first
-layers, MLA, MTP blocks and loss). Both train with `expert_parallel_degree` = the plan's
+The model is the planned one: RoPE base and scaling (Llama 3.1's on the dense model, YaRN on
+latent attention), norm epsilon (set on every RMSNorm the recipe builds), QK-norm, the router's
+score function, renormalisation, scale and groups. What torchtitan 0.3's models cannot express
+(biases, LayerNorm, non-SwiGLU MLPs, partial RoPE, other scalings, a shared-expert gate) is
+refused with the feature named, never exported as another model. torchtitan's expert-bias
+balancing (`load_balance_coeff`, its MoE's only load balancing) is on only for a model whose
+router has the bias (DeepSeek-V3); an aux-loss model (Mixtral, Qwen3) trains unbalanced unless
+the recipe's MODEL["load_balance_coeff"] is set (torchtitan's default 1e-3), which adds that bias
+to its routing.
+
+A mixture of experts with GQA is built from torchtitan's Qwen3 blocks (QK-norm where the model
+has it; per layer a dense SwiGLU MLP or torchtitan's MoE: top-k router, grouped experts, shared
+experts, all-to-all token dispatch); one with latent attention is torchtitan's DeepSeek-V3
+model (dense first layers, MLA, MTP blocks and loss). Both train with `expert_parallel_degree` = the plan's
 ep. torchtitan 0.3 has no expert-tensor-parallel degree: with EP its experts are whole on
 each rank (etp 1) and EP borrows ranks from dp_shard x cp x tp; without EP they are sharded
 like the dense MLP over tp (etp = tp). Plans outside that are refused.
@@ -39,6 +48,7 @@ from planner.export.common import (
     Files,
     check_attention_kernel,
     check_moe_mechanisms,
+    check_positions,
     comment_block,
     provenance_readme,
     replan_for,
@@ -138,14 +148,26 @@ def _schedule_class(entry: PlanEntry) -> str:
     return name
 
 
+def _unsupported_features(spec: ModelSpec) -> list[str]:
+    """The model's features that torchtitan 0.3's Llama-style models (Llama-3, Qwen3,
+    DeepSeek-V3: RMSNorm, SwiGLU, RoPE, no biases) do not have."""
+    return [what for present, what in (
+        (spec.norm != "rmsnorm", spec.norm.replace("layernorm", "LayerNorm")),
+        (spec.activation != "swiglu", f"a {spec.activation} MLP"),
+        (spec.position_embedding != "rope", f"{spec.position_embedding} positions"),
+        (spec.qkv_bias, "QKV biases"),
+        (spec.linear_bias, "MLP and output biases"),
+        (spec.embedding_norm, "a norm after the embedding"),
+    ) if present]
+
+
 def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
-    if spec.family != "llama" or spec.norm != "rmsnorm" or spec.activation != "swiglu" \
-            or spec.position_embedding != "rope":
-        raise ExportError(f"{RUNTIME}: model {spec.name} is not a Llama-style decoder (RMSNorm, SwiGLU, "
-                          "RoPE); torchtitan's llama3 model is the one this exporter targets")
-    if spec.qkv_bias or spec.linear_bias or spec.embedding_norm:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has biases or an embedding norm, "
-                          "which torchtitan's llama3 and qwen3 models do not have")
+    features = _unsupported_features(spec)
+    if features:
+        raise ExportError(f"{RUNTIME}: model {spec.name} is not a Llama-style decoder: it has {', '.join(features)}, "
+                          "which torchtitan 0.3's models (RMSNorm, SwiGLU, RoPE, no biases) do not have")
+    _check_rope(spec)
+    check_positions(entry, spec, RUNTIME)
     check_moe_mechanisms(entry, RUNTIME)
     if spec.is_moe:
         _check_moe(entry, spec)
@@ -162,12 +184,38 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
                           f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads}); {replan_for(RUNTIME)}")
 
 
+def _check_rope(spec: ModelSpec) -> None:
+    """What torchtitan 0.3's RoPE cannot express: a partly rotated head, Llama 3.1's scaling
+    outside the dense Llama model (Qwen3 blocks use CosSinRoPE, which refuses it), YaRN
+    outside latent attention (its GQA leaves YaRN's attention scale out), or YaRN whose cos/sin
+    tables are scaled (mscale other than mscale_all_dim: torchtitan scales the softmax only)."""
+    scaling = spec.rope_scaling
+    why = None
+    if spec.rotary_percent != 1.0:
+        why = f"RoPE on {spec.rotary_percent:.0%} of each head (torchtitan rotates whole heads)"
+    elif scaling is not None and scaling.rope_type == "llama3" and (spec.is_moe or spec.is_mla):
+        why = "Llama 3.1 RoPE scaling in a mixture of experts (torchtitan's Qwen3 and DeepSeek-V3 RoPE have none)"
+    elif scaling is not None and scaling.rope_type == "yarn" and not spec.is_mla:
+        why = "YaRN RoPE scaling without latent attention (torchtitan's GQA leaves out YaRN's attention scale)"
+    elif scaling is not None and scaling.rope_type == "yarn" and scaling.mscale != scaling.mscale_all_dim:
+        why = (f"YaRN with mscale {scaling.mscale} != mscale_all_dim {scaling.mscale_all_dim} (torchtitan scales "
+               "the softmax, never the cos/sin tables)")
+    if why is not None:
+        raise ExportError(f"{RUNTIME}: model {spec.name} has {why}")
+
+
 def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
     """What torchtitan 0.3's MoE models (Qwen3 blocks for GQA, DeepSeek-V3 for latent
     attention; standard all-to-all dispatcher) cannot run."""
     if spec.moe_capacity_factor is not None:
         raise ExportError(f"{RUNTIME}: model {spec.name} caps tokens per expert (capacity factor "
                           f"{spec.moe_capacity_factor}); torchtitan's standard token dispatcher is dropless")
+    if spec.moe_shared_expert_gate:
+        raise ExportError(f"{RUNTIME}: model {spec.name} gates its shared experts (Qwen2-MoE); torchtitan's "
+                          "MoE adds them ungated")
+    if spec.moe_router_num_groups is not None and spec.moe_router_group_score != "top2_sum":
+        raise ExportError(f"{RUNTIME}: model {spec.name} ranks its expert groups by their best score; torchtitan's "
+                          "group-limited routing ranks them by the sum of their two best (DeepSeek-V3's)")
     if spec.is_mla:
         if spec.moe_layer_freq != 1 or spec.shared_ffn_width != spec.num_shared_experts * spec.expert_ffn_hidden_size:
             raise ExportError(f"{RUNTIME}: model {spec.name}: torchtitan's DeepSeek-V3 model makes every layer "
@@ -194,18 +242,43 @@ def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
                           f"expert parallelism splits each sequence's tokens over them; {replan_for(RUNTIME)}")
 
 
+LOAD_BALANCE_COEFF = 1e-3
+"""torchtitan's expert-bias update rate (its MoE.Config default), for a router with the bias."""
+
+
 def moe_model_fields(spec: ModelSpec) -> dict:
-    """The recipe's MODEL entries of a mixture of experts: experts, top-k, widths, and which
-    layers are MoE; with latent attention its ranks and head widths and the MTP depth."""
+    """The recipe's MODEL entries of a mixture of experts: experts, top-k, widths, the router,
+    and which layers are MoE; with latent attention its ranks and head widths, YaRN's softmax
+    mscale and the MTP depth."""
     fields = {"num_experts": spec.num_experts, "top_k": spec.moe_top_k,
-              "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width}
+              "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width,
+              "score_func": spec.moe_score_function, "route_norm": spec.moe_norm_topk_prob,
+              "route_scale": spec.moe_routed_scaling_factor, "num_expert_groups": spec.moe_router_num_groups,
+              "num_limited_groups": spec.moe_router_group_topk,
+              "load_balance_coeff": LOAD_BALANCE_COEFF if spec.moe_router_expert_bias else None}
     if not spec.is_mla:
         return fields | {"moe_layers": [i for i in range(spec.num_layers) if spec.is_moe_layer(i)]}
     return fields | {
         "num_shared_experts": spec.num_shared_experts, "first_dense_layers": spec.first_dense_layers,
         "q_lora_rank": spec.q_lora_rank or 0, "kv_lora_rank": spec.kv_lora_rank,
         "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth}
+        "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth,
+        "mscale": spec.rope_scaling.mscale_all_dim if spec.rope_scaling else 1.0}
+
+
+def rope_config_fields(spec: ModelSpec) -> dict:
+    """torchtitan's RoPE.Config fields of the model's RoPE (dim and length aside): its base and
+    Llama 3.1's ("llama") or YaRN's scaling."""
+    fields: dict = {"theta": spec.rope_theta}
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return fields
+    if scaling.rope_type == "llama3":
+        return fields | {"scaling": "llama", "scaling_factor": scaling.factor,
+                         "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
+                         "original_max_position_embeddings": scaling.original_max_position_embeddings}
+    return fields | {"scaling": "yarn", "rope_factor": scaling.factor, "beta_fast": scaling.beta_fast,
+                     "beta_slow": scaling.beta_slow, "original_seq_len": scaling.original_max_position_embeddings}
 
 
 def comm_backend(entry: PlanEntry) -> str:
@@ -230,6 +303,7 @@ def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
         "n_kv_heads": spec.num_kv_heads, "head_dim": spec.kv_channels,
         "ffn_hidden_dim": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
         "max_seq_len": max(spec.max_position_embeddings, entry.seq), "tie_embeddings": spec.tie_embeddings,
+        "norm_eps": spec.norm_eps, "qk_norm": spec.qk_norm, "rope": rope_config_fields(spec),
     }
     if spec.is_moe:
         model |= moe_model_fields(spec) | {"comm_backend": comm_backend(entry)}
@@ -248,6 +322,7 @@ line (e.g. --hf_assets_path, --dataloader.dataset) or below.
 
 {comment_block(summary_lines(plan_file, entry, index, RUNTIME)).rstrip()}
 
+import dataclasses
 from functools import partial
 
 from torch import nn
@@ -293,6 +368,21 @@ def {CONFIG_FUNCTION}() -> Trainer.Config:
 '''
 
 
+_NORM_EPS = '''
+
+def planner_norm_eps(config) -> None:
+    """Every RMSNorm config under `config` (walked field by field) given the model's epsilon."""
+    if isinstance(config, RMSNorm.Config):
+        config.eps = MODEL["norm_eps"]
+    elif isinstance(config, list):
+        for item in config:
+            planner_norm_eps(item)
+    elif dataclasses.is_dataclass(config):
+        for field in dataclasses.fields(config):
+            planner_norm_eps(getattr(config, field.name))
+'''
+"""The recipe's `planner_norm_eps`, which every model function applies to its model config."""
+
 _CHUNKED_LOSS = '''
 
 def planner_loss():
@@ -311,9 +401,11 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
 _DENSE_MODEL = '''
 def planner_model_spec() -> ModelSpec:
-    """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE)."""
+    """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE, QK-norm
+    where the model has it)."""
     m = MODEL
-    rope = ComplexRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
+    rope = ComplexRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], **m["rope"])
+    qk_norm = RMSNorm.Config(normalized_shape=m["head_dim"], param_init=NORM_INIT) if m["qk_norm"] else None
     layers = [
         Llama3TransformerBlock.Config(
             attention_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
@@ -321,7 +413,7 @@ def planner_model_spec() -> ModelSpec:
             attention=make_gqa_config(
                 dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
                 wqkv_param_init=LINEAR_INIT, wo_param_init=LINEAR_INIT,
-                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True),
+                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True, qk_norm=qk_norm),
             feed_forward=make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
                                          w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT),
         )
@@ -335,10 +427,11 @@ def planner_model_spec() -> ModelSpec:
         lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
         layers=layers,
     )
+    planner_norm_eps(model)
     return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
                      state_dict_adapter=Llama3StateDictAdapter)
-''' + _CHUNKED_LOSS
+''' + _NORM_EPS + _CHUNKED_LOSS
 """The recipe's `planner_model_spec` for a dense Llama-style model."""
 
 _MOE_IMPORTS = """
@@ -362,9 +455,9 @@ EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", 
 
 
 def planner_mlp(layer: int) -> dict:
-    """The MLP of `layer`: dense SwiGLU, or routed experts (softmax top-k, renormalised over
-    the k) plus the shared experts, tokens sent by the dispatcher the plan was priced with
-    (torchtitan's all-to-all, or DeepEP's kernels)."""
+    """The MLP of `layer`: dense SwiGLU, or routed experts (the model's router: score function,
+    renormalised top-k or not, scale, groups, expert bias) plus the shared experts, tokens sent
+    by the dispatcher the plan was priced with (torchtitan's all-to-all, or DeepEP's kernels)."""
     m = MODEL
     if layer not in m["moe_layers"]:
         return {"feed_forward": make_ffn_config(dim=m["dim"], hidden_dim=m["ffn_hidden_dim"],
@@ -375,19 +468,22 @@ def planner_mlp(layer: int) -> dict:
                                  w1_param_init=LINEAR_INIT, w2w3_param_init=LINEAR_INIT)
     return {"moe": make_moe_config(
         num_experts=m["num_experts"],
-        router=make_router_config(dim=m["dim"], num_experts=m["num_experts"], gate_param_init=LINEAR_INIT,
-                                  top_k=m["top_k"], score_func="softmax", route_norm=True),
+        router=make_router_config(
+            dim=m["dim"], num_experts=m["num_experts"], gate_param_init=LINEAR_INIT, top_k=m["top_k"],
+            score_func=m["score_func"], route_norm=m["route_norm"], route_scale=m["route_scale"],
+            num_expert_groups=m["num_expert_groups"], num_limited_groups=m["num_limited_groups"]),
         routed_experts=make_routed_experts_config(
             dim=m["dim"], hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"], top_k=m["top_k"],
             param_init=EXPERTS_INIT, comm_backend=m["comm_backend"]),
-        shared_experts=shared)}
+        shared_experts=shared, load_balance_coeff=m["load_balance_coeff"])}
 
 
 def planner_model_spec() -> ModelSpec:
-    """torchtitan's Qwen3 blocks at the planned shape: GQA (no QK-norm), flex attention,
-    RoPE, and per layer a dense MLP or a mixture of experts."""
+    """torchtitan's Qwen3 blocks at the planned shape: GQA (QK-norm where the model has it),
+    flex attention, RoPE, and per layer a dense MLP or a mixture of experts."""
     m = MODEL
-    rope = CosSinRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], theta=500000)
+    rope = CosSinRoPE.Config(dim=m["head_dim"], max_seq_len=m["max_seq_len"], **m["rope"])
+    qk_norm = RMSNorm.Config(normalized_shape=m["head_dim"], param_init=NORM_INIT) if m["qk_norm"] else None
     layers = [
         Qwen3TransformerBlock.Config(
             attention_norm=RMSNorm.Config(normalized_shape=m["dim"], param_init=NORM_INIT),
@@ -395,7 +491,7 @@ def planner_model_spec() -> ModelSpec:
             attention=make_gqa_config(
                 dim=m["dim"], n_heads=m["n_heads"], n_kv_heads=m["n_kv_heads"], head_dim=m["head_dim"],
                 wqkv_param_init=LINEAR_INIT, wo_param_init=LINEAR_INIT,
-                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True),
+                inner_attention=get_attention_config("flex"), rope=rope, fuse_qkv=True, qk_norm=qk_norm),
             **planner_mlp(layer),
         )
         for layer in range(m["n_layers"])
@@ -408,10 +504,11 @@ def planner_model_spec() -> ModelSpec:
         lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
         layers=layers,
     )
+    planner_norm_eps(model)
     return ModelSpec(name="qwen3", flavor="planner", model=model, parallelize_fn=parallelize_qwen3,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
                      state_dict_adapter=Qwen3StateDictAdapter)
-''' + _CHUNKED_LOSS
+''' + _NORM_EPS + _CHUNKED_LOSS
 """The recipe's `planner_model_spec` for a mixture of experts (torchtitan's Qwen3 blocks)."""
 
 _MLA_IMPORTS = """
@@ -447,21 +544,26 @@ def planner_mtp_layers(last) -> list:
 
 
 def planner_model_spec() -> ModelSpec:
-    """torchtitan's DeepSeek-V3 decoder at the planned shape: latent attention, dense first
-    layers, routed + shared experts (sigmoid router, renormalised top-k; DeepSeek-V3's route
-    scale and node-limited groups are training choices the plan leaves at torchtitan's
-    defaults), multi-token prediction."""
+    """torchtitan's DeepSeek-V3 decoder at the planned shape: latent attention (YaRN RoPE and
+    its softmax mscale where the model has them), dense first layers, routed + shared experts
+    (the model's router: score function, renormalised top-k, route scale, groups, expert bias),
+    multi-token prediction."""
     m = MODEL
-    rope = ComplexRoPE.Config(dim=m["qk_rope_head_dim"], max_seq_len=m["max_seq_len"], theta=10000.0)
+    rope = ComplexRoPE.Config(dim=m["qk_rope_head_dim"], max_seq_len=m["max_seq_len"], **m["rope"])
     layers = build_mla_moe_layers(
         n_layers=m["n_layers"], n_dense_layers=m["first_dense_layers"], dim=m["dim"], n_heads=m["n_heads"],
         q_lora_rank=m["q_lora_rank"], kv_lora_rank=m["kv_lora_rank"], qk_nope_head_dim=m["qk_nope_head_dim"],
-        qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"], mscale=1.0,
+        qk_rope_head_dim=m["qk_rope_head_dim"], v_head_dim=m["v_head_dim"], mscale=m["mscale"],
         dense_hidden_dim=m["ffn_hidden_dim"], moe_hidden_dim=m["moe_hidden_dim"], num_experts=m["num_experts"],
-        num_shared_experts=m["num_shared_experts"], router_top_k=m["top_k"], router_score_func="sigmoid",
-        router_route_norm=True, attn_backend="flex", moe_comm_backend=m["comm_backend"],
-        non_blocking_capacity_factor=None, linear_init=LINEAR_INIT, norm_init=NORM_INIT,
-        depth_init=lambda layer: LINEAR_INIT, depth_experts_init=lambda layer: EXPERTS_INIT, rope=rope)
+        num_shared_experts=m["num_shared_experts"], router_top_k=m["top_k"], router_score_func=m["score_func"],
+        router_num_expert_groups=m["num_expert_groups"], router_num_limited_groups=m["num_limited_groups"],
+        router_route_scale=m["route_scale"], router_route_norm=m["route_norm"], attn_backend="flex",
+        moe_comm_backend=m["comm_backend"], non_blocking_capacity_factor=None, linear_init=LINEAR_INIT,
+        norm_init=NORM_INIT, depth_init=lambda layer: LINEAR_INIT, depth_experts_init=lambda layer: EXPERTS_INIT,
+        rope=rope)
+    for layer in layers:
+        if layer.moe is not None:
+            layer.moe.load_balance_coeff = m["load_balance_coeff"]
     model = DeepSeekV3Model.Config(
         dim=m["dim"], vocab_size=m["vocab_size"], enable_weight_tying=m["tie_embeddings"],
         tok_embeddings=Embedding.Config(num_embeddings=m["vocab_size"], embedding_dim=m["dim"],
@@ -470,6 +572,7 @@ def planner_model_spec() -> ModelSpec:
         lm_head=Linear.Config(in_features=m["dim"], out_features=m["vocab_size"], param_init=LINEAR_INIT),
         layers=layers, mtp_layers=planner_mtp_layers(layers[-1]),
     )
+    planner_norm_eps(model)
     return ModelSpec(name="deepseek_v3", flavor="planner", model=model, parallelize_fn=parallelize_deepseekv3,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
                      state_dict_adapter=DeepSeekV3StateDictAdapter)
@@ -480,5 +583,5 @@ def planner_loss():
     if MODEL["mtp_depth"]:
         return MTPLoss.Config(global_vocab_size=MODEL["vocab_size"])
     return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
-'''
+''' + _NORM_EPS
 """The recipe's `planner_model_spec` for latent attention (torchtitan's DeepSeek-V3 model)."""

@@ -25,8 +25,8 @@ from planner.cli import app
 PACKAGE = Path(planner.__file__).parent
 OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
 COMMAND = re.compile(r"`planner (\w+) ([^`]*)`")
-OTHER_PROGRAMS = {"--nproc-per-node": "torchrun"}
-"""Options of another program that a message names along with it (`planner profile
+OTHER_PROGRAMS = {"--nproc-per-node": "torchrun", "--rotary-base": "Megatron-LM"}
+"""Options of another program that a message names along with it (Megatron-LM's own arguments; `planner profile
 --collectives` tells how to launch itself under torchrun)."""
 
 

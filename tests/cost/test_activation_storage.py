@@ -67,7 +67,8 @@ def test_fp8_precision_plans_save_fp8_linear_inputs_and_bf16_plans_do_not():
 
 def test_moe_layer_saves_what_megatron_core_keeps_and_no_combine_buffer():
     """Qwen3-235B's MoE block, bf16, per token on one GPU (TP 1): the attention part as for a
-    dense block; the router's input (bf16) and fp32 scores over E experts; per routed copy on
+    dense block, and QK-norm's inputs (q and k, bf16) with an fp32 1/rms per head; the router's
+    input (bf16) and fp32 scores over E experts; per routed copy on
     the busiest rank (k x imbalance of them) the grouped fc1's input (h), its probability
     (fp32), the SwiGLU input (2f) and fc2's input (f). The combine (unpermute without probs:
     they are applied in the activation) keeps nothing."""
@@ -77,7 +78,7 @@ def test_moe_layer_saves_what_megatron_core_keeps_and_no_combine_buffer():
     s, imbalance = 4096, 1.25
     options = replace(FLASH, moe_imbalance=imbalance)
     got = activation_bytes(spec, "transformer", Shard(mbs=1, seq=s, ep=8), "none", options)
-    attention = 2 * h + 2 * h + (a + 2 * kv) * d * 2 + a * d * 2 + a * 4
+    attention = 2 * h + 2 * h + (a + 2 * kv) * d * 2 + (a + kv) * (d * 2 + 4) + a * d * 2 + a * 4
     mlp = 2 * h + 2 * h + 4 * e + k * imbalance * (2 * h + 4 + 2 * 2 * f + 2 * f)
     assert got == pytest.approx(s * (attention + mlp), rel=1e-12)
 

@@ -36,8 +36,9 @@ def test_deepseek_v3_closed_form():
     assert total_param_count(spec) == total
     assert active_param_count(spec) == active
     assert round(total / 1e9) == 671 and active / 1e9 == pytest.approx(37, rel=0.02)  # the report: 671B / 37B
-    # MTP: two norms, the 2h -> h projection and one MoE block (embedding and head shared)
-    assert mtp_param_count(spec) == 2 * h + 2 * h * h + attention + moe
+    # MTP: three norms (enorm, hnorm, the shared head's), the 2h -> h projection and one MoE
+    # block (embedding and head weights shared)
+    assert mtp_param_count(spec) == 3 * h + 2 * h * h + attention + moe
 
 
 def test_mixtral_closed_form():

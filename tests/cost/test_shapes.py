@@ -81,6 +81,8 @@ def test_parameter_formulas_agree_with_gemm_shapes(preset):
     norms = 2 * h * (2 if preset.norm == "layernorm" else 1)
     if preset.kv_lora_rank:  # MLA normalises its compressed q and kv
         norms += (preset.q_lora_rank or 0) + preset.kv_lora_rank
+    if preset.qk_norm:  # Qwen3's q_norm and k_norm, one head-wide weight each
+        norms += 2 * d
     biases = 0
     if preset.qkv_bias:
         biases += (preset.num_attention_heads + 2 * preset.num_kv_heads) * d

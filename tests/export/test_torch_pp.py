@@ -139,7 +139,8 @@ def references(exported) -> dict[str, list[float]]:
 def test_pipelined_loss_equals_unsplit_model(name, distributed_losses, references):
     got, want = distributed_losses[name], references[name]
     assert len(want) == 3 and len(got) == 3, (got, want)
-    assert got == pytest.approx(want, abs=1e-5, rel=0)
+    # fp32 rounding of the split model's reductions: a few ulps (tiny-gpt's tied head's losses are ~80)
+    assert got == pytest.approx(want, abs=1e-5, rel=1e-6)
     if RUNS[name][2] != MOE_ARGS:
         assert got[-1] < got[0]  # it trains
 
