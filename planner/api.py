@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import LayoutError
+from planner.errors import ConfigError, LayoutError
 from planner.job import Job, build
 from planner.layout import (
     Layout,
@@ -54,10 +54,16 @@ class Evaluation:
         """The layout and its prediction, with its interval, as the JSON contract's plan entry."""
         request, options = self.job.request, self.job.cost_model.options
         interval = prediction_interval(self.job, self.prediction.step_time_s)
-        predicted = self.prediction.to_predicted().model_copy(update={
-            "step_time_interval_s": [interval.low_s, interval.high_s], "interval_basis": interval.basis})
-        return entry_from_layout(self.layout, request.global_batch, request.seq, predicted,
-                                 **priced_options(options, self.job.spec, self.layout))
+        predicted = self.prediction.to_predicted().model_copy(
+            update={"step_time_interval_s": [interval.low_s, interval.high_s], "interval_basis": interval.basis}
+        )
+        return entry_from_layout(
+            self.layout,
+            request.global_batch,
+            request.seq,
+            predicted,
+            **priced_options(options, self.job.spec, self.layout),
+        )
 
 
 def prediction_interval(job: Job, step_time_s: float) -> Interval:
@@ -66,8 +72,7 @@ def prediction_interval(job: Job, step_time_s: float) -> Interval:
     if job.calibration is not None and job.calibration.residuals:
         errors = [r.predicted_after_s / r.measured_step_time_s - 1 for r in job.calibration.residuals]
         return interval_from_errors(step_time_s, errors, f"{len(errors)} calibration run(s)")
-    return step_interval(step_time_s, job.request.runtime, job.cluster.gpu.name, job.cluster.num_gpus,
-                         job.spec.is_moe)
+    return step_interval(step_time_s, job.request.runtime, job.cluster.gpu.name, job.cluster.num_gpus, job.spec.is_moe)
 
 
 def parse_recompute(modes: str | tuple[str, ...], pp: int) -> tuple[str, ...]:
@@ -83,10 +88,24 @@ def parse_recompute(modes: str | tuple[str, ...], pp: int) -> tuple[str, ...]:
     return tuple(listed)
 
 
-def layout_of(spec: ModelSpec, request: Request, *, tp: int = 1, pp: int = 1, cp: int = 1, vpp: int = 1,
-              mbs: int = 1, schedule: str | None = None, segments: int | None = None,
-              recompute: str | tuple[str, ...] = "none", sequence_parallel: bool | None = None, zero: int = 1,
-              ep: int = 1, etp: int | None = None, stage_layers: list[int] | None = None) -> Layout:
+def layout_of(
+    spec: ModelSpec,
+    request: Request,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    vpp: int = 1,
+    mbs: int = 1,
+    schedule: str | None = None,
+    segments: int | None = None,
+    recompute: str | tuple[str, ...] = "none",
+    sequence_parallel: bool | None = None,
+    zero: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    stage_layers: list[int] | None = None,
+) -> Layout:
     """The fixed layout `planner evaluate` takes: DP from the GPUs left, micro-batches from the
     global batch, 1F1B (interleaved with vpp > 1), sequence parallelism with TP, even cuts
     unless `stage_layers` (layers per virtual stage in model order) says otherwise."""
@@ -106,10 +125,21 @@ def layout_of(spec: ModelSpec, request: Request, *, tp: int = 1, pp: int = 1, cp
     else:
         cuts = stage_layers_from_counts(list(stage_layers), spec.num_layers, pp, vpp, schedule)
     return Layout(
-        tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=num_microbatches,
-        schedule=schedule, recompute=parse_recompute(recompute, pp),
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        vpp=vpp,
+        mbs=mbs,
+        num_microbatches=num_microbatches,
+        schedule=schedule,
+        recompute=parse_recompute(recompute, pp),
         sequence_parallel=tp > 1 if sequence_parallel is None else sequence_parallel and tp > 1,
-        zero_stage=zero, stage_layers=cuts, ep=ep, etp=etp if spec.is_moe else None, segments=segments,
+        zero_stage=zero,
+        stage_layers=cuts,
+        ep=ep,
+        etp=etp if spec.is_moe else None,
+        segments=segments,
     )
 
 
@@ -117,8 +147,9 @@ def evaluate_layout(job: Job, layout: Layout) -> Evaluation:
     """`layout` of `job`, checked against it and priced."""
     request = job.request
     check_layout(layout, job.spec, job.cluster, request.global_batch, request.seq)
-    return Evaluation(job=job, layout=layout,
-                      prediction=predict(job.cost_model, layout, request.global_batch, request.seq))
+    return Evaluation(
+        job=job, layout=layout, prediction=predict(job.cost_model, layout, request.global_batch, request.seq)
+    )
 
 
 def evaluate(request: Request, **layout_fields: Any) -> PlanFile:
@@ -141,14 +172,16 @@ def plan(request: Request, space: SearchSpace | None = None, top: int = 5) -> Pl
     accept = None
     if request.runtime is not None:
         space = restrict(space, request.runtime)
-        accept = runtime_check(request.runtime, job.spec, job.cluster, request.global_batch, request.seq,
-                               job.cost_model.options)
+        accept = runtime_check(
+            request.runtime, job.spec, job.cluster, request.global_batch, request.seq, job.cost_model.options
+        )
     result = search(job.cost_model, request.global_batch, request.seq, space, top, accept)
     if not result.plans:
-        raise NoFeasiblePlanError(f"no plan of {job.spec.name} on {request.num_gpus} x {job.cluster.gpu.name} "
-                                  "fits; `planner plan` with the same request says what would")
-    entries = [Evaluation(job=job, layout=found.layout, prediction=found.prediction).entry()
-               for found in result.plans]
+        raise NoFeasiblePlanError(
+            f"no plan of {job.spec.name} on {request.num_gpus} x {job.cluster.gpu.name} "
+            "fits; `planner plan` with the same request says what would"
+        )
+    entries = [Evaluation(job=job, layout=found.layout, prediction=found.prediction).entry() for found in result.plans]
     return plan_document(job, entries)
 
 
@@ -157,10 +190,14 @@ def plan_document(job: Job, entries: list[PlanEntry]) -> PlanFile:
     from planner.search.runtimes import with_runtimes
 
     cluster = job.cluster
-    document = PlanFile(plans=entries, model=job.spec,
-                        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus,
-                                               gpus_per_node=cluster.gpus_per_node),
-                        planner_version=__version__, cost_source=cost_source_text(job), request=job.request)
+    document = PlanFile(
+        plans=entries,
+        model=job.spec,
+        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node),
+        planner_version=__version__,
+        cost_source=cost_source_text(job),
+        request=job.request,
+    )
     return with_runtimes(document)
 
 
@@ -175,26 +212,47 @@ def cost_source_text(job: Job) -> str:
 def document_request(document: PlanFile) -> tuple[Request, list[str]]:
     """The request the plan file answers (converted from the older `inputs` record where the
     file has no `request`), and notes on what could not be recreated."""
+    if document.model is None or document.cluster is None:
+        raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
     cluster = document.cluster
     notes = []
     if document.request is not None:
         request = document.request
     elif document.inputs is not None:
         old = document.inputs
-        given = {"attention": old.attention, "precision": old.precision, "moe_imbalance": old.moe_imbalance,
-                 "moe_dispatcher": old.moe_dispatcher, "moe_ep_overlap": old.moe_ep_overlap,
-                 "cuda_graphs": old.cuda_graphs, "interference": old.interference, "stragglers": old.stragglers,
-                 "speed_spread": old.speed_spread}
-        request = Request(model=document.model.name, gpu=old.gpu, num_gpus=old.num_gpus,
-                          gpus_per_node=old.gpus_per_node, intra_node_bw_gbps=old.intra_node_bw_gbps,
-                          inter_node_bw_gbps=old.inter_node_bw_gbps, max_memory_gb=old.max_memory_gb,
-                          runtime=old.runtime, options={k: v for k, v in given.items() if v is not None},
-                          profile=old.profile, profile_only=old.profile_only, calibration=old.calibration)
+        given = {
+            "attention": old.attention,
+            "precision": old.precision,
+            "moe_imbalance": old.moe_imbalance,
+            "moe_dispatcher": old.moe_dispatcher,
+            "moe_ep_overlap": old.moe_ep_overlap,
+            "cuda_graphs": old.cuda_graphs,
+            "interference": old.interference,
+            "stragglers": old.stragglers,
+            "speed_spread": old.speed_spread,
+        }
+        request = Request(
+            model=document.model.name,
+            gpu=old.gpu,
+            num_gpus=old.num_gpus,
+            gpus_per_node=old.gpus_per_node,
+            intra_node_bw_gbps=old.intra_node_bw_gbps,
+            inter_node_bw_gbps=old.inter_node_bw_gbps,
+            max_memory_gb=old.max_memory_gb,
+            runtime=old.runtime,
+            options={k: v for k, v in given.items() if v is not None},
+            profile=old.profile,
+            profile_only=old.profile_only,
+            calibration=old.calibration,
+        )
     else:
-        request = Request(model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus,
-                          gpus_per_node=cluster.gpus_per_node)
-        notes.append("this plan file predates recorded inputs: re-simulated with the preset's network and "
-                     "the default cost options")
+        request = Request(
+            model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node
+        )
+        notes.append(
+            "this plan file predates recorded inputs: re-simulated with the preset's network and "
+            "the default cost options"
+        )
     if request.profile is not None and not Path(request.profile).exists():
         notes.append(f"the profile {request.profile} is not here: re-simulated with analytic costs")
         request = request.model_copy(update={"profile": None, "profile_only": False})
@@ -221,8 +279,10 @@ def rechecked(document: PlanFile, index: int = 0) -> tuple[PlanFile, list[str]]:
     fresh = evaluate_layout(job, layout).entry().model_copy(update={"cost_sources": entry.cost_sources})
     recorded, now = entry.predicted, fresh.predicted
     if recorded is not None and now is not None and abs(now.step_time_s / recorded.step_time_s - 1) > 1e-6:
-        notes.append(f"predicted step {recorded.step_time_s:.4g} s in the file, {now.step_time_s:.4g} s now "
-                     "(the plan was edited or the planner changed): the files carry the fresh figures")
+        notes.append(
+            f"predicted step {recorded.step_time_s:.4g} s in the file, {now.step_time_s:.4g} s now "
+            "(the plan was edited or the planner changed): the files carry the fresh figures"
+        )
     plans = [fresh if i == index else plan for i, plan in enumerate(document.plans)]
     return document.model_copy(update={"plans": plans}), notes
 
@@ -236,8 +296,10 @@ def check_cuts(entry: PlanEntry, num_layers: int) -> None:
     expected = 0
     for start, end in ranges:
         if start != expected or end < start:
-            raise LayoutError(f"stage_layers: a stage starts at layer {start} where {expected} was expected; the "
-                              f"stages must cover layers 0..{num_layers} in order")
+            raise LayoutError(
+                f"stage_layers: a stage starts at layer {start} where {expected} was expected; the "
+                f"stages must cover layers 0..{num_layers} in order"
+            )
         expected = end
     if expected != num_layers:
         raise LayoutError(f"stage_layers cover layers 0..{expected}, but the model has {num_layers} layers")

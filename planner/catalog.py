@@ -26,18 +26,13 @@ def _preset_table(file_name: str) -> dict[str, dict[str, Any]]:
 @cache
 def model_presets() -> dict[str, ModelSpec]:
     """Every built-in model, by name."""
-    return {
-        name: ModelSpec(name=name, **fields)
-        for name, fields in _preset_table("models.toml").items()
-    }
+    return {name: ModelSpec(name=name, **fields) for name, fields in _preset_table("models.toml").items()}
 
 
 @cache
 def gpu_presets() -> dict[str, GpuSpec]:
     """Every built-in accelerator, by name."""
-    return {
-        name: GpuSpec(name=name, **fields) for name, fields in _preset_table("gpus.toml").items()
-    }
+    return {name: GpuSpec(name=name, **fields) for name, fields in _preset_table("gpus.toml").items()}
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:

@@ -47,12 +47,14 @@ def build(request: Request, spec: ModelSpec | None = None, gpu: GpuSpec | None =
     options = cost_options(runtime, cluster.gpu, request.options)
     profile = None if request.profile is None else Path(request.profile)
     cost_model = build_cost_model(spec, cluster, profile, options, request.profile_only)
-    return Job(request=request, spec=spec, cluster=cluster, runtime=runtime, cost_model=cost_model,
-               calibration=calibration)
+    return Job(
+        request=request, spec=spec, cluster=cluster, runtime=runtime, cost_model=cost_model, calibration=calibration
+    )
 
 
-def build_cluster(request: Request, calibration: calibration_schema.CalibrationFile | None = None,
-                  gpu: GpuSpec | None = None) -> Cluster:
+def build_cluster(
+    request: Request, calibration: calibration_schema.CalibrationFile | None = None, gpu: GpuSpec | None = None
+) -> Cluster:
     """The request's GPUs with its overrides (and, with a calibration, the GPU's efficiencies
     replaced by the fitted ones); `gpu` in place of the preset `request.gpu` names."""
     gpu = gpu or resolve_gpu(request.gpu)
@@ -60,9 +62,14 @@ def build_cluster(request: Request, calibration: calibration_schema.CalibrationF
         if calibration.gpu != gpu.name:
             raise ConfigError(f"the calibration file describes GPU {calibration.gpu}, but --gpu is {gpu.name}")
         gpu = gpu.model_copy(update={"efficiency": calibration.efficiency})
-    return Cluster.of(gpu, request.num_gpus, gpus_per_node=request.gpus_per_node,
-                      intra_node_bw_gbps=request.intra_node_bw_gbps, inter_node_bw_gbps=request.inter_node_bw_gbps,
-                      memory_limit_gib=request.max_memory_gb)
+    return Cluster.of(
+        gpu,
+        request.num_gpus,
+        gpus_per_node=request.gpus_per_node,
+        intra_node_bw_gbps=request.intra_node_bw_gbps,
+        inter_node_bw_gbps=request.inter_node_bw_gbps,
+        memory_limit_gib=request.max_memory_gb,
+    )
 
 
 def default_attention(runtime: RuntimeVersion | None, gpu: GpuSpec | None) -> str:
@@ -73,13 +80,17 @@ def default_attention(runtime: RuntimeVersion | None, gpu: GpuSpec | None) -> st
     return "cudnn" if gpu is not None and gpu.efficiency.cudnn_fwd is not None else "flash2"
 
 
-def cost_options(runtime: RuntimeVersion | None, gpu: GpuSpec | None = None,
-                 settings: dict[str, Any] | None = None) -> CostOptions:
+def cost_options(
+    runtime: RuntimeVersion | None, gpu: GpuSpec | None = None, settings: dict[str, Any] | None = None
+) -> CostOptions:
     """The cost options of plans `runtime` runs on `gpu`, with `settings` (CostOptions field
     names) set over the version's own."""
     settings = settings or {}
-    fields = {**(runtime.costs if runtime is not None else {}),
-              "attention": default_attention(runtime, gpu), **settings}
+    fields = {
+        **(runtime.costs if runtime is not None else {}),
+        "attention": default_attention(runtime, gpu),
+        **settings,
+    }
     try:
         options = CostOptions.of(**fields)
     except (TypeError, ValueError) as exc:
@@ -91,8 +102,9 @@ def cost_options(runtime: RuntimeVersion | None, gpu: GpuSpec | None = None,
     return options
 
 
-def runtime_cost_options(runtime: str | None, gpu: GpuSpec | None = None, attention: str | None = None,
-                         **settings: Any) -> CostOptions:
+def runtime_cost_options(
+    runtime: str | None, gpu: GpuSpec | None = None, attention: str | None = None, **settings: Any
+) -> CostOptions:
     """The cost options of plans the runtime named `NAME[@VERSION]` runs on `gpu`."""
     version = None if runtime is None else resolve(runtime)
     return cost_options(version, gpu, {**settings, **({"attention": attention} if attention else {})})
@@ -107,8 +119,10 @@ def check_runtime_options(runtime: RuntimeVersion | None, spec: ModelSpec, setti
             continue
         why = runtime.unsupported_reason(name, value)
         if why is not None:
-            raise LayoutError(f"{' '.join(option_flag(name, value))}: {runtime.runtime} {why}; drop the option or plan "
-                              "for another runtime")
+            raise LayoutError(
+                f"{' '.join(option_flag(name, value))}: {runtime.runtime} {why}; drop the option or plan "
+                "for another runtime"
+            )
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -117,8 +131,9 @@ def parse_setting(text: str) -> tuple[str, Any]:
     name, raw = name.strip().replace("-", "_"), raw.strip()
     defaults = CostOptions().flat()
     if not sep or name not in defaults:
-        raise LayoutError(f"--set takes NAME=VALUE with NAME a cost option ({', '.join(sorted(defaults))}); "
-                          f"got '{text}'")
+        raise LayoutError(
+            f"--set takes NAME=VALUE with NAME a cost option ({', '.join(sorted(defaults))}); got '{text}'"
+        )
     default = defaults[name]
     try:
         if isinstance(default, bool):
@@ -136,8 +151,13 @@ def parse_setting(text: str) -> tuple[str, Any]:
     return name, raw
 
 
-def build_cost_model(spec: ModelSpec, cluster: Cluster, profile: Path | None, options: CostOptions = CostOptions(),
-                     profile_only: bool = False) -> CostModel:
+def build_cost_model(
+    spec: ModelSpec,
+    cluster: Cluster,
+    profile: Path | None,
+    options: CostOptions = CostOptions(),
+    profile_only: bool = False,
+) -> CostModel:
     """The cost model: analytic, or on a measured profile where it spans a shape and the
     analytic model calibrated on that profile elsewhere (and for the recomputation and
     overlap estimates the cost model makes itself)."""

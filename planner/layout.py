@@ -13,8 +13,21 @@ from planner.spec import Cluster, ModelSpec
 
 LayerRange = tuple[int, int]
 
-SHARED_FIELDS = ("tp", "pp", "dp", "cp", "vpp", "mbs", "num_microbatches", "schedule", "sequence_parallel",
-                 "zero_stage", "ep", "etp", "segments")
+SHARED_FIELDS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "vpp",
+    "mbs",
+    "num_microbatches",
+    "schedule",
+    "sequence_parallel",
+    "zero_stage",
+    "ep",
+    "etp",
+    "segments",
+)
 """The fields a search `Candidate`, a `Layout` and a plan file's `PlanEntry` hold alike, with the
 same meaning: the converters between them copy these and add what each type alone has
 (cut points and per-rank recompute; the batch, sequence and prediction)."""
@@ -112,14 +125,11 @@ def stage_layers_from_counts(
             f"{len(counts)} stage layer counts given, but pp {pp} x vpp {vpp} = {pp * vpp} virtual stages"
         )
     if any(c < 0 for c in counts) or sum(counts) != num_layers:
-        raise LayoutError(
-            f"stage layer counts {counts} must be >= 0 and add up to the model's {num_layers} layers"
-        )
+        raise LayoutError(f"stage layer counts {counts} must be >= 0 and add up to the model's {num_layers} layers")
     starts = [sum(counts[:s]) for s in range(len(counts))]
     by_stage = [(starts[s], starts[s] + counts[s]) for s in range(len(counts))]
     return tuple(
-        tuple(by_stage[virtual_stage(rank, chunk, pp, schedule)] for chunk in range(vpp))
-        for rank in range(pp)
+        tuple(by_stage[virtual_stage(rank, chunk, pp, schedule)] for chunk in range(vpp)) for rank in range(pp)
     )
 
 
@@ -133,18 +143,17 @@ def check_layout(layout: Layout, spec: ModelSpec, cluster: Cluster, global_batch
     check_tensor_parallel(spec, layout.tp)
     if layout.dp * layout.mbs * layout.num_microbatches != global_batch:
         raise LayoutError(
-            f"global batch {global_batch} != dp {layout.dp} x mbs {layout.mbs} x "
-            f"microbatches {layout.num_microbatches}"
+            f"global batch {global_batch} != dp {layout.dp} x mbs {layout.mbs} x microbatches {layout.num_microbatches}"
         )
     if seq % (2 * layout.cp if layout.cp > 1 else 1):
         raise LayoutError(f"sequence length {seq} must divide into 2 x cp = {2 * layout.cp} chunks")
     if seq % (layout.segments * (2 * layout.cp if layout.cp > 1 else 1)):
-        raise LayoutError(f"sequence length {seq} must divide into {layout.segments} segments"
-                          + (f" of 2 x cp = {2 * layout.cp} chunks" if layout.cp > 1 else ""))
-    if seq > spec.max_position_embeddings and spec.position_embedding == "learned":
         raise LayoutError(
-            f"sequence length {seq} exceeds the model's {spec.max_position_embeddings} learned positions"
+            f"sequence length {seq} must divide into {layout.segments} segments"
+            + (f" of 2 x cp = {2 * layout.cp} chunks" if layout.cp > 1 else "")
         )
+    if seq > spec.max_position_embeddings and spec.position_embedding == "learned":
+        raise LayoutError(f"sequence length {seq} exceeds the model's {spec.max_position_embeddings} learned positions")
     if len(layout.recompute) != layout.pp:
         raise LayoutError(f"{len(layout.recompute)} recompute modes for {layout.pp} pipeline ranks")
     check_expert_parallel(spec, layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
@@ -162,20 +171,18 @@ def check_expert_parallel(spec: ModelSpec, tp: int, cp: int, dp: int, ep: int, e
     if spec.expert_ffn_hidden_size % etp:
         raise LayoutError(f"etp {etp} does not divide the expert FFN width {spec.expert_ffn_hidden_size}")
     if (tp * cp * dp) % (ep * etp):
-        raise LayoutError(f"ep {ep} x etp {etp} does not divide tp {tp} x cp {cp} x dp {dp} = {tp * cp * dp} "
-                          "ranks the experts fold over")
+        raise LayoutError(
+            f"ep {ep} x etp {etp} does not divide tp {tp} x cp {cp} x dp {dp} = {tp * cp * dp} "
+            "ranks the experts fold over"
+        )
 
 
 def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
     """Raise LayoutError when `tp` does not divide the heads, the FFN or the KV heads."""
     if spec.num_attention_heads % tp:
-        raise LayoutError(
-            f"tp {tp} does not divide the {spec.num_attention_heads} attention heads of {spec.name}"
-        )
+        raise LayoutError(f"tp {tp} does not divide the {spec.num_attention_heads} attention heads of {spec.name}")
     if spec.num_kv_heads % tp and tp % spec.num_kv_heads:
-        raise LayoutError(
-            f"tp {tp} and the {spec.num_kv_heads} KV heads of {spec.name} must divide one another"
-        )
+        raise LayoutError(f"tp {tp} and the {spec.num_kv_heads} KV heads of {spec.name} must divide one another")
     ffn = spec.ffn_hidden_size if not spec.is_moe or spec.first_dense_layers else spec.expert_ffn_hidden_size
     if ffn % tp:
         raise LayoutError(f"tp {tp} does not divide the FFN width {ffn} of {spec.name}")
@@ -191,8 +198,14 @@ def layout_from_entry(entry: PlanEntry) -> Layout:
 
 
 def entry_from_layout(
-    layout: Layout, global_batch: int, seq: int, predicted: Predicted | None, dtype: str = "bf16",
-    precision: str = "bf16", moe_dispatcher: str = "alltoall", moe_ep_overlap: bool = False,
+    layout: Layout,
+    global_batch: int,
+    seq: int,
+    predicted: Predicted | None,
+    dtype: str = "bf16",
+    precision: str = "bf16",
+    moe_dispatcher: str = "alltoall",
+    moe_ep_overlap: bool = False,
     attention: str | None = None,
 ) -> PlanEntry:
     """The JSON-contract PlanEntry of a Layout and its prediction (`predict.priced_options`

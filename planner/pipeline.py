@@ -56,8 +56,9 @@ PipelineTiming = SimResult
 """The simulator's result: finish_s, busy_s, bubble_fraction, peak_activation_bytes per rank."""
 
 
-def pipeline_timing(costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_microbatches: int, *,
-                    timeline: bool = False) -> PipelineTiming:
+def pipeline_timing(
+    costs: ChunkCosts, schedule: str, pp: int, vpp: int, num_microbatches: int, *, timeline: bool = False
+) -> PipelineTiming:
     """Simulate one step of `schedule` on (pp, vpp, num_microbatches) with these chunk costs
     (with `timeline`, every action's start and end too)."""
     holds = bool(costs.send_hold_forward_s or costs.send_hold_backward_s)

@@ -77,8 +77,13 @@ class Predicted(BaseModel):
     """The runs the interval rests on."""
 
 
-TIME_PART_NAMES = {"pipeline_bubble": "pipeline idle", "tp_cp_comm": "TP/CP comm", "moe_all_to_all": "MoE all-to-all",
-                   "pp_p2p_blocked": "PP send/recv blocked", "dp_comm_exposed": "DP comm exposed"}
+TIME_PART_NAMES = {
+    "pipeline_bubble": "pipeline idle",
+    "tp_cp_comm": "TP/CP comm",
+    "moe_all_to_all": "MoE all-to-all",
+    "pp_p2p_blocked": "PP send/recv blocked",
+    "dp_comm_exposed": "DP comm exposed",
+}
 """How the tables and the report name a `time_breakdown_s` key (others: its words)."""
 
 
@@ -155,7 +160,7 @@ class PlanEntry(BaseModel):
             raise ValueError(f"segments {self.segments} do not divide seq {self.seq}")
         ordered = self.ranges_in_model_order()
         if schedule.bidirectional and self.vpp == 2:  # the model's stages twice: down, then up
-            if ordered[: self.pp] != ordered[self.pp:]:
+            if ordered[: self.pp] != ordered[self.pp :]:
                 raise ValueError(f"{self.schedule}'s up pipeline must run the down pipeline's stages: {ordered}")
             ordered = ordered[: self.pp]
         if ordered[0][0] != 0 or any(a[1] != b[0] for a, b in zip(ordered, ordered[1:])):

@@ -13,12 +13,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 FLAG_OPTIONS = {
-    "attention": "--attention", "precision": "--precision", "moe_imbalance": "--moe-imbalance",
-    "moe_dispatcher": "--moe-dispatcher", "speed_spread": "--gpu-speed-spread",
+    "attention": "--attention",
+    "precision": "--precision",
+    "moe_imbalance": "--moe-imbalance",
+    "moe_dispatcher": "--moe-dispatcher",
+    "speed_spread": "--gpu-speed-spread",
 }
 """Cost options with a flag of their own taking a value; the rest are written `--set NAME=VALUE`."""
 SWITCH_OPTIONS = {
-    "moe_ep_overlap": "--moe-ep-overlap", "cuda_graphs": "--cuda-graphs", "interference": "--interference",
+    "moe_ep_overlap": "--moe-ep-overlap",
+    "cuda_graphs": "--cuda-graphs",
+    "interference": "--interference",
     "stragglers": "--stragglers",
 }
 """Boolean cost options with an on/off flag of their own (`--x` / `--no-x`)."""
@@ -55,12 +60,27 @@ class Request(BaseModel):
 
     def cluster_flags(self) -> list[str]:
         """The command-line flags that state this request's model, cluster and batch."""
-        flags = ["-m", self.model, "-n", str(self.num_gpus), "--gpu", self.gpu, "-b", str(self.global_batch),
-                 "-s", str(self.seq)]
-        for flag, value in (("--gpus-per-node", self.gpus_per_node), ("--intra-node-bw", self.intra_node_bw_gbps),
-                            ("--inter-node-bw", self.inter_node_bw_gbps), ("--max-memory-gb", self.max_memory_gb),
-                            ("--runtime", self.runtime), ("--profile", self.profile),
-                            ("--calibration", self.calibration)):
+        flags = [
+            "-m",
+            self.model,
+            "-n",
+            str(self.num_gpus),
+            "--gpu",
+            self.gpu,
+            "-b",
+            str(self.global_batch),
+            "-s",
+            str(self.seq),
+        ]
+        for flag, value in (
+            ("--gpus-per-node", self.gpus_per_node),
+            ("--intra-node-bw", self.intra_node_bw_gbps),
+            ("--inter-node-bw", self.inter_node_bw_gbps),
+            ("--max-memory-gb", self.max_memory_gb),
+            ("--runtime", self.runtime),
+            ("--profile", self.profile),
+            ("--calibration", self.calibration),
+        ):
             if value is not None:
                 flags += [flag, _number_text(value)]
         return flags + (["--profile-only"] if self.profile_only else [])

@@ -161,8 +161,10 @@ class ModelSpec(BaseModel):
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             raise ValueError("latent attention (kv_lora_rank) needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")
         if self.qk_norm and (self.kv_lora_rank or self.norm != "rmsnorm"):
-            raise ValueError("qk_norm is a per-head RMSNorm of queries and keys in a RMSNorm model without latent "
-                             "attention (which normalises its latents instead)")
+            raise ValueError(
+                "qk_norm is a per-head RMSNorm of queries and keys in a RMSNorm model without latent "
+                "attention (which normalises its latents instead)"
+            )
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise ValueError("rope_scaling needs position_embedding 'rope'")
         self._check_router_groups()
@@ -174,8 +176,10 @@ class ModelSpec(BaseModel):
         if (groups is None) != (chosen is None):
             raise ValueError("moe_router_num_groups and moe_router_group_topk go together")
         if groups is not None and (self.num_experts % groups or chosen > groups):
-            raise ValueError(f"moe_router_num_groups ({groups}) must divide num_experts ({self.num_experts}) "
-                             f"and be at least moe_router_group_topk ({chosen})")
+            raise ValueError(
+                f"moe_router_num_groups ({groups}) must divide num_experts ({self.num_experts}) "
+                f"and be at least moe_router_group_topk ({chosen})"
+            )
 
     @property
     def kv_channels(self) -> int:
@@ -331,8 +335,7 @@ class GpuSpec(BaseModel):
         """Dense peak FLOP/s for `dtype`; ConfigError if the GPU has no such tensor mode."""
         if dtype not in self.peak_tflops:
             raise ConfigError(
-                f"GPU {self.name} has no {dtype} peak in its preset "
-                f"(has: {', '.join(sorted(self.peak_tflops))})"
+                f"GPU {self.name} has no {dtype} peak in its preset (has: {', '.join(sorted(self.peak_tflops))})"
             )
         return self.peak_tflops[dtype] * 1e12
 
@@ -391,8 +394,17 @@ def validation_message(exc: ValidationError, what: str) -> str:
     return f"{what}: field '{where}': {err['msg']}{extra}"
 
 
-_HF_LLAMA_TYPES = {"llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe",
-                   "deepseek_v2", "deepseek_v3"}
+_HF_LLAMA_TYPES = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+}
 _HF_GPT_TYPES = {"gpt2", "gpt_bigcode", "bloom"}
 HF_MODEL_TYPES = tuple(sorted(_HF_LLAMA_TYPES | _HF_GPT_TYPES))
 """The Hugging Face `model_type`s whose config.json the planner reads; it refuses any other."""
@@ -420,8 +432,10 @@ def _unknown_model_type(name: str, model_type: str) -> str:
     """Why a config.json of an architecture the planner does not read is refused, and the
     ones it does."""
     what = f"model_type '{model_type}' is not" if model_type else "no model_type names"
-    return (f"model config {name}: {what} an architecture the planner reads (supported model_types: "
-            f"{', '.join(HF_MODEL_TYPES)}); describe another in a planner model file with `family` llama or gpt")
+    return (
+        f"model config {name}: {what} an architecture the planner reads (supported model_types: "
+        f"{', '.join(HF_MODEL_TYPES)}); describe another in a planner model file with `family` llama or gpt"
+    )
 
 
 def _require(config: dict[str, Any], *keys: str) -> Any:
@@ -433,8 +447,7 @@ def _require(config: dict[str, Any], *keys: str) -> Any:
 
 def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     heads = _require(config, "num_attention_heads")
-    experts = (config.get("num_local_experts") or config.get("num_experts")
-               or config.get("n_routed_experts") or 0)
+    experts = config.get("num_local_experts") or config.get("num_experts") or config.get("n_routed_experts") or 0
     fields: dict[str, Any] = {
         "family": "llama",
         "num_layers": _require(config, "num_hidden_layers"),
@@ -455,8 +468,10 @@ def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     }
     activation = config.get("hidden_act", "silu")
     if activation not in ("silu", "swish"):
-        raise ConfigError(f"model config: hidden_act '{activation}' is not supported; a {model_type} MLP the "
-                          "planner reads is SwiGLU (silu)")
+        raise ConfigError(
+            f"model config: hidden_act '{activation}' is not supported; a {model_type} MLP the "
+            "planner reads is SwiGLU (silu)"
+        )
     if config.get("head_dim"):
         fields["head_dim"] = config["head_dim"]
     if experts:
@@ -477,13 +492,17 @@ def _llama_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
         if freq > 1:
             fields["moe_layer_freq"] = freq
         if config.get("mlp_only_layers"):
-            raise ConfigError("model config: mlp_only_layers (dense layers at chosen places) is not "
-                              "supported; only leading dense layers and a regular MoE frequency")
+            raise ConfigError(
+                "model config: mlp_only_layers (dense layers at chosen places) is not "
+                "supported; only leading dense layers and a regular MoE frequency"
+            )
     if config.get("kv_lora_rank"):
         fields.update(
-            kv_lora_rank=config["kv_lora_rank"], q_lora_rank=config.get("q_lora_rank"),
+            kv_lora_rank=config["kv_lora_rank"],
+            q_lora_rank=config.get("q_lora_rank"),
             qk_rope_head_dim=_require(config, "qk_rope_head_dim"),
-            qk_nope_head_dim=_require(config, "qk_nope_head_dim"), v_head_dim=_require(config, "v_head_dim"),
+            qk_nope_head_dim=_require(config, "qk_nope_head_dim"),
+            v_head_dim=_require(config, "v_head_dim"),
         )
     if config.get("num_nextn_predict_layers"):
         fields["mtp_depth"] = config["num_nextn_predict_layers"]
@@ -516,8 +535,9 @@ def _sliding_window(config: dict[str, Any], model_type: str) -> int | None:
     if not model_type.startswith("qwen"):
         return config.get("sliding_window")
     if config.get("use_sliding_window"):
-        raise ConfigError("model config: use_sliding_window (a window on the layers after max_window_layers) "
-                          "is not supported")
+        raise ConfigError(
+            "model config: use_sliding_window (a window on the layers after max_window_layers) is not supported"
+        )
     return None
 
 
@@ -529,13 +549,17 @@ def _router_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
     method = config.get("topk_method") or ("noaux_tc" if model_type == "deepseek_v3" else "greedy")
     fields = {
         "moe_score_function": config.get("scoring_func", "softmax"),
-        "moe_norm_topk_prob": model_type == "mixtral" or bool(config.get("norm_topk_prob", model_type == "deepseek_v3")),
+        "moe_norm_topk_prob": model_type == "mixtral"
+        or bool(config.get("norm_topk_prob", model_type == "deepseek_v3")),
         "moe_routed_scaling_factor": float(config.get("routed_scaling_factor") or 1.0),
         "moe_router_expert_bias": method == "noaux_tc",
     }
     if method in ("group_limited_greedy", "noaux_tc") and (config.get("n_group") or 1) > 1:
-        fields |= {"moe_router_num_groups": config["n_group"], "moe_router_group_topk": _require(config, "topk_group"),
-                   "moe_router_group_score": "max" if method == "group_limited_greedy" else "top2_sum"}
+        fields |= {
+            "moe_router_num_groups": config["n_group"],
+            "moe_router_group_topk": _require(config, "topk_group"),
+            "moe_router_group_score": "max" if method == "group_limited_greedy" else "top2_sum",
+        }
     return fields
 
 
@@ -554,9 +578,7 @@ def _gpt_fields(config: dict[str, Any]) -> dict[str, Any]:
         "num_kv_heads": 1 if config.get("multi_query") else heads,
         "ffn_hidden_size": config.get("n_inner") or 4 * hidden,
         "vocab_size": _require(config, "vocab_size"),
-        "max_position_embeddings": config.get("n_positions")
-        or config.get("seq_length")
-        or 2048,
+        "max_position_embeddings": config.get("n_positions") or config.get("seq_length") or 2048,
         "norm": "layernorm",
         "norm_eps": config.get("layer_norm_epsilon", 1e-5),  # Source: transformers' GPT2Config / BloomConfig default
         "activation": "gelu",

@@ -108,8 +108,9 @@ def make_norm(cfg: BlockConfig) -> nn.Module:
     return nn.LayerNorm(cfg.hidden_size, eps=cfg.norm_eps)
 
 
-def rope_tables(rotary_dim: int, seq_len: int, theta: float,
-                scaling: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    rotary_dim: int, seq_len: int, theta: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables of rotary embeddings over `rotary_dim` channels, shape (seq_len,
     rotary_dim // 2), with Llama 3.1's or YaRN's frequency scaling (`scaling`) if given."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
@@ -119,7 +120,8 @@ def rope_tables(rotary_dim: int, seq_len: int, theta: float,
     elif scaling is not None and scaling["rope_type"] == "yarn":
         inv_freq = _yarn_frequencies(inv_freq, rotary_dim, theta, scaling)
         magnitude = _yarn_mscale(scaling["factor"], scaling["mscale"]) / _yarn_mscale(
-            scaling["factor"], scaling["mscale_all_dim"])
+            scaling["factor"], scaling["mscale_all_dim"]
+        )
     elif scaling is not None:
         raise ValueError(f"unknown RoPE scaling {scaling['rope_type']!r}")
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
@@ -143,9 +145,13 @@ def _yarn_frequencies(inv_freq: torch.Tensor, rotary_dim: int, theta: float, sca
     """YaRN's frequencies: interpolated (divided by the factor) below beta_slow rotations over
     the original context, kept above beta_fast, ramped linearly between (channel indices
     floored and ceiled, as DeepSeek and Hugging Face do)."""
+
     def channel(rotations: float) -> float:
-        return rotary_dim * math.log(scaling["original_max_position_embeddings"] / (rotations * 2 * math.pi)) / (
-            2 * math.log(theta))
+        return (
+            rotary_dim
+            * math.log(scaling["original_max_position_embeddings"] / (rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low = max(math.floor(channel(scaling["beta_fast"])), 0)
     high = min(math.ceil(channel(scaling["beta_slow"])), rotary_dim - 1)
@@ -310,7 +316,7 @@ class GroupedExperts(nn.Module):
         local = self.num_experts // ep_size
         first = ep_rank * local
         for name in ("w1", "w2", "w3"):
-            setattr(self, name, nn.Parameter(getattr(self, name).data[first:first + local].clone()))
+            setattr(self, name, nn.Parameter(getattr(self, name).data[first : first + local].clone()))
         self.ep_size, self.ep_group = ep_size, group
 
     def forward(self, routed: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -353,9 +359,12 @@ class MoE(nn.Module):
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = GroupedExperts(cfg.num_experts, cfg.hidden_size, cfg.expert_ffn_hidden_size)
         self.shared_experts = (
-            FeedForward(replace(cfg, ffn_hidden_size=cfg.shared_ffn_hidden_size, activation="swiglu",
-                                linear_bias=False))
-            if cfg.shared_ffn_hidden_size else None)
+            FeedForward(
+                replace(cfg, ffn_hidden_size=cfg.shared_ffn_hidden_size, activation="swiglu", linear_bias=False)
+            )
+            if cfg.shared_ffn_hidden_size
+            else None
+        )
         if cfg.moe_shared_expert_gate:
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
@@ -414,11 +423,7 @@ class Embedding(nn.Module):
     def __init__(self, cfg: BlockConfig):
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.pos = (
-            nn.Embedding(cfg.max_seq_len, cfg.hidden_size)
-            if cfg.position_embedding == "learned"
-            else None
-        )
+        self.pos = nn.Embedding(cfg.max_seq_len, cfg.hidden_size) if cfg.position_embedding == "learned" else None
         self.norm = make_norm(cfg) if cfg.embedding_norm else None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ evaluation.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -80,17 +81,24 @@ def development_residuals() -> tuple[Residual, ...]:
     return tuple(Residual(**row) for row in json.loads(text)["runs"])
 
 
-def comparable(residuals: tuple[Residual, ...], runtime: str | None, gpu: str, gpus: int,
-               moe: bool) -> tuple[list[Residual], str]:
+def comparable(
+    residuals: tuple[Residual, ...], runtime: str | None, gpu: str, gpus: int, moe: bool
+) -> tuple[list[Residual], str]:
     """The residuals of the runs most like (model kind, runtime, GPU, GPU count), at least
     `MIN_RUNS` of them where the set allows, and a description of what they share."""
     family = (runtime or "megatron").partition("@")[0]
     generation, band, kind = gpu_generation(gpu), scale_band(gpus), "MoE" if moe else "dense"
-    tiers = (
-        (lambda r: r.moe == moe and r.runtime == family and r.gpu_generation == generation
-         and scale_band(r.gpus) == band, f"{kind}, {family} on {generation}, {band_text(band)}"),
-        (lambda r: r.moe == moe and r.runtime == family and r.gpu_generation == generation,
-         f"{kind}, {family} on {generation}"),
+    tiers: tuple[tuple[Callable[[Residual], bool], str], ...] = (
+        (
+            lambda r: (
+                r.moe == moe and r.runtime == family and r.gpu_generation == generation and scale_band(r.gpus) == band
+            ),
+            f"{kind}, {family} on {generation}, {band_text(band)}",
+        ),
+        (
+            lambda r: r.moe == moe and r.runtime == family and r.gpu_generation == generation,
+            f"{kind}, {family} on {generation}",
+        ),
         (lambda r: r.moe == moe and r.runtime == family, f"{kind}, {family}"),
         (lambda r: r.moe == moe, f"{kind}, all runtimes"),
         (lambda r: True, "all runs"),
@@ -104,12 +112,12 @@ def comparable(residuals: tuple[Residual, ...], runtime: str | None, gpu: str, g
 
 def interval_from_errors(step_time_s: float, errors: list[float], basis: str) -> Interval:
     """The interval of `step_time_s` under these step errors (predicted / measured - 1)."""
-    return Interval(low_s=step_time_s / (1 + max(errors)), high_s=step_time_s / (1 + min(errors)),
-                    runs=len(errors), basis=basis)
+    return Interval(
+        low_s=step_time_s / (1 + max(errors)), high_s=step_time_s / (1 + min(errors)), runs=len(errors), basis=basis
+    )
 
 
 def step_interval(step_time_s: float, runtime: str | None, gpu: str, gpus: int, moe: bool) -> Interval:
     """The interval of a prediction from the development set's comparable runs."""
     chosen, basis = comparable(development_residuals(), runtime, gpu, gpus, moe)
-    return interval_from_errors(step_time_s, [r.step_error for r in chosen],
-                                f"{len(chosen)} published runs: {basis}")
+    return interval_from_errors(step_time_s, [r.step_error for r in chosen], f"{len(chosen)} published runs: {basis}")

@@ -34,8 +34,9 @@ def _fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 
 
 @torch.library.custom_op("kernelcount::fused_rms_norm_backward", mutates_args=())
-def _fused_rms_norm_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
-                             eps: float) -> list[torch.Tensor]:
+def _fused_rms_norm_backward(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, eps: float
+) -> list[torch.Tensor]:
     rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     normed, grad_normed = x * rstd, grad * weight
     dx = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
@@ -66,7 +67,7 @@ class _FusedRMSNorm(RMSNorm):
 
 
 def op_kind(func, out) -> str | None:
-    """"view" for an op whose outputs alias its inputs, "kernel" for any other op that returns a
+    """ "view" for an op whose outputs alias its inputs, "kernel" for any other op that returns a
     tensor, None for the rest (no GPU work)."""
     schema = func._schema
     aliases = any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
@@ -126,8 +127,12 @@ def count_module(module: torch.nn.Module, x: torch.Tensor) -> dict[str, int]:
     grad = torch.randn_like(out)
     with backward:
         out.backward(grad)
-    return {"forward_kernels": forward.kernels, "forward_views": forward.views,
-            "backward_kernels": backward.kernels, "backward_views": backward.views}
+    return {
+        "forward_kernels": forward.kernels,
+        "forward_views": forward.views,
+        "backward_kernels": backward.kernels,
+        "backward_views": backward.views,
+    }
 
 
 def trace_all() -> dict[str, dict[str, dict[str, int]]]:

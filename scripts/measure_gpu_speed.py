@@ -41,8 +41,10 @@ def main() -> None:
         (args.out / f"{socket.gethostname()}.json").write_text(json.dumps(records, indent=1))
         for r in records:
             burst = 2 * r["gemm_size"] ** 3 / r["burst_seconds_per_gemm"] / 1e12
-            print(f"{r['host']} GPU {r['index']}: {r['tflops']:.1f} TFLOP/s sustained, {burst:.1f} in a burst",
-                  file=sys.stderr)
+            print(
+                f"{r['host']} GPU {r['index']}: {r['tflops']:.1f} TFLOP/s sustained, {burst:.1f} in a burst",
+                file=sys.stderr,
+            )
     else:
         sys.stdout.write(collect(args.directory, args.name))
 

@@ -30,8 +30,12 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="a published run's name (its model, layout and GPU)")
     parser.add_argument("--runs", type=Path, default=RUNS, help="published runs TOML")
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when present")
-    parser.add_argument("--impl", choices=("te", "torch"), default=None,
-                        help="default: te on cuda when transformer_engine imports, else torch")
+    parser.add_argument(
+        "--impl",
+        choices=("te", "torch"),
+        default=None,
+        help="default: te on cuda when transformer_engine imports, else torch",
+    )
     parser.add_argument("--tokens-per-expert", type=int, default=None, help="override the model's count")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON record here too")
@@ -58,10 +62,12 @@ def main() -> None:
     for name in ("forward", "backward"):
         measured, charged = record["measured_per_expert"][name], record["model_per_expert"]
         gpu = measured["gpu_s"]
-        print(f"{name}: per local expert host {measured['host_s'] * 1e6:.1f} us (model "
-              f"{charged[f'host_{name}_s'] * 1e6:.1f}), GPU "
-              f"{'n/a' if gpu is None else f'{gpu * 1e6:.1f} us'} (model {charged[f'gpu_{name}_s'] * 1e6:.1f})",
-              file=sys.stderr)
+        print(
+            f"{name}: per local expert host {measured['host_s'] * 1e6:.1f} us (model "
+            f"{charged[f'host_{name}_s'] * 1e6:.1f}), GPU "
+            f"{'n/a' if gpu is None else f'{gpu * 1e6:.1f} us'} (model {charged[f'gpu_{name}_s'] * 1e6:.1f})",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -32,13 +32,40 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory() as folder:
         page = Path(folder) / "plan.html"
-        subprocess.run([sys.executable, "-m", "planner", "plan", *README_PLAN, "-o", str(Path(folder) / "plan.json"),
-                        "--report", str(page), "--tokens", TOKENS], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "planner",
+                "plan",
+                *README_PLAN,
+                "-o",
+                str(Path(folder) / "plan.json"),
+                "--report",
+                str(page),
+                "--tokens",
+                TOKENS,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([args.browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--virtual-time-budget=20000", f"--user-data-dir={Path(folder) / 'profile'}",
-                        f"--window-size={WINDOW}", f"--screenshot={args.out.resolve()}", page.as_uri()],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                args.browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--virtual-time-budget=20000",
+                f"--user-data-dir={Path(folder) / 'profile'}",
+                f"--window-size={WINDOW}",
+                f"--screenshot={args.out.resolve()}",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+        )
     print(f"wrote {args.out}")
     return 0
 

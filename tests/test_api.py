@@ -17,8 +17,9 @@ FLAGS = ["-m", "llama3-8b", "-n", "16", "-b", "64", "-s", "4096", "--runtime", "
 
 def test_evaluate_matches_the_cli(cli):
     document = planner.evaluate(REQUEST, tp=2, pp=2, mbs=2, recompute="selective")
-    code, out, err = cli("evaluate", *FLAGS, "--tp", "2", "--pp", "2", "--mbs", "2", "--recompute", "selective",
-                         "--json")
+    code, out, err = cli(
+        "evaluate", *FLAGS, "--tp", "2", "--pp", "2", "--mbs", "2", "--recompute", "selective", "--json"
+    )
     assert code == 0, err
     printed = json.loads(out)["plans"][0]
     entry = document.plans[0]
@@ -41,8 +42,9 @@ def test_plan_matches_the_cli(cli):
 def test_the_plan_file_keeps_the_request(cli, tmp_path):
     request = REQUEST.model_copy(update={"options": {"dropout": True, "attention": "flash2"}})
     path = tmp_path / "plan.json"
-    code, _, err = cli("evaluate", *FLAGS, "--tp", "2", "--set", "dropout=true", "--attention", "flash2",
-                       "-o", str(path))
+    code, _, err = cli(
+        "evaluate", *FLAGS, "--tp", "2", "--set", "dropout=true", "--attention", "flash2", "-o", str(path)
+    )
     assert code == 0, err
     assert parse_plan_file(path.read_text()).request == request
 
@@ -51,9 +53,22 @@ def test_settings_change_the_prediction_as_the_runtime_version_would():
     """megatron@2022 is megatron@0.19 less its MoE op count and with dropout, no distributed
     optimizer overlap and blocking sends: setting those over 0.19 prices as 2022 does."""
     older = planner.evaluate(REQUEST.model_copy(update={"runtime": "megatron@2022"}), tp=2, pp=2)
-    newer = planner.evaluate(REQUEST.model_copy(update={"options": {
-        "dropout": True, "overlap_grad_reduce": False, "overlap_param_gather": False, "p2p_mode": "blocking",
-        "megatron_moe_ops": False, "attention": "unfused"}}), tp=2, pp=2)
+    newer = planner.evaluate(
+        REQUEST.model_copy(
+            update={
+                "options": {
+                    "dropout": True,
+                    "overlap_grad_reduce": False,
+                    "overlap_param_gather": False,
+                    "p2p_mode": "blocking",
+                    "megatron_moe_ops": False,
+                    "attention": "unfused",
+                }
+            }
+        ),
+        tp=2,
+        pp=2,
+    )
     assert older.plans[0].predicted == newer.plans[0].predicted
 
 

@@ -86,8 +86,10 @@ def test_every_relative_link_resolves(page):
 def test_the_anchor_rule_matches_github():
     assert slug("The MoE layer's host floor") == "the-moe-layers-host-floor"
     assert slug("Profiling for a plan request (`--for-plan`)") == "profiling-for-a-plan-request---for-plan"
-    assert slug("(d) The one layer measured on a real H100: `layer_scale` 0.948") == \
-        "d-the-one-layer-measured-on-a-real-h100-layer_scale-0948"
+    assert (
+        slug("(d) The one layer measured on a real H100: `layer_scale` 0.948")
+        == "d-the-one-layer-measured-on-a-real-h100-layer_scale-0948"
+    )
 
 
 def test_the_docs_index_lists_every_page():

@@ -14,8 +14,13 @@ from planner.spec import HF_MODEL_TYPES
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "models"
 REQUEST = ("--gpus", "8", "--gpu", "h100", "--global-batch", "32", "--seq", "1024", "--tp", "8")
-LLAMA_KEYS = {"hidden_size": 512, "num_attention_heads": 8, "num_hidden_layers": 4, "intermediate_size": 2048,
-              "vocab_size": 1000}
+LLAMA_KEYS = {
+    "hidden_size": 512,
+    "num_attention_heads": 8,
+    "num_hidden_layers": 4,
+    "intermediate_size": 2048,
+    "vocab_size": 1000,
+}
 
 
 def _model_folder(tmp_path: Path, name: str, config: dict) -> Path:
@@ -26,8 +31,20 @@ def _model_folder(tmp_path: Path, name: str, config: dict) -> Path:
 
 
 def test_supported_model_types_are_those_the_reader_handles():
-    assert {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "mixtral", "deepseek_v2",
-            "deepseek_v3", "gpt2", "gpt_bigcode", "bloom"} == set(HF_MODEL_TYPES)
+    assert {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "mixtral",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt2",
+        "gpt_bigcode",
+        "bloom",
+    } == set(HF_MODEL_TYPES)
 
 
 @pytest.mark.parametrize("model_type", ["gpt_neox", "falcon", "gemma2"])
@@ -80,8 +97,7 @@ def test_folder_without_config_json_is_one_error_line(cli, tmp_path):
 
 def test_early_bloom_config_with_n_embed_is_read(tmp_path):
     """BLOOM's first configs named the width n_embed (bigscience/bloom-560m)."""
-    config = {"model_type": "bloom", "n_embed": 1024, "n_layer": 24, "num_attention_heads": 16,
-              "vocab_size": 250880}
+    config = {"model_type": "bloom", "n_embed": 1024, "n_layer": 24, "num_attention_heads": 16, "vocab_size": 250880}
     spec = resolve_model(str(_model_folder(tmp_path, "bloom-560m", config)))
     assert (spec.family, spec.hidden_size, spec.num_layers, spec.num_attention_heads) == ("gpt", 1024, 24, 16)
     assert spec.position_embedding == "alibi" and spec.embedding_norm

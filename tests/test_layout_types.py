@@ -19,8 +19,21 @@ def test_each_type_holds_every_shared_field():
 
 def test_candidate_layout_entry_round_trip():
     spec = resolve_model("tiny-llama")
-    candidate = Candidate(tp=2, pp=2, dp=2, cp=1, vpp=2, mbs=1, num_microbatches=4, schedule="interleaved_1f1b",
-                          sequence_parallel=True, zero_stage=1, modes=("none", "full"), ep=1, etp=None)
+    candidate = Candidate(
+        tp=2,
+        pp=2,
+        dp=2,
+        cp=1,
+        vpp=2,
+        mbs=1,
+        num_microbatches=4,
+        schedule="interleaved_1f1b",
+        sequence_parallel=True,
+        zero_stage=1,
+        modes=("none", "full"),
+        ep=1,
+        etp=None,
+    )
     cuts = even_stage_layers(spec.num_layers, 2, 2, "interleaved_1f1b")
     layout = layout_of(candidate, cuts, ("none", "full"))
     assert all(getattr(layout, name) == getattr(candidate, name) for name in SHARED_FIELDS)

@@ -18,25 +18,61 @@ REQUIRED_GPUS = {"a100-40gb", "a100-80gb", "h100", "h200", "b200", "mi300x"}
 
 
 def test_required_presets_exist():
-    assert REQUIRED_MODELS <= set(model_presets())
-    assert REQUIRED_GPUS <= set(gpu_presets())
+    assert set(model_presets()) >= REQUIRED_MODELS
+    assert set(gpu_presets()) >= REQUIRED_GPUS
     tiny = [m for m in model_presets().values() if m.published_params is None]
     assert len(tiny) >= 2
 
 
-@pytest.mark.parametrize("name", ["llama3-8b", "mistral-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen3-30b-a3b",
-                                  "qwen3-235b-a22b", "deepseek-v3"])
+@pytest.mark.parametrize(
+    "name",
+    ["llama3-8b", "mistral-7b", "qwen2.5-72b", "mixtral-8x7b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3"],
+)
 def test_hf_config_matches_preset(name):
     from_file = resolve_model(str(EXAMPLES / name / "config.json"))
     preset = resolve_model(name)
-    fields = ["family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "kv_channels",
-              "ffn_hidden_size", "vocab_size", "tie_embeddings", "qkv_bias", "num_experts", "moe_top_k",
-              "expert_ffn_hidden_size", "num_shared_experts", "shared_ffn_width", "first_dense_layers",
-              "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
-              "v_head_dim", "mtp_depth", "norm", "norm_eps", "activation", "rope_theta", "rope_scaling",
-              "rotary_percent", "qk_norm", "sliding_window", "linear_bias", "moe_score_function",
-              "moe_norm_topk_prob", "moe_routed_scaling_factor", "moe_router_num_groups", "moe_router_group_topk",
-              "moe_router_group_score", "moe_router_expert_bias", "moe_shared_expert_gate"]
+    fields = [
+        "family",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "kv_channels",
+        "ffn_hidden_size",
+        "vocab_size",
+        "tie_embeddings",
+        "qkv_bias",
+        "num_experts",
+        "moe_top_k",
+        "expert_ffn_hidden_size",
+        "num_shared_experts",
+        "shared_ffn_width",
+        "first_dense_layers",
+        "moe_layer_freq",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "mtp_depth",
+        "norm",
+        "norm_eps",
+        "activation",
+        "rope_theta",
+        "rope_scaling",
+        "rotary_percent",
+        "qk_norm",
+        "sliding_window",
+        "linear_bias",
+        "moe_score_function",
+        "moe_norm_topk_prob",
+        "moe_routed_scaling_factor",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
+        "moe_router_group_score",
+        "moe_router_expert_bias",
+        "moe_shared_expert_gate",
+    ]
     assert {f: getattr(from_file, f) for f in fields} == {f: getattr(preset, f) for f in fields}
     assert from_file.name == name
 
@@ -44,23 +80,36 @@ def test_hf_config_matches_preset(name):
 def test_hf_config_hyperparameters_beyond_the_shapes():
     """What a runtime needs to build the same network, as the configs state it: Llama 3's RoPE
     base, Qwen3's QK-norm and epsilon, Mistral's window, DeepSeek-V3's YaRN and router."""
-    llama, qwen3, mistral, deepseek = (resolve_model(str(EXAMPLES / name)) for name in
-                                       ("llama3-8b", "qwen3-30b-a3b", "mistral-7b", "deepseek-v3"))
+    llama, qwen3, mistral, deepseek = (
+        resolve_model(str(EXAMPLES / name)) for name in ("llama3-8b", "qwen3-30b-a3b", "mistral-7b", "deepseek-v3")
+    )
     assert (llama.rope_theta, llama.norm_eps, llama.qk_norm, llama.rope_scaling) == (500000.0, 1e-5, False, None)
     assert (qwen3.rope_theta, qwen3.norm_eps, qwen3.qk_norm, qwen3.moe_norm_topk_prob) == (1e6, 1e-6, True, True)
     assert mistral.sliding_window == 4096
     yarn = deepseek.rope_scaling
     assert (yarn.rope_type, yarn.factor, yarn.original_max_position_embeddings, yarn.mscale_all_dim) == (
-        "yarn", 40, 4096, 1.0)
-    assert (deepseek.moe_score_function, deepseek.moe_routed_scaling_factor, deepseek.moe_router_num_groups,
-            deepseek.moe_router_group_topk, deepseek.moe_router_expert_bias) == ("sigmoid", 2.5, 8, 4, True)
+        "yarn",
+        40,
+        4096,
+        1.0,
+    )
+    assert (
+        deepseek.moe_score_function,
+        deepseek.moe_routed_scaling_factor,
+        deepseek.moe_router_num_groups,
+        deepseek.moe_router_group_topk,
+        deepseek.moe_router_expert_bias,
+    ) == ("sigmoid", 2.5, 8, 4, True)
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling type 'longrope'"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"use_sliding_window": True}, "use_sliding_window"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling type 'longrope'"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"use_sliding_window": True}, "use_sliding_window"),
+    ],
+)
 def test_hf_config_features_the_planner_does_not_model_are_refused(tmp_path, change, words):
     config = json.loads((EXAMPLES / "qwen3-30b-a3b" / "config.json").read_text()) | change
     path = tmp_path / "config.json"
@@ -70,8 +119,13 @@ def test_hf_config_features_the_planner_does_not_model_are_refused(tmp_path, cha
 
 
 def test_llama31_rope_scaling_is_read(tmp_path):
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     config = json.loads((EXAMPLES / "llama3-8b" / "config.json").read_text()) | {"rope_scaling": scaling}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))

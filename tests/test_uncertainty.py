@@ -37,8 +37,12 @@ def test_the_closest_tier_with_enough_runs_is_used():
 
 
 def test_a_calibration_narrows_the_interval_to_its_own_runs():
-    calibration = SimpleNamespace(residuals=[SimpleNamespace(predicted_after_s=9.9, measured_step_time_s=10.0),
-                                             SimpleNamespace(predicted_after_s=10.1, measured_step_time_s=10.0)])
+    calibration = SimpleNamespace(
+        residuals=[
+            SimpleNamespace(predicted_after_s=9.9, measured_step_time_s=10.0),
+            SimpleNamespace(predicted_after_s=10.1, measured_step_time_s=10.0),
+        ]
+    )
     job = SimpleNamespace(calibration=calibration)
     interval = prediction_interval(job, 20.0)
     assert interval.runs == 2 and interval.basis == "2 calibration run(s)"

@@ -65,8 +65,19 @@ per op when the host bounds the step. `gemm_table_scale` multiplies measured GEM
 (the H100 table's largest rate, 0.82 of peak, x 1.15 is gemm's 0.95)."""
 
 KNOBS: dict[str, tuple[str, ...]] = {
-    "compute": ("gemm", "gemm_table_scale", "attention_fwd", "attention_bwd", "flash3_fwd", "flash3_bwd",
-                "cudnn_fwd", "cudnn_bwd", "triton_fa1_fwd", "triton_fa1_bwd", "hbm"),
+    "compute": (
+        "gemm",
+        "gemm_table_scale",
+        "attention_fwd",
+        "attention_bwd",
+        "flash3_fwd",
+        "flash3_bwd",
+        "cudnn_fwd",
+        "cudnn_bwd",
+        "triton_fa1_fwd",
+        "triton_fa1_bwd",
+        "hbm",
+    ),
     "comm": ("intra_node_comm", "inter_node_comm"),
     "overhead": ("kernel_overhead_us", "host_op_us_forward", "host_op_us_backward"),
 }
@@ -205,13 +216,27 @@ def select(columns: dict[str, list[float]], num_runs: int) -> list[tuple[str, bo
             out.append((name, False, f"not fitted: {give}, already used by {', '.join(chosen)}", norm))
         elif norm < MIN_SENSITIVITY:
             what = "beyond what " + ", ".join(chosen) + " explains" if chosen else "at all"
-            out.append((name, False, f"not fitted: the runs' step times hardly depend on it {what} "
-                        f"(|d ln T / d ln {name}| = {norm:.3f} < {MIN_SENSITIVITY})", norm))
+            out.append(
+                (
+                    name,
+                    False,
+                    f"not fitted: the runs' step times hardly depend on it {what} "
+                    f"(|d ln T / d ln {name}| = {norm:.3f} < {MIN_SENSITIVITY})",
+                    norm,
+                )
+            )
         else:
             basis.append([x / norm for x in rest])
             chosen.append(name)
-            out.append((name, True, f"fitted: the runs' step times depend on it (|d ln T / d ln {name}| = "
-                        f"{norm:.3f}{' beyond ' + ', '.join(chosen[:-1]) if len(chosen) > 1 else ''})", norm))
+            out.append(
+                (
+                    name,
+                    True,
+                    f"fitted: the runs' step times depend on it (|d ln T / d ln {name}| = "
+                    f"{norm:.3f}{' beyond ' + ', '.join(chosen[:-1]) if len(chosen) > 1 else ''})",
+                    norm,
+                )
+            )
     return out
 
 
@@ -227,19 +252,32 @@ def fit(runs: list[Run], prior: GpuEfficiency) -> FitResult:
 
     def loss(x: list[float]) -> float:
         efficiency = apply(prior, factors(x))
-        return sum(math.log(predict_run(r, efficiency).step_time_s / r.measured_step_time_s) ** 2
-                   for r in runs) / len(runs)
+        return sum(math.log(predict_run(r, efficiency).step_time_s / r.measured_step_time_s) ** 2 for r in runs) / len(
+            runs
+        )
 
     best = factors(nelder_mead(loss, [0.0] * len(names), step=0.3, tol=1e-14)) if names else {}
     efficiency = apply(prior, best)
     knobs = tuple(
-        KnobResult(name=name, fields=KNOBS[name], value=best.get(name, 1.0), bounds=bounds[name],
-                   fitted=fitted, reason=reason + _at_bound(best.get(name), bounds[name]), sensitivity=norm)
+        KnobResult(
+            name=name,
+            fields=KNOBS[name],
+            value=best.get(name, 1.0),
+            bounds=bounds[name],
+            fitted=fitted,
+            reason=reason + _at_bound(best.get(name), bounds[name]),
+            sensitivity=norm,
+        )
         for name, fitted, reason, norm in verdicts
     )
     residuals = tuple(
-        Residual(name=r.name, measured_s=r.measured_step_time_s, before_s=predict_run(r, prior).step_time_s,
-                 after_s=(after := predict_run(r, efficiency)).step_time_s, after=after)
+        Residual(
+            name=r.name,
+            measured_s=r.measured_step_time_s,
+            before_s=predict_run(r, prior).step_time_s,
+            after_s=(after := predict_run(r, efficiency)).step_time_s,
+            after=after,
+        )
         for r in runs
     )
     return FitResult(prior=prior, efficiency=efficiency, knobs=knobs, residuals=residuals)

@@ -50,9 +50,14 @@ _MEGATRON_TIME = re.compile(r"elapsed time per iteration \(ms\):\s*" + _NUMBER)
 _MEGATRON_TFLOPS = re.compile(r"throughput per GPU \(TFLOP/s/GPU\):\s*" + _NUMBER)
 _MEGATRON_BATCH = re.compile(r"global batch size:\s*(\d+)")
 _MEGATRON_MEMORY = re.compile(
-    r"(?:\[Rank (\d+)\]\s*)?\(?after (\d+) iterations\)? memory \(MB\)\s*\|\s*allocated:\s*" + _NUMBER
-    + r"\s*\|\s*max allocated:\s*" + _NUMBER + r"\s*\|\s*reserved:\s*" + _NUMBER
-    + r"\s*\|\s*max reserved:\s*" + _NUMBER
+    r"(?:\[Rank (\d+)\]\s*)?\(?after (\d+) iterations\)? memory \(MB\)\s*\|\s*allocated:\s*"
+    + _NUMBER
+    + r"\s*\|\s*max allocated:\s*"
+    + _NUMBER
+    + r"\s*\|\s*reserved:\s*"
+    + _NUMBER
+    + r"\s*\|\s*max reserved:\s*"
+    + _NUMBER
 )
 _TITAN_STEP = re.compile(r"\bstep:\s*(\d+)\s+loss:")
 _TITAN_MEMORY = re.compile(r"\bmemory:\s*" + _NUMBER + r"\s*GiB\(\s*" + _NUMBER + r"%\)")
@@ -129,7 +134,7 @@ class Measured:
 
 
 def detect_format(text: str) -> str:
-    """"megatron" or "torchtitan": the format whose progress lines the text has."""
+    """ "megatron" or "torchtitan": the format whose progress lines the text has."""
     clean = _ANSI.sub("", text)
     if _MEGATRON_TIME.search(clean):
         return "megatron"
@@ -201,12 +206,17 @@ def _megatron_steps(lines: list[str]) -> list[tuple[int, StepReport]]:
         if not (iteration and time):
             continue
         tflops, batch = _MEGATRON_TFLOPS.search(line), _MEGATRON_BATCH.search(line)
-        out.append((_rank_of(line), StepReport(
-            step=int(iteration.group(1)),
-            step_time_s=_number(time.group(1)) / 1e3,
-            tflops_per_gpu=_number(tflops.group(1)) if tflops else None,
-            global_batch=int(batch.group(1)) if batch else None,
-        )))
+        out.append(
+            (
+                _rank_of(line),
+                StepReport(
+                    step=int(iteration.group(1)),
+                    step_time_s=_number(time.group(1)) / 1e3,
+                    tflops_per_gpu=_number(tflops.group(1)) if tflops else None,
+                    global_batch=int(batch.group(1)) if batch else None,
+                ),
+            )
+        )
     return out
 
 
@@ -216,11 +226,16 @@ def _megatron_memory(lines: list[str]) -> list[MemoryReport]:
         match = _MEGATRON_MEMORY.search(line)
         if match:
             rank, iteration, *mib = match.groups()
-            out.append(MemoryReport(
-                rank=int(rank) if rank is not None else None, iteration=int(iteration),
-                allocated_mib=_number(mib[0]), max_allocated_mib=_number(mib[1]),
-                reserved_mib=_number(mib[2]), max_reserved_mib=_number(mib[3]),
-            ))
+            out.append(
+                MemoryReport(
+                    rank=int(rank) if rank is not None else None,
+                    iteration=int(iteration),
+                    allocated_mib=_number(mib[0]),
+                    max_allocated_mib=_number(mib[1]),
+                    reserved_mib=_number(mib[2]),
+                    max_reserved_mib=_number(mib[3]),
+                )
+            )
     return out
 
 
@@ -231,14 +246,19 @@ def _titan_steps(lines: list[str]) -> list[tuple[int, StepReport]]:
         if not (step and tps):
             continue
         memory, tflops, mfu = _TITAN_MEMORY.search(line), _TITAN_TFLOPS.search(line), _TITAN_MFU.search(line)
-        out.append((_rank_of(line), StepReport(
-            step=int(step.group(1)),
-            tokens_per_s_per_gpu=_number(tps.group(1)),
-            tflops_per_gpu=_number(tflops.group(1)) if tflops else None,
-            mfu=_number(mfu.group(1)) / 100 if mfu else None,
-            reserved_gib=_number(memory.group(1)) if memory else None,
-            memory_fraction=_number(memory.group(2)) / 100 if memory else None,
-        )))
+        out.append(
+            (
+                _rank_of(line),
+                StepReport(
+                    step=int(step.group(1)),
+                    tokens_per_s_per_gpu=_number(tps.group(1)),
+                    tflops_per_gpu=_number(tflops.group(1)) if tflops else None,
+                    mfu=_number(mfu.group(1)) / 100 if mfu else None,
+                    reserved_gib=_number(memory.group(1)) if memory else None,
+                    memory_fraction=_number(memory.group(2)) / 100 if memory else None,
+                ),
+            )
+        )
     return out
 
 

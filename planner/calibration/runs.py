@@ -59,17 +59,29 @@ def run_from_plan(document: PlanFile, measured: Measured, name: str, origin: str
             "write the plan of the layout the log ran (planner evaluate ... -o)"
         )
     summary = document.cluster
-    request = document.request or Request(model=document.model.name, gpu=summary.gpu, num_gpus=summary.num_gpus,
-                                           gpus_per_node=summary.gpus_per_node)
-    request = request.model_copy(update={"runtime": request.runtime or LOG_RUNTIMES[measured.format],
-                                         "profile": None, "profile_only": False, "calibration": None})
+    request = document.request or Request(
+        model=document.model.name, gpu=summary.gpu, num_gpus=summary.num_gpus, gpus_per_node=summary.gpus_per_node
+    )
+    request = request.model_copy(
+        update={
+            "runtime": request.runtime or LOG_RUNTIMES[measured.format],
+            "profile": None,
+            "profile_only": False,
+            "calibration": None,
+        }
+    )
     job = build(request, spec=document.model)
     layout = layout_from_entry(entry)
     check_layout(layout, document.model, job.cluster, entry.global_batch, entry.seq)
     tokens = entry.global_batch * entry.seq
     return Run(
-        name=name, spec=document.model, cluster=job.cluster, layout=layout, global_batch=entry.global_batch,
-        seq=entry.seq, options=job.cost_model.options,
+        name=name,
+        spec=document.model,
+        cluster=job.cluster,
+        layout=layout,
+        global_batch=entry.global_batch,
+        seq=entry.seq,
+        options=job.cost_model.options,
         measured_step_time_s=measured.step_time_for(tokens, layout.num_gpus),
     )
 
@@ -91,9 +103,11 @@ def consistency_warnings(run: Run, measured: Measured) -> list[str]:
     planned = model_flops_per_token(run.spec, run.seq)
     if abs(logged / planned - 1) <= FLOPS_TOLERANCE:
         return []
-    return [f"{run.name}: the log's throughput implies {logged / 1e9:.1f} GFLOP per token, the plan's "
-            f"{run.spec.name} at seq {run.seq} has {planned / 1e9:.1f}: is the plan the model and sequence "
-            "length the log trained?"]
+    return [
+        f"{run.name}: the log's throughput implies {logged / 1e9:.1f} GFLOP per token, the plan's "
+        f"{run.spec.name} at seq {run.seq} has {planned / 1e9:.1f}: is the plan the model and sequence "
+        "length the log trained?"
+    ]
 
 
 def check_one_gpu(runs: list[Run]) -> None:
@@ -107,19 +121,33 @@ def calibration_file(runs: list[Run], sources: list[Source], result: FitResult) 
     """The calibration document of a fit."""
     gpu = runs[0].cluster.gpu
     fitted = [k.name for k in result.knobs if k.fitted]
-    source = (f"calibrated from {len(runs)} run{'s' if len(runs) > 1 else ''} by planner calibrate --from-log "
-              f"(fitted: {', '.join(fitted) or 'nothing'}); prior: {result.prior.source}")
+    source = (
+        f"calibrated from {len(runs)} run{'s' if len(runs) > 1 else ''} by planner calibrate --from-log "
+        f"(fitted: {', '.join(fitted) or 'nothing'}); prior: {result.prior.source}"
+    )
     efficiency = GpuEfficiency(**{**result.efficiency.model_dump(), "source": source})
     fields = {
         field: FieldEntry(prior=getattr(result.prior, field), value=getattr(efficiency, field), bounds=BOUNDS[field])
-        for names in KNOBS.values() for field in names
+        for names in KNOBS.values()
+        for field in names
     }
     return CalibrationFile(
         gpu=gpu.name,
-        cluster=ClusterEntry(gpu=gpu.name, gpus_per_node=runs[0].cluster.gpus_per_node,
-                             num_gpus=[r.cluster.num_gpus for r in runs]),
-        knobs=[KnobEntry(name=k.name, fields=list(k.fields), value=k.value, bounds=k.bounds, fitted=k.fitted,
-                         reason=k.reason, sensitivity=k.sensitivity) for k in result.knobs],
+        cluster=ClusterEntry(
+            gpu=gpu.name, gpus_per_node=runs[0].cluster.gpus_per_node, num_gpus=[r.cluster.num_gpus for r in runs]
+        ),
+        knobs=[
+            KnobEntry(
+                name=k.name,
+                fields=list(k.fields),
+                value=k.value,
+                bounds=k.bounds,
+                fitted=k.fitted,
+                reason=k.reason,
+                sensitivity=k.sensitivity,
+            )
+            for k in result.knobs
+        ],
         fields=fields,
         efficiency=efficiency,
         residuals=[_residual(res, src) for res, src in zip(result.residuals, sources)],
@@ -138,11 +166,17 @@ def _residual(res: Residual, src: Source) -> RunResidual:
     peak = res.after.peak_memory_bytes / GiB
     measured = src.measured.max_reserved_gib
     return RunResidual(
-        log=src.log_path, measured_step_time_s=res.measured_s, predicted_before_s=res.before_s,
-        predicted_after_s=res.after_s, error_before_pct=res.before_pct, error_after_pct=res.after_pct,
+        log=src.log_path,
+        measured_step_time_s=res.measured_s,
+        predicted_before_s=res.before_s,
+        predicted_after_s=res.after_s,
+        error_before_pct=res.before_pct,
+        error_after_pct=res.after_pct,
         memory=MemoryResidual(
-            measured_max_reserved_gib=measured, measured_max_allocated_gib=src.measured.max_allocated_gib,
-            predicted_peak_gib=peak, error_pct=100.0 * (peak / measured - 1) if measured else None,
+            measured_max_reserved_gib=measured,
+            measured_max_allocated_gib=src.measured.max_allocated_gib,
+            predicted_peak_gib=peak,
+            error_pct=100.0 * (peak / measured - 1) if measured else None,
         ),
     )
 
@@ -151,15 +185,30 @@ def _run_entry(run: Run, src: Source) -> RunEntry:
     layout = run.layout
     modes = sorted(set(layout.recompute))
     return RunEntry(
-        log_path=src.log_path, log_sha256=src.log_sha256, format=src.measured.format, plan_path=src.plan_path,
+        log_path=src.log_path,
+        log_sha256=src.log_sha256,
+        format=src.measured.format,
+        plan_path=src.plan_path,
         plan=PlanSummary(
-            model=run.spec.name, tp=layout.tp, pp=layout.pp, dp=layout.dp, cp=layout.cp, vpp=layout.vpp,
-            mbs=layout.mbs, num_microbatches=layout.num_microbatches, global_batch=run.global_batch, seq=run.seq,
-            schedule=layout.schedule, recompute=modes[0] if len(modes) == 1 else list(layout.recompute),
-            sequence_parallel=layout.sequence_parallel, zero_stage=layout.zero_stage,
+            model=run.spec.name,
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=layout.dp,
+            cp=layout.cp,
+            vpp=layout.vpp,
+            mbs=layout.mbs,
+            num_microbatches=layout.num_microbatches,
+            global_batch=run.global_batch,
+            seq=run.seq,
+            schedule=layout.schedule,
+            recompute=modes[0] if len(modes) == 1 else list(layout.recompute),
+            sequence_parallel=layout.sequence_parallel,
+            zero_stage=layout.zero_stage,
         ),
-        num_gpus=run.cluster.num_gpus, gpus_per_node=run.cluster.gpus_per_node,
+        num_gpus=run.cluster.num_gpus,
+        gpus_per_node=run.cluster.gpus_per_node,
         steps_used=list(src.measured.steps_used),
         measured_tokens_per_s_per_gpu=src.measured.tokens_per_s_per_gpu,
-        measured_tflops_per_gpu=src.measured.tflops_per_gpu, measured_mfu=src.measured.mfu,
+        measured_tflops_per_gpu=src.measured.tflops_per_gpu,
+        measured_mfu=src.measured.mfu,
     )

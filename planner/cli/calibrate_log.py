@@ -18,8 +18,9 @@ from planner.errors import ConfigError, PlannerError
 from planner.plan import parse_plan_file
 
 
-def calibrate_from_logs(logs: list[Path], plans: list[Path], output: Path | None, skip_steps: int | None,
-                        as_json: bool) -> None:
+def calibrate_from_logs(
+    logs: list[Path], plans: list[Path], output: Path | None, skip_steps: int | None, as_json: bool
+) -> None:
     """Read each log with its plan, fit, print the knobs and residuals, write the file."""
     if not logs or len(logs) != len(plans):
         raise PlannerError(f"give one --plan per --from-log (got {len(logs)} logs and {len(plans)} plans)")
@@ -31,8 +32,14 @@ def calibrate_from_logs(logs: list[Path], plans: list[Path], output: Path | None
         runs.append(run_from_plan(document, measured, log_path.name, str(plan_path)))
         for warning in consistency_warnings(runs[-1], measured):
             stderr.print(f"warning: {warning}", markup=False, highlight=False)
-        sources.append(Source(log_path=str(log_path), log_sha256=hashlib.sha256(data).hexdigest(),
-                              plan_path=str(plan_path), measured=measured))
+        sources.append(
+            Source(
+                log_path=str(log_path),
+                log_sha256=hashlib.sha256(data).hexdigest(),
+                plan_path=str(plan_path),
+                measured=measured,
+            )
+        )
     check_one_gpu(runs)
     result = fit(runs, runs[0].cluster.gpu.efficiency)
     document = calibration_file(runs, sources, result)
@@ -44,8 +51,9 @@ def calibrate_from_logs(logs: list[Path], plans: list[Path], output: Path | None
     stdout.print(_knob_table(document))
     stdout.print(_residual_table(document))
     if output is not None:
-        stdout.print(f"wrote {output}: use it with plan / evaluate / sweep --calibration {output}",
-                     markup=False, highlight=False)
+        stdout.print(
+            f"wrote {output}: use it with plan / evaluate / sweep --calibration {output}", markup=False, highlight=False
+        )
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
@@ -60,20 +68,29 @@ def _knob_table(document: schema.CalibrationFile) -> Table:
     for column in ("knob", "fields", "factor", "bounds", "verdict"):
         table.add_column(column, justify="right" if column in ("factor", "bounds") else "left")
     for knob in document.knobs:
-        table.add_row(knob.name, ", ".join(knob.fields), f"{knob.value:.3f}",
-                      f"{knob.bounds[0]:.2f}-{knob.bounds[1]:.2f}", knob.reason)
+        table.add_row(
+            knob.name,
+            ", ".join(knob.fields),
+            f"{knob.value:.3f}",
+            f"{knob.bounds[0]:.2f}-{knob.bounds[1]:.2f}",
+            knob.reason,
+        )
     return table
 
 
 def _residual_table(document: schema.CalibrationFile) -> Table:
-    table = Table(title=f"step time per run: measured vs predicted (error; RMS {document.rms_error_before_pct:.1f}% "
-                        f"-> {document.rms_error_after_pct:.1f}%), and peak memory (not fitted)", title_justify="left")
+    table = Table(
+        title=f"step time per run: measured vs predicted (error; RMS {document.rms_error_before_pct:.1f}% "
+        f"-> {document.rms_error_after_pct:.1f}%), and peak memory (not fitted)",
+        title_justify="left",
+    )
     for column in ("log", "measured s", "before s", "after s", "mem measured GiB", "mem predicted GiB"):
         table.add_column(column, justify="left" if column == "log" else "right")
     for r in document.residuals:
         m = r.memory
         table.add_row(
-            Path(r.log).name, f"{r.measured_step_time_s:.3f}",
+            Path(r.log).name,
+            f"{r.measured_step_time_s:.3f}",
             f"{r.predicted_before_s:.3f} ({r.error_before_pct:+.1f}%)",
             f"{r.predicted_after_s:.3f} ({r.error_after_pct:+.1f}%)",
             "-" if m.measured_max_reserved_gib is None else f"{m.measured_max_reserved_gib:.1f}",

@@ -45,8 +45,17 @@ def models_command(
     for r in rows:
         moe = f"top-{r['top_k']} of {r['experts']}" if r["experts"] else "-"
         table.add_row(
-            r["name"], r["family"], f"{r['params_b']:.2f}B", f"{r['active_params_b']:.2f}B", str(r["layers"]), str(r["hidden"]),
-            str(r["heads"]), str(r["kv_heads"]), str(r["ffn"]), str(r["vocab"]), moe,
+            r["name"],
+            r["family"],
+            f"{r['params_b']:.2f}B",
+            f"{r['active_params_b']:.2f}B",
+            str(r["layers"]),
+            str(r["hidden"]),
+            str(r["heads"]),
+            str(r["kv_heads"]),
+            str(r["ffn"]),
+            str(r["vocab"]),
+            moe,
         )
     stdout.print(table)
 
@@ -61,13 +70,26 @@ def gpus_command(
         print_json(json.dumps({"gpus": [g.model_dump() for g in presets.values()]}, indent=2))
         return
     table = Table(title="Built-in GPUs (--gpu NAME); dense peak, usable memory, links per GPU")
-    for column in ("name", "description", "bf16 TFLOP/s", "memory GiB", "HBM GB/s",
-                   "GPUs/node", "intra GB/s", "inter GB/s"):
+    for column in (
+        "name",
+        "description",
+        "bf16 TFLOP/s",
+        "memory GiB",
+        "HBM GB/s",
+        "GPUs/node",
+        "intra GB/s",
+        "inter GB/s",
+    ):
         table.add_column(column, justify="left" if column in ("name", "description") else "right")
     for g in presets.values():
         table.add_row(
-            g.name, g.description, f"{g.peak_tflops['bf16']:.0f}", f"{g.memory_gib:.1f}",
-            f"{g.hbm_bw_gbps:.0f}", str(g.gpus_per_node), f"{g.intra_node_bw_gbps:.0f}",
+            g.name,
+            g.description,
+            f"{g.peak_tflops['bf16']:.0f}",
+            f"{g.memory_gib:.1f}",
+            f"{g.hbm_bw_gbps:.0f}",
+            str(g.gpus_per_node),
+            f"{g.intra_node_bw_gbps:.0f}",
             f"{g.inter_node_bw_gbps:.0f}",
         )
     stdout.print(table)

@@ -12,12 +12,12 @@ from planner.cli import options as opt
 from planner.cli.app import app, print_json, stdout
 from planner.cost.model import DENSE_BLOCK
 from planner.cost.shapes import LAYER_KINDS, Shard
+from planner.errors import LayoutError
+from planner.job import build
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
 from planner.predict import combined_1f1b_runs
-from planner.job import build
 from planner.spec import GpuEfficiency
-from planner.errors import LayoutError
 
 
 @app.command("cost")
@@ -54,14 +54,34 @@ def cost_command(
     expert_tp = (etp or tp) if spec.is_moe else tp
     dp = max(1, ep * expert_tp // (tp * cp))  # the fewest data-parallel ranks the expert degrees fold over
     check_expert_parallel(spec, tp, cp, dp, ep, expert_tp)
-    job = build(opt.request_of(
-        model, tp * cp * dp, gpu, runtime=runtime, attention=attention, precision=precision,
-        moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_ep_overlap=moe_ep_overlap,
-        cuda_graphs=cuda_graphs, sets=sets, profile=profile), spec)
+    job = build(
+        opt.request_of(
+            model,
+            tp * cp * dp,
+            gpu,
+            runtime=runtime,
+            attention=attention,
+            precision=precision,
+            moe_imbalance=moe_imbalance,
+            moe_dispatcher=moe_dispatcher,
+            moe_ep_overlap=moe_ep_overlap,
+            cuda_graphs=cuda_graphs,
+            sets=sets,
+            profile=profile,
+        ),
+        spec,
+    )
     cluster, cost_model = job.cluster, job.cost_model
     options = cost_model.options
-    shard = Shard(mbs=mbs, seq=seq, tp=tp, cp=cp, sequence_parallel=sequence_parallel and tp > 1,
-                  ep=ep, etp=etp if spec.is_moe else None)
+    shard = Shard(
+        mbs=mbs,
+        seq=seq,
+        tp=tp,
+        cp=cp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        ep=ep,
+        etp=etp if spec.is_moe else None,
+    )
     # Megatron's combined 1F1B pairs the MoE blocks' passes where it runs (one micro-batch, no pipeline)
     paired = combined_1f1b_runs(options, spec, "1f1b", 1, ep, (recompute,))
     layers = {}
@@ -81,35 +101,61 @@ def cost_command(
             "param_count": round(c.param_count),
         }
     if as_json:
-        print_json(json.dumps({
-            "model": spec.name, "gpu": cluster.gpu.name, "cost_source": cost_model.source.name,
-            "efficiency_source": cluster.gpu.efficiency.source,
-            "shape": {"tp": tp, "cp": cp, "mbs": mbs, "seq": seq,
-                      "sequence_parallel": shard.sequence_parallel, "recompute": recompute},
-            "attention": options.kernels.attention, "cuda_graphs": options.kernels.cuda_graphs,
-            "ep": ep, "etp": shard.etp, "precision": options.kernels.precision,
-            "moe_dispatcher": options.moe.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
-            "moe_ep_overlap": bool(paired), "runtime": runtime,
-            "layers": layers,
-        }, indent=2))
+        print_json(
+            json.dumps(
+                {
+                    "model": spec.name,
+                    "gpu": cluster.gpu.name,
+                    "cost_source": cost_model.source.name,
+                    "efficiency_source": cluster.gpu.efficiency.source,
+                    "shape": {
+                        "tp": tp,
+                        "cp": cp,
+                        "mbs": mbs,
+                        "seq": seq,
+                        "sequence_parallel": shard.sequence_parallel,
+                        "recompute": recompute,
+                    },
+                    "attention": options.kernels.attention,
+                    "cuda_graphs": options.kernels.cuda_graphs,
+                    "ep": ep,
+                    "etp": shard.etp,
+                    "precision": options.kernels.precision,
+                    "moe_dispatcher": options.moe.moe_dispatcher if spec.is_moe and ep > 1 else "alltoall",
+                    "moe_ep_overlap": bool(paired),
+                    "runtime": runtime,
+                    "layers": layers,
+                },
+                indent=2,
+            )
+        )
         return
     as_run = f", as {runtime} runs it" if runtime else ""
-    table = Table(title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
-                        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.kernels.attention} attention{as_run})")
-    columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms",
-               "activations MiB", "params (M)")
+    table = Table(
+        title=f"{spec.name} on {cluster.gpu.name}: one micro-batch, tp={tp} cp={cp} "
+        f"mbs={mbs} seq={seq} ({cost_model.source.name} costs, {options.kernels.attention} attention{as_run})"
+    )
+    columns = ("layer", "fwd ms", "bwd ms", "bwd-input ms", "bwd-weight ms", "comm ms", "activations MiB", "params (M)")
     for column in columns:
         table.add_column(column, justify="left" if column == "layer" else "right")
     for kind, c in layers.items():
         table.add_row(
-            kind, f"{c['forward_ms']:.3f}", f"{c['backward_ms']:.3f}", f"{c['backward_input_ms']:.3f}",
-            f"{c['backward_weight_ms']:.3f}", f"{c['comm_ms']:.3f}",
-            f"{c['activation_bytes'] / 2**20:.1f}", f"{c['param_count'] / 1e6:.2f}",
+            kind,
+            f"{c['forward_ms']:.3f}",
+            f"{c['backward_ms']:.3f}",
+            f"{c['backward_input_ms']:.3f}",
+            f"{c['backward_weight_ms']:.3f}",
+            f"{c['comm_ms']:.3f}",
+            f"{c['activation_bytes'] / 2**20:.1f}",
+            f"{c['param_count'] / 1e6:.2f}",
         )
     stdout.print(table)
     if cost_model.source.name == "analytic":
-        stdout.print(f"compute efficiencies of {cluster.gpu.name}: {cluster.gpu.efficiency.source}",
-                     markup=False, highlight=False)
+        stdout.print(
+            f"compute efficiencies of {cluster.gpu.name}: {cluster.gpu.efficiency.source}",
+            markup=False,
+            highlight=False,
+        )
         anchors = rate_anchors(cluster.gpu.efficiency)
         if anchors:
             stdout.print(anchors, markup=False, highlight=False)
@@ -122,6 +168,8 @@ def rate_anchors(eff: GpuEfficiency) -> str:
     if eff.layer_scale != 1.0:
         parts.append(f"every rate x layer_scale {eff.layer_scale:g} (a block measured on this GPU)")
     if eff.sustained_compute != 1.0:
-        parts.append(f"the measured compute-bound rates x sustained_compute {eff.sustained_compute:g} "
-                     "(a GPU held at its power limit)")
+        parts.append(
+            f"the measured compute-bound rates x sustained_compute {eff.sustained_compute:g} "
+            "(a GPU held at its power limit)"
+        )
     return "; ".join(parts) + " (docs/h100_rates.md)" if parts else ""

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import typer
 
+from planner.api import evaluate_layout, layout_of, plan_document
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.api import evaluate_layout, layout_of, plan_document
-from planner.cli.report import breakdown_table, plan_json, plans_view, write_plan_file
 from planner.cli.plan import print_cost_sources
+from planner.cli.report import breakdown_table, plan_json, plans_view, write_plan_file
 from planner.errors import PlannerError
 from planner.job import build
 from planner.layout import check_layout
@@ -20,6 +20,7 @@ from planner.units import GiB
 
 @app.command("evaluate")
 def evaluate_command(
+    ctx: typer.Context,
     model: str = opt.MODEL,
     gpus: int = opt.GPUS,
     gpu: str = opt.GPU,
@@ -30,14 +31,18 @@ def evaluate_command(
     cp: int = typer.Option(1, "--cp", min=1, help="Context-parallel degree."),
     vpp: int = typer.Option(1, "--vpp", min=1, help="Virtual stages (chunks) per pipeline rank."),
     mbs: int = typer.Option(1, "--mbs", min=1, help="Micro-batch size, sequences."),
-    schedule: str | None = typer.Option(None, "--schedule", help="Pipeline schedule (default: 1f1b, "
-                                        "or interleaved_1f1b when --vpp > 1)."),
-    segments: int | None = typer.Option(None, "--segments", min=1, help="seq1f1b: sequence segments per "
-                                        "micro-batch (default 4)."),
-    recompute: str = typer.Option("none", "--recompute", help="none | selective | full, or one per "
-                                  "pipeline rank as a comma list."),
-    sequence_parallel: bool | None = typer.Option(None, "--sp/--no-sp", help="Sequence parallelism "
-                                                  "(default: on when tp > 1)."),
+    schedule: str | None = typer.Option(
+        None, "--schedule", help="Pipeline schedule (default: 1f1b, or interleaved_1f1b when --vpp > 1)."
+    ),
+    segments: int | None = typer.Option(
+        None, "--segments", min=1, help="seq1f1b: sequence segments per micro-batch (default 4)."
+    ),
+    recompute: str = typer.Option(
+        "none", "--recompute", help="none | selective | full, or one per pipeline rank as a comma list."
+    ),
+    sequence_parallel: bool | None = typer.Option(
+        None, "--sp/--no-sp", help="Sequence parallelism (default: on when tp > 1)."
+    ),
     zero: int = typer.Option(1, "--zero", min=0, max=3, help="ZeRO stage (1 = distributed optimizer)."),
     ep: int = opt.EP,
     etp: int | None = opt.ETP,
@@ -45,8 +50,11 @@ def evaluate_command(
     moe_imbalance: float | None = opt.MOE_IMBALANCE,
     moe_dispatcher: str | None = opt.MOE_DISPATCHER,
     moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
-    stage_layers: str | None = typer.Option(None, "--stage-layers", help="Layers per virtual stage in "
-                                            "model order, comma-separated (default: as even as possible)."),
+    stage_layers: str | None = typer.Option(
+        None,
+        "--stage-layers",
+        help="Layers per virtual stage in model order, comma-separated (default: as even as possible).",
+    ),
     runtime: str | None = opt.RUNTIME,
     sets: list[str] | None = opt.SET,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
@@ -68,17 +76,26 @@ def evaluate_command(
 ) -> None:
     """Predict step time, throughput, MFU, bubble and memory per GPU of one layout."""
     refuse_existing(out, force=force)
-    request = opt.request_of(
-        model, gpus, gpu, global_batch, seq, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
-        inter_node_bw=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime, attention=attention,
-        precision=precision, moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher,
-        moe_ep_overlap=moe_ep_overlap, cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers,
-        speed_spread=speed_spread, sets=sets, profile=profile, profile_only=profile_only, calibration=calibration)
+    request = opt.request_from(ctx.params)
     job = build(request)
     spec, cluster, cost_model = job.spec, job.cluster, job.cost_model
-    layout = layout_of(spec, request, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, schedule=schedule, segments=segments,
-                       recompute=recompute, sequence_parallel=sequence_parallel, zero=zero, ep=ep, etp=etp,
-                       stage_layers=None if stage_layers is None else list(opt.int_list(stage_layers, "--stage-layers")))
+    layout = layout_of(
+        spec,
+        request,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=vpp,
+        mbs=mbs,
+        schedule=schedule,
+        segments=segments,
+        recompute=recompute,
+        sequence_parallel=sequence_parallel,
+        zero=zero,
+        ep=ep,
+        etp=etp,
+        stage_layers=None if stage_layers is None else list(opt.int_list(stage_layers, "--stage-layers")),
+    )
     check_layout(layout, spec, cluster, global_batch, seq)
     sources = opt.cost_sources(cost_model, layout, seq)
     if profile_only and (missing := [kind for kind, source in sources.items() if source != "measured"]):
@@ -88,8 +105,9 @@ def evaluate_command(
         )
     check = opt.profile_check(cost_model, seq, False)
     if check is not None and check(layout) is not None:
-        stderr.print(f"warning: this layout {check(layout)} ({profile.name}): it does not fit",
-                     markup=False, highlight=False)
+        stderr.print(
+            f"warning: this layout {check(layout)} ({profile.name}): it does not fit", markup=False, highlight=False
+        )
     evaluation = evaluate_layout(job, layout)
     prediction = evaluation.prediction
     document = plan_document(job, [evaluation.entry().model_copy(update={"cost_sources": sources})])
@@ -99,15 +117,18 @@ def evaluate_command(
         stderr.print(
             f"warning: needs {prediction.peak_memory_bytes / GiB:.1f} GiB on its most loaded GPU, "
             f"over the {limit / GiB:.1f} GiB limit: this layout runs out of memory",
-            markup=False, highlight=False,
+            markup=False,
+            highlight=False,
         )
     if out is not None:
         write_plan_file(out, document)
     if as_json:
         print_json(plan_json(document))
         return
-    title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})")
+    title = (
+        f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
+        f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})"
+    )
     stdout.print(plans_view([entry], title, stdout.width, wide), soft_wrap=False)
     if profile is not None:
         print_cost_sources([entry], cost_model)

@@ -24,20 +24,27 @@ def exporter_of(target: str) -> str:
     version = resolve(target)
     if version.exporter is None:
         newest = RUNTIMES[version.runtime][0]
-        raise ExportError(f"{version.name} is priced, not exported: the exporters write the newest version of a "
-                          f"runtime ({newest.name}{'' if newest.exporter else ', which has none either'})")
+        raise ExportError(
+            f"{version.name} is priced, not exported: the exporters write the newest version of a "
+            f"runtime ({newest.name}{'' if newest.exporter else ', which has none either'})"
+        )
     return version.exporter
 
 
 @app.command("export")
 def export_command(
     plan: Path = typer.Argument(..., help="Plan file written by `planner plan -o` (JSON)."),
-    to: str = typer.Option(..., "--to", "-t", help=f"Runtime: {' | '.join(EXPORTERS)}, or NAME@VERSION of its "
-                           "newest version (`planner runtimes`)."),
+    to: str = typer.Option(
+        ...,
+        "--to",
+        "-t",
+        help=f"Runtime: {' | '.join(EXPORTERS)}, or NAME@VERSION of its newest version (`planner runtimes`).",
+    ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the files into (created if missing)."),
     index: int = typer.Option(0, "--index", "-i", help="Which plan of the file (0 = the best).", min=0),
-    force: bool = typer.Option(False, "--force", help="Overwrite the export's files that exist in the folder "
-                               "(its other files stay)."),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite the export's files that exist in the folder (its other files stay)."
+    ),
 ) -> None:
     """Write the launch configuration of one plan for Megatron-LM, torchtitan, a
     torch.distributed.pipelining script or DeepSpeed; the plan is checked against its model
@@ -56,8 +63,9 @@ def export_command(
     refuse_existing(*(out / name for name in files), force=force)
     out.mkdir(parents=True, exist_ok=True)
     width = max(len(name) for name in files)
-    stdout.print(f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:",
-                 markup=False, highlight=False)
+    stdout.print(
+        f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:", markup=False, highlight=False
+    )
     for note in notes:
         stdout.print(f"note: {note}", markup=False, highlight=False)
     for name, content in files.items():

@@ -8,6 +8,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from planner.api import Evaluation, plan_document
 from planner.cli import options as opt
 from planner.cli import report_cmd
 from planner.cli.app import app, print_json, stderr, stdout
@@ -18,7 +19,6 @@ from planner.cli.report import (
     plans_view,
     write_plan_file,
 )
-from planner.api import Evaluation, plan_document
 from planner.cost.model import CostModel
 from planner.errors import LayoutError, NoFeasiblePlanError, PlannerError
 from planner.hints import planner_command
@@ -34,54 +34,112 @@ from planner.search.space import SearchSpace
 from planner.units import GiB
 
 
-def build_space(tp, pp, cp, vpp, mbs, schedules, recompute, per_rank, sequence_parallel, zero, runtime,
-                ep=None, etp=None, segments=None) -> SearchSpace:
+def build_space(
+    tp,
+    pp,
+    cp,
+    vpp,
+    mbs,
+    schedules,
+    recompute,
+    per_rank,
+    sequence_parallel,
+    zero,
+    runtime,
+    ep=None,
+    etp=None,
+    segments=None,
+) -> SearchSpace:
     """The search space from the command-line restrictions (and the runtime's rules)."""
-    for flag, values in (("--tp", tp), ("--pp", pp), ("--cp", cp), ("--vpp", vpp), ("--mbs", mbs),
-                         ("--ep", ep), ("--etp", etp), ("--segments", segments)):
+    for flag, values in (
+        ("--tp", tp),
+        ("--pp", pp),
+        ("--cp", cp),
+        ("--vpp", vpp),
+        ("--mbs", mbs),
+        ("--ep", ep),
+        ("--etp", etp),
+        ("--segments", segments),
+    ):
         if values is not None and 0 in values:
             raise LayoutError(f"{flag} values must be at least 1")
     space = SearchSpace(
-        tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs, schedules=schedules,
-        recompute=recompute or RECOMPUTE_MODES, per_rank_recompute=per_rank,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=vpp,
+        mbs=mbs,
+        schedules=schedules,
+        recompute=recompute or RECOMPUTE_MODES,
+        per_rank_recompute=per_rank,
         sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
-        zero=zero or (1,), ep=ep, etp=etp, segments=segments,
+        zero=zero or (1,),
+        ep=ep,
+        etp=etp,
+        segments=segments,
     )
     return restrict(space, runtime) if runtime else space
 
 
-def run_search(cost_model: CostModel, global_batch: int, seq: int, space: SearchSpace, top: int,
-               accept, cut_solver: str) -> SearchResult:
+def run_search(
+    cost_model: CostModel, global_batch: int, seq: int, space: SearchSpace, top: int, accept, cut_solver: str
+) -> SearchResult:
     """The search, with a progress bar on stderr when it is a terminal."""
     if not stderr.is_terminal:
         return search(cost_model, global_batch, seq, space, top, accept, cut_solver)
-    with Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=stderr, transient=True) as bar:
+    with Progress(
+        TextColumn("searching"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr, transient=True
+    ) as bar:
         task = bar.add_task("search", total=None)
-        return search(cost_model, global_batch, seq, space, top, accept, cut_solver,
-                      progress=lambda done, total: bar.update(task, completed=done, total=total))
+        return search(
+            cost_model,
+            global_batch,
+            seq,
+            space,
+            top,
+            accept,
+            cut_solver,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
 
 
-def no_plan_error(cost_model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,
-                  runtime: str | None, accept) -> PlannerError:
+def no_plan_error(
+    cost_model: CostModel,
+    result: SearchResult,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    runtime: str | None,
+    accept,
+) -> PlannerError:
     """Why the search returned no plan, with what to type instead: no layout at all (the
     nearest GPU counts and batches that have one), the runtime refused every layout that
     fits, or nothing fits in memory (what would)."""
     spec = cost_model.spec
     if result.stats.candidates == 0:
-        return LayoutError(nearest_layouts(
-            cost_model, global_batch, seq, space,
-            lambda other: runtime_check(runtime, spec, other, global_batch, seq, cost_model.options)
-            if runtime else None))
+        return LayoutError(
+            nearest_layouts(
+                cost_model,
+                global_batch,
+                seq,
+                space,
+                lambda other: (
+                    runtime_check(runtime, spec, other, global_batch, seq, cost_model.options) if runtime else None
+                ),
+            )
+        )
     if result.stats.rejected_by_runtime:
         reason = max(result.runtime_rejections, key=result.runtime_rejections.get)
-        return NoFeasiblePlanError(f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts found "
-                                   f"that fit in memory; the most common refusal: {reason}")
+        return NoFeasiblePlanError(
+            f"{runtime} runs none of the {result.stats.rejected_by_runtime} layouts found "
+            f"that fit in memory; the most common refusal: {reason}"
+        )
     return NoFeasiblePlanError(what_would_fit(cost_model, result, global_batch, seq, space, accept))
 
 
 @app.command("plan")
 def plan_command(
+    ctx: typer.Context,
     model: str = opt.MODEL,
     gpus: int = opt.GPUS,
     gpu: str = opt.GPU,
@@ -93,8 +151,11 @@ def plan_command(
     vpp: str | None = opt.VPP_LIST,
     mbs: str | None = opt.MBS_LIST,
     schedules: str | None = opt.SCHEDULE_LIST,
-    segments: str | None = typer.Option(None, "--segments", help="seq1f1b: sequence segments per micro-batch "
-                                        "to try (default 2,4,8, those dividing the sequence)."),
+    segments: str | None = typer.Option(
+        None,
+        "--segments",
+        help="seq1f1b: sequence segments per micro-batch to try (default 2,4,8, those dividing the sequence).",
+    ),
     recompute: str | None = opt.RECOMPUTE_LIST,
     per_rank: bool = opt.PER_RANK_RECOMPUTE,
     sequence_parallel: bool | None = opt.SEQUENCE_PARALLEL,
@@ -136,20 +197,28 @@ def plan_command(
     refuse_existing(out, report, force=force)
     if cut_solver not in CUT_SOLVERS:
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
-    job = build(opt.request_of(
-        model, gpus, gpu, global_batch, seq, gpus_per_node=gpus_per_node, intra_node_bw=intra_node_bw,
-        inter_node_bw=inter_node_bw, max_memory_gb=max_memory_gb, runtime=runtime, attention=attention,
-        precision=precision, moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher,
-        moe_ep_overlap=moe_ep_overlap, cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers,
-        speed_spread=speed_spread, sets=sets, profile=profile, profile_only=profile_only, calibration=calibration))
+    job = build(opt.request_from(ctx.params))
     spec, cluster, cost_model = job.spec, job.cluster, job.cost_model
-    space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), opt.int_list(cp, "--cp"),
-                        opt.int_list(vpp, "--vpp"), opt.int_list(mbs, "--mbs"), opt.name_list(schedules),
-                        opt.name_list(recompute), per_rank, sequence_parallel, opt.int_list(zero, "--zero"), runtime,
-                        opt.int_list(ep, "--ep"), opt.int_list(etp, "--etp"), opt.int_list(segments, "--segments"))
+    space = build_space(
+        opt.int_list(tp, "--tp"),
+        opt.int_list(pp, "--pp"),
+        opt.int_list(cp, "--cp"),
+        opt.int_list(vpp, "--vpp"),
+        opt.int_list(mbs, "--mbs"),
+        opt.name_list(schedules),
+        opt.name_list(recompute),
+        per_rank,
+        sequence_parallel,
+        opt.int_list(zero, "--zero"),
+        runtime,
+        opt.int_list(ep, "--ep"),
+        opt.int_list(etp, "--etp"),
+        opt.int_list(segments, "--segments"),
+    )
     accept = opt.accept_checks(
         runtime_check(runtime, spec, cluster, global_batch, seq, cost_model.options) if runtime else None,
-        opt.profile_check(cost_model, seq, profile_only))
+        opt.profile_check(cost_model, seq, profile_only),
+    )
     if runtime and (reason := model_refusal(spec, runtime)) is not None:
         raise NoFeasiblePlanError(f"{runtime} runs no layout of {spec.name}: {reason}")
     result = run_search(cost_model, global_batch, seq, space, top, accept, cut_solver)
@@ -162,22 +231,37 @@ def plan_command(
                 "or drop --profile-only to calibrate them"
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)
-    entries = [Evaluation(job=job, layout=f.layout, prediction=f.prediction).entry().model_copy(
-        update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)}) for f in result.plans]
+    entries = [
+        Evaluation(job=job, layout=f.layout, prediction=f.prediction)
+        .entry()
+        .model_copy(update={"cost_sources": opt.cost_sources(cost_model, f.layout, seq)})
+        for f in result.plans
+    ]
     document = plan_document(job, entries)
     entries = document.plans
     if out is not None:
         write_plan_file(out, document)
     if report is not None:
-        write_atomic(report, report_cmd.report_html(document, str(out or "plan.json"), tokens=tokens,
-                                                    gpu_hour_price=gpu_hour_price, space=space, accept=accept),
-                     what="report")
+        write_atomic(
+            report,
+            report_cmd.report_html(
+                document,
+                str(out or "plan.json"),
+                tokens=tokens,
+                gpu_hour_price=gpu_hour_price,
+                space=space,
+                accept=accept,
+            ),
+            what="report",
+        )
     if as_json:
         print_json(plan_json(document))
         return
-    title = (f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
-             f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
-             f"{opt.moe_mechanisms_text(cost_model.options, spec)})")
+    title = (
+        f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
+        f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
+        f"{opt.moe_mechanisms_text(cost_model.options, spec)})"
+    )
     stdout.print(plans_view(entries, title, stdout.width, wide), soft_wrap=False)
     if profile is not None:
         print_cost_sources(entries, cost_model)
@@ -187,8 +271,14 @@ def plan_command(
     for line in search_summary(result, runtime, profile_only):
         stdout.print(line, markup=False, highlight=False, soft_wrap=False)
     if explain:
-        stdout.print(explain_table(alternatives(cost_model, result.plans[0], global_batch, seq, space, accept),
-                                   result.plans[0].layout, stdout.width), soft_wrap=False)
+        stdout.print(
+            explain_table(
+                alternatives(cost_model, result.plans[0], global_batch, seq, space, accept),
+                result.plans[0].layout,
+                stdout.width,
+            ),
+            soft_wrap=False,
+        )
     for written in (out, report):
         if written is not None:
             stdout.print(f"wrote {written}", markup=False, highlight=False)
@@ -200,17 +290,23 @@ def search_summary(result: SearchResult, runtime: str | None, profile_only: bool
     stats = result.stats
     dropped = result.runtime_rejections.get(opt.PROFILE_ONLY_REASON, 0)
     profiled_oom = result.runtime_rejections.get(opt.PROFILED_OOM_REASON, 0)
-    simulated = [(stats.simulated_out_of_memory, "over memory", True),
-                 (stats.rejected_by_runtime - dropped - profiled_oom, f"refused by {runtime}", bool(runtime)),
-                 (profiled_oom, "refused: a layer ran out of memory at their shape when profiled", bool(profiled_oom)),
-                 (dropped, "dropped by --profile-only (shapes the profile does not span)", profile_only),
-                 (stats.fitted, "fit", True)]
-    candidates = (f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} "
-                  f"over memory by their state alone, {stats.pruned_bound:,} cut by the step-time bound, "
-                  f"{stats.solved:,} solved for cut points")
+    simulated = [
+        (stats.simulated_out_of_memory, "over memory", True),
+        (stats.rejected_by_runtime - dropped - profiled_oom, f"refused by {runtime}", bool(runtime)),
+        (profiled_oom, "refused: a layer ran out of memory at their shape when profiled", bool(profiled_oom)),
+        (dropped, "dropped by --profile-only (shapes the profile does not span)", profile_only),
+        (stats.fitted, "fit", True),
+    ]
+    candidates = (
+        f"searched {stats.candidates:,} candidates in {stats.seconds:.2f} s: {stats.pruned_memory:,} "
+        f"over memory by their state alone, {stats.pruned_bound:,} cut by the step-time bound, "
+        f"{stats.solved:,} solved for cut points"
+    )
     outcomes = ", ".join(f"{count:,} {what}" for count, what, shown in simulated if shown)
-    layouts = (f"these {stats.solved:,} gave {stats.layouts:,} layouts: {stats.out_of_memory:,} over memory, "
-               f"{stats.layouts_pruned_bound:,} cut by the step-time bound, {stats.simulated:,} simulated ({outcomes})")
+    layouts = (
+        f"these {stats.solved:,} gave {stats.layouts:,} layouts: {stats.out_of_memory:,} over memory, "
+        f"{stats.layouts_pruned_bound:,} cut by the step-time bound, {stats.simulated:,} simulated ({outcomes})"
+    )
     return [candidates, layouts]
 
 
@@ -238,16 +334,24 @@ EXPLAIN_SHARES = {"change": 6, "what differs": 4}
 def explain_table(items, best: Layout, width: int) -> Table:
     """One row per single-dimension change of the best plan: what its best layout sets
     differently, its figures and why it lost, in `width` columns."""
-    columns = [c for c in ("change", "what differs", "step s", "MFU", "mem GiB", "why it lost")
-               if width >= EXPLAIN_FULL_WIDTH or c not in ("MFU", "mem GiB")]
+    columns = [
+        c
+        for c in ("change", "what differs", "step s", "MFU", "mem GiB", "why it lost")
+        if width >= EXPLAIN_FULL_WIDTH or c not in ("MFU", "mem GiB")
+    ]
     rows = []
     for item in items:
         cells = {"change": item.change, "why it lost": item.reason}
         if item.found is not None:
             p = item.found.prediction
-            cells.update({"what differs": layout_changes(best, item.found.layout) or "same layout",
-                          "step s": f"{p.step_time_s:.3f}", "MFU": f"{p.mfu:.1%}",
-                          "mem GiB": f"{p.peak_memory_bytes / GiB:.1f}"})
+            cells.update(
+                {
+                    "what differs": layout_changes(best, item.found.layout) or "same layout",
+                    "step s": f"{p.step_time_s:.3f}",
+                    "MFU": f"{p.mfu:.1%}",
+                    "mem GiB": f"{p.peak_memory_bytes / GiB:.1f}",
+                }
+            )
         rows.append([cells.get(column, "-") for column in columns])
     table = Table(title=f"why not something else (best: {layout_text(best)})", title_justify="left")
     for index, column in enumerate(columns):

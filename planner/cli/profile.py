@@ -67,14 +67,22 @@ def _import_measure():
 def profile_command(
     model: str = opt.MODEL,
     output: Path = typer.Option(..., "--output", "-o", help="Profile file (JSON) to write."),
-    tp: str | None = typer.Option(None, "--tp", help="Tensor-parallel degrees, e.g. 1,2,4,8 (default 1; "
-                                  "with --for-plan, as plan: those to try)."),
-    mbs: str | None = typer.Option(None, "--mbs", help="Micro-batch sizes, e.g. 1,2,4 (default 1; with "
-                                   "--for-plan, as plan)."),
-    seq: str | None = typer.Option(None, "--seq", help="Sequence lengths, e.g. 2048,4096 (default 2048; "
-                                   "with --for-plan, the request's one length)."),
-    recompute: str | None = typer.Option(None, "--recompute", help="none and/or full (transformer blocks; "
-                                         "default none); with --for-plan, as plan: none,selective,full."),
+    tp: str | None = typer.Option(
+        None, "--tp", help="Tensor-parallel degrees, e.g. 1,2,4,8 (default 1; with --for-plan, as plan: those to try)."
+    ),
+    mbs: str | None = typer.Option(
+        None, "--mbs", help="Micro-batch sizes, e.g. 1,2,4 (default 1; with --for-plan, as plan)."
+    ),
+    seq: str | None = typer.Option(
+        None,
+        "--seq",
+        help="Sequence lengths, e.g. 2048,4096 (default 2048; with --for-plan, the request's one length).",
+    ),
+    recompute: str | None = typer.Option(
+        None,
+        "--recompute",
+        help="none and/or full (transformer blocks; default none); with --for-plan, as plan: none,selective,full.",
+    ),
     kinds: str = typer.Option(",".join(LAYER_KINDS), "--kinds", help="Layer kinds to measure."),
     dtype: str = typer.Option("bf16", "--dtype", help="bf16 | fp16 | fp32"),
     device: str | None = typer.Option(None, "--device", help="cuda | cpu (default: cuda when present)."),
@@ -84,16 +92,23 @@ def profile_command(
     resume: bool = typer.Option(False, "--resume", help="Continue FILE: skip the shapes it already has."),
     collectives: bool = typer.Option(False, "--collectives", help="Time the node's collectives instead."),
     max_bytes: int = typer.Option(2**30, "--max-bytes", min=1024, help="Largest collective message (bytes)."),
-    nproc: int | None = typer.Option(None, "--nproc", min=2,
-                                     help="Processes for --collectives (default: the GPUs, or 2 on a CPU)."),
-    block: str = typer.Option("planner", "--block",
-                              help="Whose transformer block to measure: planner | torchtitan | megatron."),
-    for_plan: bool = typer.Option(False, "--for-plan", help="Measure the shapes a `plan` request with these "
-                                  "arguments can ask for (--gpus, --global-batch, --seq and plan's restrictions)."),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=2, help="Processes for --collectives (default: the GPUs, or 2 on a CPU)."
+    ),
+    block: str = typer.Option(
+        "planner", "--block", help="Whose transformer block to measure: planner | torchtitan | megatron."
+    ),
+    for_plan: bool = typer.Option(
+        False,
+        "--for-plan",
+        help="Measure the shapes a `plan` request with these "
+        "arguments can ask for (--gpus, --global-batch, --seq and plan's restrictions).",
+    ),
     gpus: int | None = typer.Option(None, "--gpus", "-n", min=1, help="--for-plan: the request's GPUs."),
     gpu: str = opt.GPU,
-    global_batch: int | None = typer.Option(None, "--global-batch", "-b", min=1,
-                                            help="--for-plan: the request's global batch."),
+    global_batch: int | None = typer.Option(
+        None, "--global-batch", "-b", min=1, help="--for-plan: the request's global batch."
+    ),
     pp: str | None = opt.PP_LIST,
     cp: str | None = opt.CP_LIST,
     vpp: str | None = opt.VPP_LIST,
@@ -103,10 +118,14 @@ def profile_command(
     zero: str | None = opt.ZERO_LIST,
     runtime: str | None = opt.RUNTIME,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
-    max_shapes: int | None = typer.Option(None, "--max-shapes", help="--for-plan: measure only the N cheapest "
-                                          "shapes (plan --profile calibrates the rest)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="--for-plan: list the shapes and the estimate, "
-                                 "measure nothing."),
+    max_shapes: int | None = typer.Option(
+        None,
+        "--max-shapes",
+        help="--for-plan: measure only the N cheapest shapes (plan --profile calibrates the rest).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="--for-plan: list the shapes and the estimate, measure nothing."
+    ),
 ) -> None:
     """Measure each layer kind's forward, backward-input, backward-weight and full-backward
     time and its memory at tensor-parallel shapes (with --for-plan, the shapes a `plan`
@@ -118,14 +137,28 @@ def profile_command(
     if memory_cap_gb is not None and memory_cap_gb <= 0:
         raise PlannerError(f"--memory-cap-gb must be positive, got {memory_cap_gb}")
     request = for_plan_mod.PlanRequest(
-        gpus=gpus, gpu=gpu, global_batch=global_batch, seq=seq, tp=tp, pp=pp, cp=cp, vpp=vpp, mbs=mbs,
-        schedules=schedules, recompute=recompute, per_rank=per_rank, sequence_parallel=sequence_parallel,
-        zero=zero, runtime=runtime, gpus_per_node=gpus_per_node,
+        gpus=gpus,
+        gpu=gpu,
+        global_batch=global_batch,
+        seq=seq,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        vpp=vpp,
+        mbs=mbs,
+        schedules=schedules,
+        recompute=recompute,
+        per_rank=per_rank,
+        sequence_parallel=sequence_parallel,
+        zero=zero,
+        runtime=runtime,
+        gpus_per_node=gpus_per_node,
     )
     selection = None
     if for_plan:
-        selection = for_plan_mod.select(spec, request, tuple(_choices(kinds, LAYER_KINDS, "--kinds")), dtype,
-                                        max_shapes)
+        selection = for_plan_mod.select(
+            spec, request, tuple(_choices(kinds, LAYER_KINDS, "--kinds")), dtype, max_shapes
+        )
         if dry_run:
             for_plan_mod.print_dry_run(selection, output, gpu, 2 * (warmup + repeats), device)
             return
@@ -133,22 +166,35 @@ def profile_command(
         raise PlannerError(f"{', '.join(given)}: options of --for-plan (the plan request to profile for)")
     measure = _import_measure()
     settings = measure.Settings(
-        device=device or measure.default_device(), dtype=dtype, warmup=warmup, repeats=repeats,
-        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None, block=block,
+        device=device or measure.default_device(),
+        dtype=dtype,
+        warmup=warmup,
+        repeats=repeats,
+        memory_cap_bytes=round(memory_cap_gb * GiB) if memory_cap_gb is not None else None,
+        block=block,
     )
     measure.prepare(settings)
     if collectives:
         _collectives(spec, output, settings, max_bytes, nproc)
         return
     measure.check_block(block, spec, settings.device)
-    keys = selection.keys if selection else _grid_keys(spec, tp or "1", mbs or "1", seq or "2048", kinds,
-                                                       recompute or "none")
+    keys = (
+        selection.keys
+        if selection
+        else _grid_keys(spec, tp or "1", mbs or "1", seq or "2048", kinds, recompute or "none")
+    )
     profile = _start(spec, output, settings, resume, measure.environment(settings.device))
     done = {key for key, row in profile.row_map().items() if row.status in ("ok", "oom")}
     pending = [key for key in keys if key not in done]
     store.save(output, profile)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=stderr, transient=False) as progress:
         task = progress.add_task("profiling", total=len(pending))
         for key in pending:
@@ -170,8 +216,13 @@ def _grid_keys(spec: ModelSpec, tp: str, mbs: str, seq: str, kinds: str, recompu
         raise PlannerError(
             f"--seq {max(seqs)} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}"
         )
-    return shape_keys(_choices(kinds, LAYER_KINDS, "--kinds"), tps, mbss, seqs,
-                      _choices(recompute, PROFILE_RECOMPUTE_MODES, "--recompute"))
+    return shape_keys(
+        _choices(kinds, LAYER_KINDS, "--kinds"),
+        tps,
+        mbss,
+        seqs,
+        _choices(recompute, PROFILE_RECOMPUTE_MODES, "--recompute"),
+    )
 
 
 def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env: dict) -> Profile:
@@ -179,17 +230,27 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
     if not resume:
         refuse_existing(output, hint="pass --resume to continue it, or choose another -o")
         return Profile(
-            schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
-            repeats=settings.repeats, memory_cap_bytes=settings.memory_cap_bytes, model=spec,
-            block=settings.block, **env,
+            schema_version=SCHEMA_VERSION,
+            dtype=settings.dtype,
+            warmup=settings.warmup,
+            repeats=settings.repeats,
+            memory_cap_bytes=settings.memory_cap_bytes,
+            model=spec,
+            block=settings.block,
+            **env,
         )
     if not output.exists():
         raise PlannerError(f"--resume: {output} does not exist")
     profile = store.load(output)
     check_model(profile, spec, f"profile {output.name}")
-    ours = {"device": env["device"], "dtype": settings.dtype, "warmup": settings.warmup,
-            "repeats": settings.repeats, "memory_cap_bytes": settings.memory_cap_bytes,
-            "block": settings.block}
+    ours = {
+        "device": env["device"],
+        "dtype": settings.dtype,
+        "warmup": settings.warmup,
+        "repeats": settings.repeats,
+        "memory_cap_bytes": settings.memory_cap_bytes,
+        "block": settings.block,
+    }
     for name, value in ours.items():
         if getattr(profile, name) != value:
             raise PlannerError(
@@ -201,8 +262,10 @@ def _start(spec: ModelSpec, output: Path, settings: Settings, resume: bool, env:
 
 def _summary(profile: Profile, keys: list, skipped: int, output: Path) -> None:
     rows = profile.row_map()
-    table = Table(title=f"{profile.model.name} ({profile.block} block) on {profile.device}, {profile.dtype}: "
-                        "ms and MiB per micro-batch")
+    table = Table(
+        title=f"{profile.model.name} ({profile.block} block) on {profile.device}, {profile.dtype}: "
+        "ms and MiB per micro-batch"
+    )
     for column in ("kind", "tp", "mbs", "seq", "rc", "status", "fwd", "I", "W", "bwd", "(I+W)/bwd", "saved"):
         table.add_column(column, justify="left" if column in ("kind", "rc", "status") else "right")
     counts: dict[str, int] = {}
@@ -215,8 +278,12 @@ def _summary(profile: Profile, keys: list, skipped: int, output: Path) -> None:
             continue
         split = row.backward_input_ms + row.backward_weight_ms
         table.add_row(
-            *shape, f"{row.forward_ms:.3f}", f"{row.backward_input_ms:.3f}", f"{row.backward_weight_ms:.3f}",
-            f"{row.backward_ms:.3f}", f"{split / row.backward_ms:.2f}" if row.backward_ms else "-",
+            *shape,
+            f"{row.forward_ms:.3f}",
+            f"{row.backward_input_ms:.3f}",
+            f"{row.backward_weight_ms:.3f}",
+            f"{row.backward_ms:.3f}",
+            f"{split / row.backward_ms:.2f}" if row.backward_ms else "-",
             f"{row.activation_bytes / 2**20:.2f}",
         )
     stdout.print(table)
@@ -256,15 +323,22 @@ def _collectives(spec: ModelSpec, output: Path, settings: Settings, max_bytes: i
         profile = store.load(output)
         check_model(profile, spec, f"profile {output.name}")
     else:
-        profile = Profile(schema_version=SCHEMA_VERSION, dtype=settings.dtype, warmup=settings.warmup,
-                          repeats=settings.repeats, model=spec, **env)
+        profile = Profile(
+            schema_version=SCHEMA_VERSION,
+            dtype=settings.dtype,
+            warmup=settings.warmup,
+            repeats=settings.repeats,
+            model=spec,
+            **env,
+        )
     store.save(output, profile.with_collectives(rows))
     table = Table(title=f"collectives over {world} ranks ({rows[0].backend}); group = ranks 0..g-1")
     for column in ("op", "g", "bytes", "time us", "algbw GB/s", "busbw GB/s"):
         table.add_column(column, justify="left" if column == "op" else "right")
     for r in rows:
-        table.add_row(r.op, str(r.world_size), f"{r.bytes}", f"{r.time_us:.1f}", f"{r.algbw_gbps:.2f}",
-                      f"{r.busbw_gbps:.2f}")
+        table.add_row(
+            r.op, str(r.world_size), f"{r.bytes}", f"{r.time_us:.1f}", f"{r.algbw_gbps:.2f}", f"{r.busbw_gbps:.2f}"
+        )
     stdout.print(table)
     stdout.print(f"wrote {len(rows)} collective rows to {output}")
 
@@ -275,14 +349,24 @@ def calibrate_command(
     gpu: str = opt.GPU,
     to: str | None = typer.Option(None, "--to", help="Also transfer the fit to this GPU preset."),
     as_json: bool = opt.JSON,
-    from_log: list[Path] | None = typer.Option(None, "--from-log", help="A Megatron-LM or torchtitan training "
-                                               "log (repeat, one per --plan) to fit the GPU's efficiencies to."),
-    plan: list[Path] | None = typer.Option(None, "--plan", help="The plan file (`planner plan/evaluate -o`) "
-                                           "of the layout the matching --from-log ran (its first plan)."),
+    from_log: list[Path] | None = typer.Option(
+        None,
+        "--from-log",
+        help="A Megatron-LM or torchtitan training log (repeat, one per --plan) to fit the GPU's efficiencies to.",
+    ),
+    plan: list[Path] | None = typer.Option(
+        None,
+        "--plan",
+        help="The plan file (`planner plan/evaluate -o`) of the layout the matching --from-log ran (its first plan).",
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="With --from-log: calibration file to write."),
     force: bool = opt.FORCE,
-    skip_steps: int | None = typer.Option(None, "--skip-steps", min=0, help="With --from-log: ignore progress "
-                                          "reports up to this step as warm-up (default: the first report)."),
+    skip_steps: int | None = typer.Option(
+        None,
+        "--skip-steps",
+        min=0,
+        help="With --from-log: ignore progress reports up to this step as warm-up (default: the first report).",
+    ),
 ) -> None:
     """Fit the analytic model's efficiencies (gemm, gemm_half_dim, attention_fwd,
     attention_bwd, hbm, kernel_overhead_us) to measured profiles; print the TOML table for
@@ -301,23 +385,45 @@ def calibrate_command(
     loaded = [store.load(path) for path in profiles]
     names = ", ".join(path.name for path in profiles)
     result = fit(loaded, spec)
-    source = (f"fitted by planner calibrate to {names} ({result.num_samples} times; mean abs error "
-              f"{result.before_pct:.1f}% -> {result.after_pct:.1f}%)")
+    source = (
+        f"fitted by planner calibrate to {names} ({result.num_samples} times; mean abs error "
+        f"{result.before_pct:.1f}% -> {result.after_pct:.1f}%)"
+    )
     efficiency = result.efficiency.model_copy(update={"source": source})
     target = resolve_gpu(to) if to else None
-    moved = transfer(efficiency, target, f"{spec.name} fit transferred as fractions of peak: {source}") if target else None
-    note = ("Efficiencies are fractions of datasheet peak: they transfer to another GPU unchanged "
-            "(--to GPU), whose times then scale with its own peak FLOP/s and HBM bandwidth.")
+    moved = (
+        transfer(efficiency, target, f"{spec.name} fit transferred as fractions of peak: {source}") if target else None
+    )
+    note = (
+        "Efficiencies are fractions of datasheet peak: they transfer to another GPU unchanged "
+        "(--to GPU), whose times then scale with its own peak FLOP/s and HBM bandwidth."
+    )
     if as_json:
-        print_json(json.dumps({
-            "gpu": spec.name, "profiles": [str(p) for p in profiles], "efficiency": efficiency.model_dump(),
-            "error_before_pct": result.before_pct, "error_after_pct": result.after_pct,
-            "num_samples": result.num_samples,
-            "parts": [{"kind": p.kind, "part": p.part, "count": p.count, "before_pct": p.before_pct,
-                       "after_pct": p.after_pct} for p in result.parts],
-            "transferred": {"gpu": target.name, "efficiency": moved.model_dump()} if target else None,
-            "note": note,
-        }, indent=2))
+        print_json(
+            json.dumps(
+                {
+                    "gpu": spec.name,
+                    "profiles": [str(p) for p in profiles],
+                    "efficiency": efficiency.model_dump(),
+                    "error_before_pct": result.before_pct,
+                    "error_after_pct": result.after_pct,
+                    "num_samples": result.num_samples,
+                    "parts": [
+                        {
+                            "kind": p.kind,
+                            "part": p.part,
+                            "count": p.count,
+                            "before_pct": p.before_pct,
+                            "after_pct": p.after_pct,
+                        }
+                        for p in result.parts
+                    ],
+                    "transferred": {"gpu": target.name, "efficiency": moved.model_dump()} if target else None,
+                    "note": note,
+                },
+                indent=2,
+            )
+        )
         return
     stdout.print(_error_table(result, spec.name))
     stdout.print(_toml(spec.name, efficiency), markup=False, highlight=False)

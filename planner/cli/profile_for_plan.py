@@ -10,13 +10,13 @@ from pathlib import Path
 from rich.table import Table
 
 from planner.cli import options as opt
-from planner.job import build_cluster
-from planner.request import Request
 from planner.cli.app import stdout
 from planner.cli.plan import build_space
 from planner.errors import PlannerError
+from planner.job import build_cluster
 from planner.profile import store
 from planner.profile.schema import ShapeKey
+from planner.request import Request
 from planner.search.profile_shapes import PlannedShape, ShapePlan, cheapest, plan_shapes
 from planner.spec import ModelSpec
 
@@ -57,8 +57,9 @@ class Selection:
         return [s.key for s in self.measure]
 
 
-def select(spec: ModelSpec, request: PlanRequest, kinds: tuple[str, ...], dtype: str,
-           max_shapes: int | None) -> Selection:
+def select(
+    spec: ModelSpec, request: PlanRequest, kinds: tuple[str, ...], dtype: str, max_shapes: int | None
+) -> Selection:
     """The shapes of the request's search space, capped to the `max_shapes` cheapest."""
     if request.gpus is None or request.global_batch is None or request.seq is None:
         raise PlannerError("--for-plan takes the plan request: --gpus, --global-batch and --seq are required")
@@ -68,13 +69,21 @@ def select(spec: ModelSpec, request: PlanRequest, kinds: tuple[str, ...], dtype:
     seq = seqs[0]
     if spec.position_embedding == "learned" and seq > spec.max_position_embeddings:
         raise PlannerError(f"--seq {seq} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}")
-    cluster = build_cluster(Request(model=spec.name, gpu=request.gpu, num_gpus=request.gpus,
-                                    gpus_per_node=request.gpus_per_node))
+    cluster = build_cluster(
+        Request(model=spec.name, gpu=request.gpu, num_gpus=request.gpus, gpus_per_node=request.gpus_per_node)
+    )
     space = build_space(
-        opt.int_list(request.tp, "--tp"), opt.int_list(request.pp, "--pp"), opt.int_list(request.cp, "--cp"),
-        opt.int_list(request.vpp, "--vpp"), opt.int_list(request.mbs, "--mbs"), opt.name_list(request.schedules),
-        opt.name_list(request.recompute), request.per_rank, request.sequence_parallel,
-        opt.int_list(request.zero, "--zero"), request.runtime,
+        opt.int_list(request.tp, "--tp"),
+        opt.int_list(request.pp, "--pp"),
+        opt.int_list(request.cp, "--cp"),
+        opt.int_list(request.vpp, "--vpp"),
+        opt.int_list(request.mbs, "--mbs"),
+        opt.name_list(request.schedules),
+        opt.name_list(request.recompute),
+        request.per_rank,
+        request.sequence_parallel,
+        opt.int_list(request.zero, "--zero"),
+        request.runtime,
     )
     plan = plan_shapes(spec, cluster, request.global_batch, seq, space, kinds, dtype)
     if not plan.shapes:
@@ -95,8 +104,10 @@ def print_dry_run(selection: Selection, output: Path, gpu: str, passes: int, dev
     if output.exists():
         done = {key for key, row in store.load(output).row_map().items() if row.status in ("ok", "oom")}
     chosen = set(selection.measure)
-    table = Table(title=f"profile --for-plan: {len(selection.plan.shapes)} shapes the search can ask for, "
-                        "largest first", title_justify="left")
+    table = Table(
+        title=f"profile --for-plan: {len(selection.plan.shapes)} shapes the search can ask for, largest first",
+        title_justify="left",
+    )
     for column in ("#", "kind", "tp", "mbs", "seq", "rc", f"est. ms ({gpu})", "action"):
         table.add_column(column, justify="left" if column in ("kind", "rc", "action") else "right")
     pending = 0.0
@@ -108,14 +119,25 @@ def print_dry_run(selection: Selection, output: Path, gpu: str, passes: int, dev
             action, pending = "measure", pending + shape.estimate_s
         else:
             action = "calibrate (beyond --max-shapes)"
-        table.add_row(str(index), key.kind, str(key.tp), str(key.mbs), str(key.seq), key.recompute,
-                      f"{shape.estimate_s * 1e3:.3g}", action)
+        table.add_row(
+            str(index),
+            key.kind,
+            str(key.tp),
+            str(key.mbs),
+            str(key.seq),
+            key.recompute,
+            f"{shape.estimate_s * 1e3:.3g}",
+            action,
+        )
     stdout.print(table)
     to_measure = sum(1 for s in selection.measure if s.key not in done)
     where = "on a CPU, many times longer" if device == "cpu" else "plus building each layer"
-    stdout.print(f"dry run: {to_measure} shapes to measure, about {pending * passes:.1f} s of {gpu} time by the "
-                 f"analytic model ({passes} passes of forward and backward per shape; {where})",
-                 markup=False, highlight=False)
+    stdout.print(
+        f"dry run: {to_measure} shapes to measure, about {pending * passes:.1f} s of {gpu} time by the "
+        f"analytic model ({passes} passes of forward and backward per shape; {where})",
+        markup=False,
+        highlight=False,
+    )
     print_calibration_note(selection)
 
 
@@ -125,19 +147,32 @@ def print_calibration_note(selection: Selection) -> None:
     if selection.capped:
         notes.append(f"{selection.capped} shapes beyond --max-shapes")
     if selection.plan.unmeasurable:
-        notes.append(f"{len(selection.plan.unmeasurable)} CP shards with fewer tokens than one sequence, which "
-                     f"no self-attention row describes: {'; '.join(selection.plan.unmeasurable)}")
+        notes.append(
+            f"{len(selection.plan.unmeasurable)} CP shards with fewer tokens than one sequence, which "
+            f"no self-attention row describes: {'; '.join(selection.plan.unmeasurable)}"
+        )
     if notes:
-        stdout.print(f"plan --profile will use the analytic model calibrated on the measured shapes for "
-                     f"{', and '.join(notes)}", markup=False, highlight=False)
+        stdout.print(
+            f"plan --profile will use the analytic model calibrated on the measured shapes for {', and '.join(notes)}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def plan_only_options_given(request: PlanRequest, max_shapes: int | None, dry_run: bool) -> list[str]:
     """The --for-plan options given without --for-plan."""
-    named = {"--gpus": request.gpus, "--global-batch": request.global_batch, "--pp": request.pp,
-             "--cp": request.cp, "--vpp": request.vpp, "--schedules": request.schedules,
-             "--sp/--no-sp": request.sequence_parallel, "--zero": request.zero, "--runtime": request.runtime,
-             "--gpus-per-node": request.gpus_per_node, "--max-shapes": max_shapes}
+    named = {
+        "--gpus": request.gpus,
+        "--global-batch": request.global_batch,
+        "--pp": request.pp,
+        "--cp": request.cp,
+        "--vpp": request.vpp,
+        "--schedules": request.schedules,
+        "--sp/--no-sp": request.sequence_parallel,
+        "--zero": request.zero,
+        "--runtime": request.runtime,
+        "--gpus-per-node": request.gpus_per_node,
+        "--max-shapes": max_shapes,
+    }
     given = [name for name, value in named.items() if value is not None]
     return given + (["--dry-run"] if dry_run else [])
-

@@ -24,8 +24,7 @@ def plan_file(entries: list[PlanEntry], spec: ModelSpec, cluster: Cluster, cost_
     return PlanFile(
         plans=entries,
         model=spec,
-        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus,
-                               gpus_per_node=cluster.gpus_per_node),
+        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node),
         planner_version=__version__,
         cost_source=cost_source,
     )
@@ -71,8 +70,13 @@ def run_length(values: list) -> str:
     return ",".join(f"{value}×{count}" if count > 1 else str(value) for value, count in runs)
 
 
-SCHEDULE_SHORT_NAMES = {"interleaved_1f1b": "i1f1b", "looped_bfs": "lbfs", "dualpipev": "dpv",
-                        "chimera": "chim", "seq1f1b": "s1f1b"}
+SCHEDULE_SHORT_NAMES = {
+    "interleaved_1f1b": "i1f1b",
+    "looped_bfs": "lbfs",
+    "dualpipev": "dpv",
+    "chimera": "chim",
+    "seq1f1b": "s1f1b",
+}
 """The terminal tables' names of the schedules whose full name is long (the JSON keeps the full name)."""
 
 
@@ -110,20 +114,46 @@ def runs_on_meaning() -> str:
 def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
     """For the runtimes of `model_runtimes` (those that run the model at all) that no plan of
     `entries` runs on, the command that finds the best plan they do run; None when there is none."""
-    missing = [name for name in model_runtimes
-               if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)]
+    missing = [
+        name
+        for name in model_runtimes
+        if all(entry.runtimes is not None and name not in entry.runtimes for entry in entries)
+    ]
     if not missing:
         return None
     unexported = sorted({entry.schedule for entry in entries if SCHEDULES[entry.schedule].simulated_only})
     if unexported and len(unexported) == len({entry.schedule for entry in entries}):
-        return (f"no runtime the planner exports to runs {' or '.join(unexported)}; to find the best plan that "
-                "exports, plan with the default schedules or name another")
+        return (
+            f"no runtime the planner exports to runs {' or '.join(unexported)}; to find the best plan that "
+            "exports, plan with the default schedules or name another"
+        )
     commands = ", ".join(planner_command("plan", f"--runtime {name}") for name in missing)
     return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
 
-PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "sched", "V", "mbs", "M", "recomp", "sp", "zero", "cuts",
-                "step s", "tokens/s", "tokens/s/GPU", "MFU", "bubble", "mem GiB", "runs on")
+PLAN_COLUMNS = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "etp",
+    "sched",
+    "V",
+    "mbs",
+    "M",
+    "recomp",
+    "sp",
+    "zero",
+    "cuts",
+    "step s",
+    "tokens/s",
+    "tokens/s/GPU",
+    "MFU",
+    "bubble",
+    "mem GiB",
+    "runs on",
+)
 """The plans table's columns after the plan's number, in order (ep and etp only where a plan
 has experts, tokens/s/GPU only where asked)."""
 TEXT_COLUMNS = frozenset({"sched", "recomp", "cuts", "runs on"})
@@ -135,19 +165,36 @@ MOVABLE_COLUMNS = ("runs on", "tokens/s", "tokens/s/GPU", "cuts")
 def plan_cells(entry: PlanEntry, wide: bool) -> dict[str, str]:
     """One plan's cells by column (`wide`: every stage's layer count, else runs)."""
     p = entry.predicted
-    figures = dict.fromkeys(("step s", "tokens/s", "tokens/s/GPU", "MFU", "bubble", "mem GiB"), "-") if p is None else {
-        "step s": f"{p.step_time_s:.3f}", "tokens/s": f"{p.tokens_per_s:,.0f}",
-        "tokens/s/GPU": f"{p.tokens_per_s / entry.num_gpus:,.0f}", "MFU": f"{p.mfu:.1%}",
-        "bubble": f"{p.bubble_fraction:.1%}", "mem GiB": f"{max(p.memory_gb_per_stage):.1f}"}
+    figures = (
+        dict.fromkeys(("step s", "tokens/s", "tokens/s/GPU", "MFU", "bubble", "mem GiB"), "-")
+        if p is None
+        else {
+            "step s": f"{p.step_time_s:.3f}",
+            "tokens/s": f"{p.tokens_per_s:,.0f}",
+            "tokens/s/GPU": f"{p.tokens_per_s / entry.num_gpus:,.0f}",
+            "MFU": f"{p.mfu:.1%}",
+            "bubble": f"{p.bubble_fraction:.1%}",
+            "mem GiB": f"{max(p.memory_gb_per_stage):.1f}",
+        }
+    )
     recompute = recompute_text(entry)
     return {
-        "tp": str(entry.tp), "pp": str(entry.pp), "dp": str(entry.dp), "cp": str(entry.cp),
-        "ep": str(entry.ep), "etp": str(entry.etp or entry.tp), "sched": schedule_text(entry),
-        "V": str(entry.vpp), "mbs": str(entry.mbs), "M": str(entry.num_microbatches),
-        "recomp": "sel" if recompute == "selective" else recompute, "sp": "y" if entry.sequence_parallel else "n",
+        "tp": str(entry.tp),
+        "pp": str(entry.pp),
+        "dp": str(entry.dp),
+        "cp": str(entry.cp),
+        "ep": str(entry.ep),
+        "etp": str(entry.etp or entry.tp),
+        "sched": schedule_text(entry),
+        "V": str(entry.vpp),
+        "mbs": str(entry.mbs),
+        "M": str(entry.num_microbatches),
+        "recomp": "sel" if recompute == "selective" else recompute,
+        "sp": "y" if entry.sequence_parallel else "n",
         "zero": str(entry.zero_stage),
         "cuts": " ".join(map(str, cut_sizes(entry))) if wide else run_length(cut_sizes(entry)),
-        **figures, "runs on": runs_on_text(entry.runtimes),
+        **figures,
+        "runs on": runs_on_text(entry.runtimes),
     }
 
 
@@ -176,8 +223,9 @@ def natural_width(table: Table) -> int:
     return Console(width=UNBOUNDED_WIDTH).measure(table).maximum
 
 
-def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: bool,
-           movable: tuple[str, ...]) -> tuple[list[str], int]:
+def fitted(
+    rows: list[dict[str, str]], columns: list[str], width: int, wide: bool, movable: tuple[str, ...]
+) -> tuple[list[str], int]:
     """The columns to move under the table (the first of `movable` first) and the gap between
     columns, so that the table fits in `width`: two spaces with as few moved as can be, else
     one (the last try is taken even when too wide)."""
@@ -190,9 +238,15 @@ def fitted(rows: list[dict[str, str]], columns: list[str], width: int, wide: boo
     return tries[-1], GAPS[-1]
 
 
-def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = False,
-               keys: tuple[str, list[str]] | None = None, per_gpu: bool = False,
-               movable: tuple[str, ...] = MOVABLE_COLUMNS) -> Group:
+def plans_view(
+    entries: list[PlanEntry],
+    title: str,
+    width: int,
+    wide: bool = False,
+    keys: tuple[str, list[str]] | None = None,
+    per_gpu: bool = False,
+    movable: tuple[str, ...] = MOVABLE_COLUMNS,
+) -> Group:
     """The title and one row per plan (mesh, schedule, batching, recompute, cuts, the
     predictions, the runtimes that run it) in `width` columns: the columns that do not fit
     (`movable`, first to last; with `wide` the full cut list always) go under it, a
@@ -202,8 +256,7 @@ def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = Fa
     key, labels = keys or ("#", [str(rank) for rank in range(1, len(entries) + 1)])
     rows = [{key: label, **plan_cells(entry, wide)} for label, entry in zip(labels, entries)]
     moe = any(entry.etp is not None for entry in entries)
-    columns = [key, *(c for c in PLAN_COLUMNS
-                      if (moe or c not in ("ep", "etp")) and (per_gpu or c != "tokens/s/GPU"))]
+    columns = [key, *(c for c in PLAN_COLUMNS if (moe or c not in ("ep", "etp")) and (per_gpu or c != "tokens/s/GPU"))]
     moved, gap = fitted(rows, columns, width, wide, movable)
     moved = [c for c in columns if c in moved]
     parts: list = [Text(title), grid(rows, [c for c in columns if c not in moved], gap)]
@@ -212,8 +265,10 @@ def plans_view(entries: list[PlanEntry], title: str, width: int, wide: bool = Fa
     if differ := [c for c in moved if c not in same]:
         parts.append(grid(rows, [key, *differ], gap))
     legend = plans_legend(entries, wide)
-    parts += [Text(f"{column}{every}: {rows[0][column]}" + (f"; {legend.pop(column)}" if column in legend else ""))
-              for column in same]
+    parts += [
+        Text(f"{column}{every}: {rows[0][column]}" + (f"; {legend.pop(column)}" if column in legend else ""))
+        for column in same
+    ]
     return Group(*parts, *(Text(f"{column}: {meaning}") for column, meaning in legend.items()))
 
 
@@ -247,8 +302,7 @@ def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:
         table.add_row(f"memory: {name}", f"{getattr(m, name):.2f} GiB")
     per_rank = " ".join(f"{g:.1f}" for g in p.memory_gb_per_stage)
     table.add_row("memory per pipeline rank", f"{per_rank} GiB (limit {memory_limit_gib:.1f})")
-    for name, values in (("reserved", p.memory_reserved_gb_per_stage),
-                         ("allocated", p.memory_allocated_gb_per_stage)):
+    for name, values in (("reserved", p.memory_reserved_gb_per_stage), ("allocated", p.memory_allocated_gb_per_stage)):
         if values:
             table.add_row(f"memory {name} per pipeline rank", " ".join(f"{g:.1f}" for g in values) + " GiB")
     return table

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import typer
 
+from planner.api import document_request
 from planner.cli import options as opt
 from planner.cli.app import app, stdout
 from planner.cli.report import cuts_text, recompute_text, runs_on_text
 from planner.cost.model import CostModel
 from planner.cost.options import MoeOptions
 from planner.errors import ConfigError
-from planner.api import document_request
 from planner.job import build
 from planner.layout import layout_from_entry
 from planner.output import refuse_existing, write_atomic
@@ -27,19 +27,39 @@ from planner.search.space import SearchSpace
 from planner.spec import ModelSpec
 from planner.units import GiB
 
-REPORT = typer.Option(None, "--report", help="Also write the plan's report, one self-contained HTML page "
-                      "(needs the `report` extra).")
-TOKENS = typer.Option(None, "--tokens", help="With --report: tokens to train on, for days, GPU-hours and cost.",
-                      min=1)
-GPU_HOUR_PRICE = typer.Option(None, "--gpu-hour-price", help="With --tokens: price of one GPU-hour, for the cost.",
-                              min=0)
+REPORT = typer.Option(
+    None, "--report", help="Also write the plan's report, one self-contained HTML page (needs the `report` extra)."
+)
+TOKENS = typer.Option(None, "--tokens", help="With --report: tokens to train on, for days, GPU-hours and cost.", min=1)
+GPU_HOUR_PRICE = typer.Option(
+    None, "--gpu-hour-price", help="With --tokens: price of one GPU-hour, for the cost.", min=0
+)
 PREDICTION_TOLERANCE = 0.01
 """Relative step-time difference above which the report says the re-simulation disagrees
 with the file (the cost model changed since the file was written, or a profile is missing)."""
 
 
-PLAN_COLUMNS = ("#", "tp", "pp", "dp", "cp", "schedule", "V", "mbs", "M", "recompute", "sp", "zero", "cuts",
-                "step s", "tokens/s", "MFU", "bubble", "mem GiB", "runs on")
+PLAN_COLUMNS = (
+    "#",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "schedule",
+    "V",
+    "mbs",
+    "M",
+    "recompute",
+    "sp",
+    "zero",
+    "cuts",
+    "step s",
+    "tokens/s",
+    "MFU",
+    "bubble",
+    "mem GiB",
+    "runs on",
+)
 
 
 def plans_rows(entries: list[PlanEntry]) -> Table:
@@ -47,12 +67,36 @@ def plans_rows(entries: list[PlanEntry]) -> Table:
     rows = []
     for rank, e in enumerate(entries, start=1):
         p = e.predicted
-        figures = ("-",) * 5 if p is None else (
-            f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}", f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}",
-            f"{max(p.memory_gb_per_stage):.1f}")
-        rows.append((str(rank), str(e.tp), str(e.pp), str(e.dp), str(e.cp), e.schedule, str(e.vpp), str(e.mbs),
-                     str(e.num_microbatches), recompute_text(e), "y" if e.sequence_parallel else "n",
-                     str(e.zero_stage), cuts_text(e), *figures, runs_on_text(e.runtimes)))
+        figures = (
+            ("-",) * 5
+            if p is None
+            else (
+                f"{p.step_time_s:.3f}",
+                f"{p.tokens_per_s:,.0f}",
+                f"{p.mfu:.1%}",
+                f"{p.bubble_fraction:.1%}",
+                f"{max(p.memory_gb_per_stage):.1f}",
+            )
+        )
+        rows.append(
+            (
+                str(rank),
+                str(e.tp),
+                str(e.pp),
+                str(e.dp),
+                str(e.cp),
+                e.schedule,
+                str(e.vpp),
+                str(e.mbs),
+                str(e.num_microbatches),
+                recompute_text(e),
+                "y" if e.sequence_parallel else "n",
+                str(e.zero_stage),
+                cuts_text(e),
+                *figures,
+                runs_on_text(e.runtimes),
+            )
+        )
     return Table(PLAN_COLUMNS, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
 
 
@@ -66,10 +110,21 @@ def explain_rows(items) -> Table:
             rows.append((item.change, "-", "-", "-", "-", item.reason))
             continue
         p = item.found.prediction
-        rows.append((item.change, layout_text(item.found.layout), f"{p.step_time_s:.3f}", f"{p.mfu:.1%}",
-                     f"{p.peak_memory_bytes / GiB:.1f}", item.reason))
-    return Table(("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"), tuple(rows),
-                 frozenset({"change", "its best layout", "why it lost"}))
+        rows.append(
+            (
+                item.change,
+                layout_text(item.found.layout),
+                f"{p.step_time_s:.3f}",
+                f"{p.mfu:.1%}",
+                f"{p.peak_memory_bytes / GiB:.1f}",
+                item.reason,
+            )
+        )
+    return Table(
+        ("change", "its best layout", "step s", "MFU", "mem GiB", "why it lost"),
+        tuple(rows),
+        frozenset({"change", "its best layout", "why it lost"}),
+    )
 
 
 def cost_model_of(document: PlanFile) -> tuple[CostModel, Request, list[str]]:
@@ -81,8 +136,16 @@ def cost_model_of(document: PlanFile) -> tuple[CostModel, Request, list[str]]:
     return build(request, spec=document.model).cost_model, request, notes
 
 
-def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tokens: float | None = None,
-                gpu_hour_price: float | None = None, space: SearchSpace | None = None, accept=None) -> str:
+def report_html(
+    document: PlanFile,
+    plan_path: str,
+    *,
+    explain: bool = True,
+    tokens: float | None = None,
+    gpu_hour_price: float | None = None,
+    space: SearchSpace | None = None,
+    accept=None,
+) -> str:
     """The report page of a plan file (its best plan re-simulated); the alternatives are
     searched in `space` (default: everything the recorded runtime runs)."""
     from planner.report import require_plotly
@@ -96,32 +159,55 @@ def report_html(document: PlanFile, plan_path: str, *, explain: bool = True, tok
     figures = plan_figures(model, layout, best.global_batch, best.seq)
     recorded = best.predicted.step_time_s if best.predicted else None
     if recorded and abs(figures.prediction.step_time_s - recorded) > PREDICTION_TOLERANCE * recorded:
-        notes.append(f"re-simulated step time {figures.prediction.step_time_s:.3f} s differs from the file's "
-                     f"{recorded:.3f} s (planner version or inputs changed)")
+        notes.append(
+            f"re-simulated step time {figures.prediction.step_time_s:.3f} s differs from the file's "
+            f"{recorded:.3f} s (planner version or inputs changed)"
+        )
     rows = None
     if explain:
         from planner.search.explain import alternatives
 
         if space is None:
             space = restrict(SearchSpace(), request.runtime) if request.runtime else SearchSpace()
-            accept = runtime_check(request.runtime, model.spec, model.cluster, best.global_batch, best.seq,
-                                   model.options) \
-                if request.runtime else None
-        rows = explain_rows(alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq,
-                                         space, accept))
-    budget = None if tokens is None else training_budget(
-        tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price)
+            accept = (
+                runtime_check(request.runtime, model.spec, model.cluster, best.global_batch, best.seq, model.options)
+                if request.runtime
+                else None
+            )
+        rows = explain_rows(
+            alternatives(model, Found(layout, figures.prediction), best.global_batch, best.seq, space, accept)
+        )
+    budget = (
+        None
+        if tokens is None
+        else training_budget(
+            tokens, best.global_batch, best.seq, figures.prediction.step_time_s, best.num_gpus, gpu_hour_price
+        )
+    )
     lines = [command_text(["planner", "plan", *request.cluster_flags(), *pricing_flags(request, model.spec)])]
-    return plan_page(document, figures, plans=plans_rows(document.plans), plan_path=plan_path, explain=rows,
-                     budget=budget, price=gpu_hour_price, inputs=lines, notes=notes)
+    return plan_page(
+        document,
+        figures,
+        plans=plans_rows(document.plans),
+        plan_path=plan_path,
+        explain=rows,
+        budget=budget,
+        price=gpu_hour_price,
+        inputs=lines,
+        notes=notes,
+    )
 
 
 def pricing_flags(request: Request, spec: ModelSpec) -> list[str]:
     """The flags of the request's cost options that price this model (a dense model: none of
     the MoE options)."""
     moe = {option.name for option in fields(MoeOptions)}
-    return [word for name, value in request.options.items() if spec.is_moe or name not in moe
-            for word in option_flag(name, value)]
+    return [
+        word
+        for name, value in request.options.items()
+        if spec.is_moe or name not in moe
+        for word in option_flag(name, value)
+    ]
 
 
 @app.command("report")
@@ -141,6 +227,9 @@ def report_command(
     except OSError as exc:
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
     document = parse_plan_file(text, str(plan))
-    write_atomic(out, report_html(document, str(plan), explain=explain, tokens=tokens, gpu_hour_price=gpu_hour_price),
-                 what="report")
+    write_atomic(
+        out,
+        report_html(document, str(plan), explain=explain, tokens=tokens, gpu_hour_price=gpu_hour_price),
+        what="report",
+    )
     stdout.print(f"wrote {out}", markup=False, highlight=False)

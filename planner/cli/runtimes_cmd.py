@@ -23,8 +23,18 @@ def runtimes_command(
     if options:
         defaults = CostOptions().flat()
         if as_json:
-            print_json(json.dumps({"options": [{"name": name, "group": FIELD_GROUP[name], "default": value}
-                                               for name, value in defaults.items()]}, indent=2, default=str))
+            print_json(
+                json.dumps(
+                    {
+                        "options": [
+                            {"name": name, "group": FIELD_GROUP[name], "default": value}
+                            for name, value in defaults.items()
+                        ]
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
             return
         table = Table(title="Cost options (--set NAME=VALUE; docs/cost_options.md says what each is)")
         for column in ("name", "group", "default"):
@@ -33,19 +43,35 @@ def runtimes_command(
             table.add_row(name, FIELD_GROUP[name], option_text(value))
         stdout.print(table)
         return
-    rows = [{"runtime": v.runtime, "version": v.version, "newest": index == 0, "exporter": v.exporter,
-             "summary": v.summary, "costs": v.costs, "attention": v.attention, "prefers_cudnn": v.prefers_cudnn,
-             "rules": {rule.dimension: list(rule.allowed) for rule in v.rules}, "sources": list(v.sources)}
-            for versions in RUNTIMES.values() for index, v in enumerate(versions)]
+    rows = [
+        {
+            "runtime": v.runtime,
+            "version": v.version,
+            "newest": index == 0,
+            "exporter": v.exporter,
+            "summary": v.summary,
+            "costs": v.costs,
+            "attention": v.attention,
+            "prefers_cudnn": v.prefers_cudnn,
+            "rules": {rule.dimension: list(rule.allowed) for rule in v.rules},
+            "sources": list(v.sources),
+        }
+        for versions in RUNTIMES.values()
+        for index, v in enumerate(versions)
+    ]
     if as_json:
         print_json(json.dumps({"runtimes": rows}, indent=2, default=list))
         return
-    table = Table(title="Runtimes (--runtime NAME runs the newest version; NAME@VERSION an older one)",
-                  show_lines=True)
+    table = Table(title="Runtimes (--runtime NAME runs the newest version; NAME@VERSION an older one)", show_lines=True)
     for column in ("runtime", "version", "what it is and what it changes", "cost options it sets", "export"):
         table.add_column(column, overflow="fold")
     for row in rows:
         costs = ", ".join(f"{name}={option_text(value)}" for name, value in row["costs"].items()) or "-"
-        table.add_row(row["runtime"], row["version"], row["summary"] + "\nsources: " + "; ".join(row["sources"]),
-                      costs, f"--to {row['exporter']}" if row["exporter"] else "-")
+        table.add_row(
+            row["runtime"],
+            row["version"],
+            row["summary"] + "\nsources: " + "; ".join(row["sources"]),
+            costs,
+            f"--to {row['exporter']}" if row["exporter"] else "-",
+        )
     stdout.print(table)

@@ -13,16 +13,17 @@ from planner.cli.app import app, print_json, stderr, stdout
 from planner.errors import ScheduleError
 from planner.output import refuse_existing, write_atomic
 from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, schedule_info, simulate
-from planner.schedule.seq1f1b import causal_segment_scales
 from planner.schedule.render import timeline_renderable, timeline_svg
+from planner.schedule.seq1f1b import causal_segment_scales
 from planner.units import MS_PER_S
 
 DEFAULT_SEGMENTS = 4
 """seq1f1b's default k (Sun et al. 2024 evaluate k = 2, 4, 8)."""
 
 
-def _costs(stages: int, vpp: int, f: float, b: float, w: float | None, comm: float,
-           pieces: int | None = None) -> StageCosts:
+def _costs(
+    stages: int, vpp: int, f: float, b: float, w: float | None, comm: float, pieces: int | None = None
+) -> StageCosts:
     """Per-chunk costs in seconds from the per-rank millisecond flags (see the command help);
     one micro-batch's rank cost is split over `pieces` actions (default V)."""
     for flag, value in (("--f", f), ("--b", b), ("--comm", comm)):
@@ -40,22 +41,38 @@ def simulate_command(
     schedule: str = typer.Option("1f1b", "--schedule", help=f"One of: {', '.join(SCHEDULES)}."),
     stages: int = typer.Option(4, "--stages", help="Pipeline ranks P."),
     microbatches: int = typer.Option(8, "--microbatches", help="Micro-batches per step M."),
-    vpp: int | None = typer.Option(None, "--vpp", help="Chunks (virtual stages) per rank V. Default: the "
-                                   "least the schedule takes (2 for zbv, dualpipev, interleaved_1f1b, chimera)."),
-    segments: int | None = typer.Option(None, "--segments", help="seq1f1b: sequence segments k per "
-                                        f"micro-batch (default {DEFAULT_SEGMENTS})."),
-    attention_share: float = typer.Option(0.0, "--attention-share", help="seq1f1b: share of --f and of the "
-                                          "input-grad part of --b that is causal attention, whose cost grows "
-                                          "with the segment's position ((2j+1)/k^2 of the whole sequence's); "
-                                          "0 = equal segments."),
-    f: float = typer.Option(1.0, "--f", help="Forward ms of one micro-batch on one rank (all its chunks; "
-                            "each chunk takes 1/V of it)."),
-    b: float = typer.Option(2.0, "--b", help="Full backward ms (input grad + weight grad) of one micro-batch "
-                            "on one rank; an unsplit schedule runs it as one B."),
-    w: float | None = typer.Option(None, "--w", help="Weight-gradient part of --b in ms: split schedules run "
-                            "I = b - w and W = w. Default b/2."),
-    comm: float = typer.Option(0.0, "--comm", help="Point-to-point ms per activation or gradient "
-                               "transfer between ranks (latency included)."),
+    vpp: int | None = typer.Option(
+        None,
+        "--vpp",
+        help="Chunks (virtual stages) per rank V. Default: the "
+        "least the schedule takes (2 for zbv, dualpipev, interleaved_1f1b, chimera).",
+    ),
+    segments: int | None = typer.Option(
+        None, "--segments", help=f"seq1f1b: sequence segments k per micro-batch (default {DEFAULT_SEGMENTS})."
+    ),
+    attention_share: float = typer.Option(
+        0.0,
+        "--attention-share",
+        help="seq1f1b: share of --f and of the "
+        "input-grad part of --b that is causal attention, whose cost grows "
+        "with the segment's position ((2j+1)/k^2 of the whole sequence's); "
+        "0 = equal segments.",
+    ),
+    f: float = typer.Option(
+        1.0, "--f", help="Forward ms of one micro-batch on one rank (all its chunks; each chunk takes 1/V of it)."
+    ),
+    b: float = typer.Option(
+        2.0,
+        "--b",
+        help="Full backward ms (input grad + weight grad) of one micro-batch "
+        "on one rank; an unsplit schedule runs it as one B.",
+    ),
+    w: float | None = typer.Option(
+        None, "--w", help="Weight-gradient part of --b in ms: split schedules run I = b - w and W = w. Default b/2."
+    ),
+    comm: float = typer.Option(
+        0.0, "--comm", help="Point-to-point ms per activation or gradient transfer between ranks (latency included)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON instead of the picture."),
     svg: Path | None = typer.Option(None, "--svg", help="Also write the timeline as SVG to FILE.", metavar="FILE"),
     force: bool = typer.Option(False, "--force", help="Overwrite the --svg file if it exists."),
@@ -72,8 +89,11 @@ def simulate_command(
         segments = DEFAULT_SEGMENTS if schedule_info(schedule).segmented else 1
     info = check_shape(schedule, stages, microbatches, vpp, segments)
     if w is not None and not info.split_backward:
-        stderr.print(f"warning: --w has no effect on {schedule}, whose backward is one B of --b ms",
-                     markup=False, highlight=False)
+        stderr.print(
+            f"warning: --w has no effect on {schedule}, whose backward is one B of --b ms",
+            markup=False,
+            highlight=False,
+        )
     # a Chimera micro-batch runs one of a rank's two chunks (a whole stage); a seq1f1b unit is 1/k
     pieces = 1 if schedule == "chimera" else segments if info.segmented else vpp
     costs = _costs(stages, vpp, f, b, w, comm, pieces)
@@ -101,7 +121,9 @@ def simulate_command(
         f"idle share of the longest rank span ({result.span_s * MS_PER_S:.4g} ms, first action to last), as "
         "`planner plan` counts it; idle in step is the step time less busy, with the wait before a rank's first "
         "action and after its last",
-        markup=False, highlight=False, soft_wrap=False,
+        markup=False,
+        highlight=False,
+        soft_wrap=False,
     )
 
 
@@ -133,8 +155,11 @@ def _table(result: SimResult) -> Table:
         table.add_column(column, justify="right")
     for r, busy in enumerate(result.busy_s):
         table.add_row(
-            str(r), f"{busy * MS_PER_S:.4g}", f"{result.idle_s[r] * MS_PER_S:.4g}",
-            f"{result.bubble_per_rank[r]:.1%}", str(result.peak_inflight[r]),
+            str(r),
+            f"{busy * MS_PER_S:.4g}",
+            f"{result.idle_s[r] * MS_PER_S:.4g}",
+            f"{result.bubble_per_rank[r]:.1%}",
+            str(result.peak_inflight[r]),
             str(result.peak_inflight_freed_at_input_grad[r]),
         )
     return table

@@ -31,6 +31,7 @@ terminal: throughput, what the sweep compares, stays longest."""
 
 @app.command("sweep")
 def sweep_command(
+    ctx: typer.Context,
     model: str = opt.MODEL,
     gpus: int = typer.Option(0, "--gpus", "-n", help="GPUs (unless varied)."),
     gpu: str = opt.GPU,
@@ -58,10 +59,17 @@ def sweep_command(
     speed_spread: str | None = opt.SPEED_SPREAD,
     profile_only: bool = opt.PROFILE_ONLY,
     calibration: Path | None = opt.CALIBRATION,
-    svg: Path | None = typer.Option(None, "--svg", help="Also draw the best plan per value as an SVG "
-                                    "(needs the `report` extra and a Chrome/Chromium for kaleido)."),
-    report: Path | None = typer.Option(None, "--report", help="Also write the chart and table as one "
-                                       "self-contained HTML page (needs the `report` extra)."),
+    svg: Path | None = typer.Option(
+        None,
+        "--svg",
+        help="Also draw the best plan per value as an SVG "
+        "(needs the `report` extra and a Chrome/Chromium for kaleido).",
+    ),
+    report: Path | None = typer.Option(
+        None,
+        "--report",
+        help="Also write the chart and table as one self-contained HTML page (needs the `report` extra).",
+    ),
     force: bool = opt.FORCE,
     as_json: bool = opt.JSON,
 ) -> None:
@@ -79,23 +87,34 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
-    space = build_space(opt.int_list(tp, "--tp"), opt.int_list(pp, "--pp"), None, None, opt.int_list(mbs, "--mbs"),
-                        opt.name_list(schedules), None, True, None, None, runtime)
+    space = build_space(
+        opt.int_list(tp, "--tp"),
+        opt.int_list(pp, "--pp"),
+        None,
+        None,
+        opt.int_list(mbs, "--mbs"),
+        opt.name_list(schedules),
+        None,
+        True,
+        None,
+        None,
+        runtime,
+    )
     rows = []
     for value in points:
         job = {**fixed, vary: value}
-        built = build(opt.request_of(
-            model, job["gpus"], gpu, job["global-batch"], job["seq"], gpus_per_node=gpus_per_node,
-            max_memory_gb=max_memory_gb, runtime=runtime, attention=attention, precision=precision,
-            moe_imbalance=moe_imbalance, moe_dispatcher=moe_dispatcher, moe_ep_overlap=moe_ep_overlap,
-            cuda_graphs=cuda_graphs, interference=interference, stragglers=stragglers, speed_spread=speed_spread,
-            sets=sets, profile=profile, profile_only=profile_only, calibration=calibration), spec)
+        built = build(
+            opt.request_from(ctx.params, gpus=job["gpus"], global_batch=job["global-batch"], seq=job["seq"]),
+            spec,
+        )
         cluster, cost_model = built.cluster, built.cost_model
         source = cost_source_text(built)
         accept = opt.accept_checks(
             runtime_check(runtime, spec, cluster, job["global-batch"], job["seq"], cost_model.options)
-            if runtime else None,
-            opt.profile_check(cost_model, job["seq"], profile_only))
+            if runtime
+            else None,
+            opt.profile_check(cost_model, job["seq"], profile_only),
+        )
         if stderr.is_terminal:
             stderr.print(f"{vary} = {value} ...", markup=False, highlight=False, end="\r")
         try:
@@ -104,19 +123,38 @@ def sweep_command(
             rows.append((value, job, None, None, str(exc)))
             continue
         best = result.plans[0] if result.plans else None
-        entry = None if best is None else plan_document(built, [
-            Evaluation(job=built, layout=best.layout, prediction=best.prediction).entry().model_copy(
-                update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})]).plans[0]
+        entry = (
+            None
+            if best is None
+            else plan_document(
+                built,
+                [
+                    Evaluation(job=built, layout=best.layout, prediction=best.prediction)
+                    .entry()
+                    .model_copy(update={"cost_sources": opt.cost_sources(cost_model, best.layout, job["seq"])})
+                ],
+            ).plans[0]
+        )
         rows.append((value, job, best, entry, None if best else _why_none(result, runtime)))
     if as_json:
-        print_json(json.dumps({"vary": vary, "cost_source": source, "points": [_point(value, entry, note)
-                                                         for value, _, _, entry, note in rows]}, indent=2))
+        print_json(
+            json.dumps(
+                {
+                    "vary": vary,
+                    "cost_source": source,
+                    "points": [_point(value, entry, note) for value, _, _, entry, note in rows],
+                },
+                indent=2,
+            )
+        )
     else:
         print_table(f"{spec.name} ({source} costs): best plan per {vary}", vary, rows, profile is not None)
     title = f"{spec.name} on {gpu}: best plan as {vary} varies ({source} costs)"
     values, plotted = list(points), chart_points(rows)
-    for path, draw in ((svg, lambda: sweep_svg(title, vary, values, plotted)),
-                       (report, lambda: sweep_html(title, vary, values, plotted, _html_table(vary, rows)))):
+    for path, draw in (
+        (svg, lambda: sweep_svg(title, vary, values, plotted)),
+        (report, lambda: sweep_html(title, vary, values, plotted, _html_table(vary, rows))),
+    ):
         if path is not None:
             write_atomic(path, draw())
             if not as_json:
@@ -148,11 +186,23 @@ def _html_table(vary: str, rows) -> HtmlTable:
             cells.append((str(value), note, "-", "-", "-", "-", "-", "-"))
             continue
         p = best.prediction
-        cells.append((str(value), layout_text(best.layout), f"{p.step_time_s:.3f}", f"{p.tokens_per_s:,.0f}",
-                      f"{p.tokens_per_s / job['gpus']:,.0f}", f"{p.mfu:.1%}", f"{p.peak_memory_bytes / GiB:.1f}",
-                      runs_on_text(entry.runtimes)))
-    return HtmlTable((vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on"),
-                     tuple(cells), frozenset({"best layout", "runs on"}))
+        cells.append(
+            (
+                str(value),
+                layout_text(best.layout),
+                f"{p.step_time_s:.3f}",
+                f"{p.tokens_per_s:,.0f}",
+                f"{p.tokens_per_s / job['gpus']:,.0f}",
+                f"{p.mfu:.1%}",
+                f"{p.peak_memory_bytes / GiB:.1f}",
+                runs_on_text(entry.runtimes),
+            )
+        )
+    return HtmlTable(
+        (vary, "best layout", "step s", "tokens/s", "tokens/s/GPU", "MFU", "mem GiB", "runs on"),
+        tuple(cells),
+        frozenset({"best layout", "runs on"}),
+    )
 
 
 def print_table(title: str, vary: str, rows, profiled: bool) -> None:
@@ -160,12 +210,24 @@ def print_table(title: str, vary: str, rows, profiled: bool) -> None:
     without a plan and, with a profile, where each plan's costs came from."""
     found = [(value, entry) for value, _, best, entry, _ in rows if best is not None]
     if found:
-        stdout.print(plans_view([entry for _, entry in found], title, stdout.width,
-                                keys=(vary, [str(value) for value, _ in found]), per_gpu=True,
-                                movable=MOVABLE_COLUMNS), soft_wrap=False)
+        stdout.print(
+            plans_view(
+                [entry for _, entry in found],
+                title,
+                stdout.width,
+                keys=(vary, [str(value) for value, _ in found]),
+                per_gpu=True,
+                movable=MOVABLE_COLUMNS,
+            ),
+            soft_wrap=False,
+        )
     for value, _, best, entry, note in rows:
         if best is None:
             stdout.print(f"{vary} {value}: {note}", markup=False, highlight=False, soft_wrap=False)
         elif profiled:
-            stdout.print(f"costs of {vary} {value}: {opt.sources_text(entry.cost_sources)}", markup=False,
-                         highlight=False, soft_wrap=False)
+            stdout.print(
+                f"costs of {vary} {value}: {opt.sources_text(entry.cost_sources)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=False,
+            )

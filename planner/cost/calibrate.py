@@ -94,7 +94,8 @@ def samples(profiles: list[Profile]) -> list[Sample]:
                 continue
             work = layer_work(profile.model, row.kind, Shard(mbs=row.mbs, seq=row.seq, tp=row.tp))
             measured = {
-                "forward": row.forward_ms, "backward_input": row.backward_input_ms,
+                "forward": row.forward_ms,
+                "backward_input": row.backward_input_ms,
                 "backward_weight": row.backward_weight_ms,
             }
             if row.kind == "embedding":
@@ -118,8 +119,11 @@ def predict(items: list[Sample], gpu: GpuSpec, efficiency: GpuEfficiency) -> lis
 def _part(times: LayerTimes, part: str) -> float:
     if part == "backward":
         return times.backward_s
-    return {"forward": times.forward_s, "backward_input": times.backward_input_s,
-            "backward_weight": times.backward_weight_s}[part]
+    return {
+        "forward": times.forward_s,
+        "backward_input": times.backward_input_s,
+        "backward_weight": times.backward_weight_s,
+    }[part]
 
 
 def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
@@ -139,8 +143,10 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
 
     start = _encode(fitted_prior)
     shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, fitted_prior), items)) / len(items)
-    start = [v + (shift if name in _FRACTIONS else -shift if name == "kernel_overhead_us" else 0.0)
-             for name, v in zip(FITTED, start)]
+    start = [
+        v + (shift if name in _FRACTIONS else -shift if name == "kernel_overhead_us" else 0.0)
+        for name, v in zip(FITTED, start)
+    ]
     free = [i for i, name in enumerate(FITTED) if name in free_names]
 
     def point(y: list[float]) -> list[float]:
@@ -242,7 +248,9 @@ def _part_errors(items: list[Sample], before: list[float], after: list[float]) -
     order = {"embedding": 0, "transformer": 1, "head": 2}
     return tuple(
         PartError(
-            kind=kind, part=part, count=len(idx),
+            kind=kind,
+            part=part,
+            count=len(idx),
             before_pct=_mape([before[i] for i in idx], [items[i] for i in idx]),
             after_pct=_mape([after[i] for i in idx], [items[i] for i in idx]),
         )
@@ -250,8 +258,9 @@ def _part_errors(items: list[Sample], before: list[float], after: list[float]) -
     )
 
 
-def _nelder_mead(f, x0: list[float], step: float = 0.4, tol: float = 1e-12,
-                 max_evals: int = 4000, restarts: int = 8) -> list[float]:
+def _nelder_mead(
+    f, x0: list[float], step: float = 0.4, tol: float = 1e-12, max_evals: int = 4000, restarts: int = 8
+) -> list[float]:
     """Minimise f from x0: Nelder-Mead (reflect 1, expand 2, contract 1/2, shrink 1/2),
     restarted from the best point while a restart still improves f by more than tol."""
     best, best_f = list(x0), f(x0)

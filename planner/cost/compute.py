@@ -83,9 +83,15 @@ class LayerTimes:
 class AnalyticCompute:
     """Layer times on one GPU from FLOPs, bytes and the GPU's efficiency curves."""
 
-    def __init__(self, gpu: GpuSpec, dtype: str = "bf16", efficiency: GpuEfficiency | None = None,
-                 gemm_dtype: str | None = None, compute_slowdown: float = 1.0,
-                 wgrad_output_bytes: float = 2.0):
+    def __init__(
+        self,
+        gpu: GpuSpec,
+        dtype: str = "bf16",
+        efficiency: GpuEfficiency | None = None,
+        gemm_dtype: str | None = None,
+        compute_slowdown: float = 1.0,
+        wgrad_output_bytes: float = 2.0,
+    ):
         self.gpu = gpu
         self.wgrad_output_bytes = wgrad_output_bytes
         """HBM bytes per weight a weight-gradient GEMM moves for its output (2: a new 16-bit
@@ -127,8 +133,14 @@ class AnalyticCompute:
         its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
             return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale / self._measured_pace
-        return (peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k)
-                / self.compute_slowdown)
+        return (
+            peak
+            * self.eff.gemm
+            * self._saturation(m)
+            * self._saturation(n)
+            * self._saturation(k)
+            / self.compute_slowdown
+        )
 
     def gemm_time(self, m: int, n: int, k: int, output_bytes: float = 2.0) -> float:
         """Seconds for one (m x k) @ (k x n) GEMM whose output moves `output_bytes` per element."""
@@ -145,16 +157,23 @@ class AnalyticCompute:
     def attention_rates(self, attention: str) -> tuple[float, float]:
         """Forward and backward fractions of peak of a fused attention kernel on this GPU."""
         eff = self.eff
-        rates = {"flash2": (eff.attention_fwd, eff.attention_bwd), "flash3": (eff.flash3_fwd, eff.flash3_bwd),
-                 "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),
-                 "triton_fa1": (eff.triton_fa1_fwd, eff.triton_fa1_bwd)}.get(attention)
+        rates = {
+            "flash2": (eff.attention_fwd, eff.attention_bwd),
+            "flash3": (eff.flash3_fwd, eff.flash3_bwd),
+            "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),
+            "triton_fa1": (eff.triton_fa1_fwd, eff.triton_fa1_bwd),
+        }.get(attention)
         if rates is None:
             raise PlannerError(f"unknown attention implementation '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
         if rates[0] is None or rates[1] is None:
-            offered = [a for a in ATTENTION_IMPLS if a == "unfused" or a == "flash2"
-                       or getattr(eff, f"{a}_fwd", None) is not None]
-            raise PlannerError(f"{self.gpu.name} has no measured {attention} attention kernel: choose "
-                               f"{', '.join(offered)}")
+            offered = [
+                a
+                for a in ATTENTION_IMPLS
+                if a == "unfused" or a == "flash2" or getattr(eff, f"{a}_fwd", None) is not None
+            ]
+            raise PlannerError(
+                f"{self.gpu.name} has no measured {attention} attention kernel: choose {', '.join(offered)}"
+            )
         return rates[0], rates[1]
 
     def attention_time(self, flops: float, seq: int, backward: bool, attention: str = "flash2") -> float:
@@ -171,8 +190,10 @@ class AnalyticCompute:
     def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
         """Forward and backward seconds of a layer's attention core under `attention`."""
         if attention != "unfused":
-            return (self.attention_time(work.attention_flops, work.attention_seq, False, attention),
-                    self.attention_time(work.attention_flops, work.attention_seq, True, attention))
+            return (
+                self.attention_time(work.attention_flops, work.attention_seq, False, attention),
+                self.attention_time(work.attention_flops, work.attention_seq, True, attention),
+            )
         forward = backward = 0.0
         for g in work.attention_gemms:  # backward: the data-gradient GEMMs of both operands
             forward += self.batched_gemm_time(g)
@@ -207,6 +228,4 @@ class AnalyticCompute:
         forward += self.elementwise_time(work.elementwise_bytes_fwd, work.kernels_fwd)
         kernels_bwd = 2 * work.kernels_fwd if work.kernels_bwd is None else work.kernels_bwd
         backward_input += self.elementwise_time(work.elementwise_bytes_bwd, kernels_bwd)
-        return LayerTimes(
-            forward_s=forward, backward_input_s=backward_input, backward_weight_s=backward_weight
-        )
+        return LayerTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=backward_weight)

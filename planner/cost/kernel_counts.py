@@ -117,8 +117,11 @@ def host_times(counts: OpCounts, eff: GpuEfficiency) -> tuple[float, float]:
     """Host seconds to dispatch a layer's forward and its backward: Python-dispatched ops at the
     pass's per-op time (views at `VIEW_HOST_SHARE`), C++-issued ones at the C++ path's
     (`host_op_us_backward`: the same op without the Python call and binding)."""
-    forward = (eff.host_op_us_forward * (counts.forward_kernels + VIEW_HOST_SHARE * counts.forward_views)
-               + eff.host_op_us_backward * counts.forward_cpp)
-    backward = eff.host_op_us_backward * (counts.backward_kernels + VIEW_HOST_SHARE * counts.backward_views
-                                          + counts.backward_cpp)
+    forward = (
+        eff.host_op_us_forward * (counts.forward_kernels + VIEW_HOST_SHARE * counts.forward_views)
+        + eff.host_op_us_backward * counts.forward_cpp
+    )
+    backward = eff.host_op_us_backward * (
+        counts.backward_kernels + VIEW_HOST_SHARE * counts.backward_views + counts.backward_cpp
+    )
     return forward * 1e-6, backward * 1e-6

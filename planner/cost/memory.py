@@ -124,16 +124,16 @@ def saved_tensors(
         if spec.position_embedding == "learned":
             ids.append(SavedTensor("position_ids", shard.local_tokens * 8, "keep"))
         if spec.embedding_norm:  # LayerNorm saves its input, mean and rstd (BLOOM's embed-layernorm)
-            ids += [SavedTensor("embedding_norm_input", BYTES_BF16 * rep * h, "keep"),
-                    SavedTensor("embedding_norm_stats", 2 * BYTES_FP32 * rep, "keep")]
+            ids += [
+                SavedTensor("embedding_norm_input", BYTES_BF16 * rep * h, "keep"),
+                SavedTensor("embedding_norm_stats", 2 * BYTES_FP32 * rep, "keep"),
+            ]
         return [*ids, *mask]
     if kind == "head":
         return [
             SavedTensor("final_norm_input", BYTES_BF16 * rep * h, "keep"),
             SavedTensor("lm_head_input", BYTES_BF16 * rep * h, "keep"),
-            SavedTensor(
-                "softmax_fp32", BYTES_FP32 * shard.local_tokens * spec.vocab_size / shard.tp, "keep"
-            ),
+            SavedTensor("softmax_fp32", BYTES_FP32 * shard.local_tokens * spec.vocab_size / shard.tp, "keep"),
         ]
     raise ValueError(f"unknown layer kind {kind!r}")
 
@@ -142,8 +142,13 @@ def activation_options_for(storage: str, fp8_gemms: bool, **fields) -> Activatio
     """The ActivationOptions of a runtime: `storage` (`ACTIVATION_STORAGE`) and whether its
     GEMMs run in FP8 (then Linear inputs are saved in FP8), with the other `fields` as given."""
     if storage == "deepseek_fp8":
-        return ActivationOptions(fp8_linear_inputs=True, fp8_swiglu_input=True,
-                                 attention_output_bytes=E5M6_BYTES, fp8_scale_bytes=TILE_SCALE_BYTES, **fields)
+        return ActivationOptions(
+            fp8_linear_inputs=True,
+            fp8_swiglu_input=True,
+            attention_output_bytes=E5M6_BYTES,
+            fp8_scale_bytes=TILE_SCALE_BYTES,
+            **fields,
+        )
     if storage != "default":
         raise ValueError(f"activation_storage must be one of {ACTIVATION_STORAGE}, got {storage!r}")
     return ActivationOptions(fp8_linear_inputs=fp8_gemms, **fields)
@@ -193,9 +198,11 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
     if spec.is_mla:  # the compressed q and kv (replicated over TP), normed into the up-projections, then q, k, v
         qk, v = spec.qk_nope_head_dim + spec.qk_rope_head_dim, spec.v_head_dim
         latents = (spec.q_lora_rank or 0) + spec.kv_lora_rank + spec.qk_rope_head_dim
-        saved += [SavedTensor("mla_latents", bf16 * tokens * latents, "keep"),
-                  SavedTensor("mla_up_proj_inputs", linear * tokens * latents, "mla_up_proj"),
-                  SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "mla_up_proj")]
+        saved += [
+            SavedTensor("mla_latents", bf16 * tokens * latents, "keep"),
+            SavedTensor("mla_up_proj_inputs", linear * tokens * latents, "mla_up_proj"),
+            SavedTensor("q_k_v", bf16 * tokens * heads * (2 * qk + v), "mla_up_proj"),
+        ]
         d = v  # the attention output's per-head width
     else:
         saved.append(SavedTensor("q_k_v", bf16 * tokens * (heads + 2 * kv_heads) * d, "keep"))
@@ -232,23 +239,35 @@ def _transformer_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions
     return saved
 
 
-def _mlp_saved(spec: ModelSpec, prefix: str, elements: float, options: ActivationOptions, linear: float,
-               swiglu_in: float, output_recompute: str) -> list[SavedTensor]:
+def _mlp_saved(
+    spec: ModelSpec,
+    prefix: str,
+    elements: float,
+    options: ActivationOptions,
+    linear: float,
+    swiglu_in: float,
+    output_recompute: str,
+) -> list[SavedTensor]:
     """What an MLP of `elements` FFN-wide values (tokens x width on this GPU) keeps between its
     two Linears: the activation's input (fc1's output) and its output (fc2's input, dropped by
     `output_recompute`)."""
     if spec.activation == "swiglu":
-        saved = [SavedTensor(f"{prefix}gate_and_up", 2 * swiglu_in * elements, "keep"),
-                 SavedTensor(f"{prefix}swiglu_output", linear * elements, output_recompute)]
+        saved = [
+            SavedTensor(f"{prefix}gate_and_up", 2 * swiglu_in * elements, "keep"),
+            SavedTensor(f"{prefix}swiglu_output", linear * elements, output_recompute),
+        ]
         if options.eager_swiglu:
             saved.append(SavedTensor(f"{prefix}silu_output", BYTES_BF16 * elements, output_recompute))
         return saved
-    return [SavedTensor(f"{prefix}gelu_input", BYTES_BF16 * elements, "keep"),
-            SavedTensor(f"{prefix}gelu_output", linear * elements, output_recompute)]
+    return [
+        SavedTensor(f"{prefix}gelu_input", BYTES_BF16 * elements, "keep"),
+        SavedTensor(f"{prefix}gelu_output", linear * elements, output_recompute),
+    ]
 
 
-def _moe_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions, linear: float,
-               swiglu_in: float) -> list[SavedTensor]:
+def _moe_saved(
+    spec: ModelSpec, shard: Shard, options: ActivationOptions, linear: float, swiglu_in: float
+) -> list[SavedTensor]:
     """An MoE layer's saved tensors on the busiest EP rank, as Megatron-Core's alltoall
     dispatcher and TEGroupedMLP keep them (megatron/core/transformer/moe/): the router's input
     (the pre-MLP norm's output, held in bf16 by the gating GEMM, `router_gating_linear`) and its
@@ -260,12 +279,15 @@ def _moe_saved(spec: ModelSpec, shard: Shard, options: ActivationOptions, linear
     output as fc2's input (dropped by "moe_act"); the shared experts as a dense MLP."""
     h, tp, tokens = spec.hidden_size, shard.tp, shard.local_tokens
     routed = tokens * spec.moe_top_k * options.moe_imbalance  # copies on the busiest rank
-    saved = [SavedTensor("router_input", BYTES_BF16 * shard.elementwise_tokens * h, "layernorm"),
-             SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
-             SavedTensor("dispatched_tokens", linear * routed * h / tp, "keep"),
-             SavedTensor("expert_probs", BYTES_FP32 * routed / tp, "keep")]
-    saved += _mlp_saved(spec, "expert_", routed * spec.expert_ffn_hidden_size / tp, options, linear, swiglu_in,
-                        "moe_act")
+    saved = [
+        SavedTensor("router_input", BYTES_BF16 * shard.elementwise_tokens * h, "layernorm"),
+        SavedTensor("router_probs", BYTES_FP32 * tokens * spec.num_experts, "keep"),
+        SavedTensor("dispatched_tokens", linear * routed * h / tp, "keep"),
+        SavedTensor("expert_probs", BYTES_FP32 * routed / tp, "keep"),
+    ]
+    saved += _mlp_saved(
+        spec, "expert_", routed * spec.expert_ffn_hidden_size / tp, options, linear, swiglu_in, "moe_act"
+    )
     if spec.shared_ffn_width:
         if options.fp8_linear_inputs:  # the shared fc1's FP8 copy beside the router's bf16 input
             saved.append(SavedTensor("shared_input", linear * shard.elementwise_tokens * h, "layernorm"))
@@ -324,8 +346,11 @@ def attention_param_count(spec: ModelSpec, tp: int = 1) -> float:
     if spec.is_mla:
         heads = spec.num_attention_heads / tp
         qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-        q = h * heads * qk if spec.q_lora_rank is None else (
-            h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * heads * qk)
+        q = (
+            h * heads * qk
+            if spec.q_lora_rank is None
+            else (h * spec.q_lora_rank + spec.q_lora_rank + spec.q_lora_rank * heads * qk)
+        )
         kv = h * (spec.kv_lora_rank + spec.qk_rope_head_dim) + spec.kv_lora_rank
         kv += spec.kv_lora_rank * heads * (spec.qk_nope_head_dim + spec.v_head_dim)
         return q + kv + heads * spec.v_head_dim * h
@@ -349,8 +374,9 @@ def routed_expert_param_count(spec: ModelSpec, ep: int = 1, etp: int = 1, expert
     return count * (up + 1) * spec.hidden_size * spec.expert_ffn_hidden_size / (ep * etp)
 
 
-def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1, etp: int | None = None,
-                    active: bool = False) -> float:
+def mlp_param_count(
+    spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1, etp: int | None = None, active: bool = False
+) -> float:
     """Parameters of one block's MLP on one GPU: dense (split over `tp`), or an MoE layer's
     router (replicated), shared experts (split over `tp`, their gate replicated) and routed
     experts (over `ep` x `etp`, `etp` = `tp` when unset); with `active`, only the top-k experts
@@ -367,8 +393,9 @@ def mlp_param_count(spec: ModelSpec, tp: int = 1, moe: bool = False, ep: int = 1
     return routed + h * spec.num_experts + (up + 1) * h * spec.shared_ffn_width / tp + gate
 
 
-def transformer_param_count(spec: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None,
-                            moe: bool | None = None) -> float:
+def transformer_param_count(
+    spec: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None, moe: bool | None = None
+) -> float:
     """Parameters of one transformer block held by one GPU of a `tp`-way tensor-parallel
     group; an MoE block (`moe`, the model's predominant block when unset) holds its routed
     experts split over `ep` x `etp` (`etp` = `tp` when unset, Megatron's default)."""
@@ -381,8 +408,10 @@ def active_param_count(spec: ModelSpec) -> float:
     """Parameters one token runs through: every weight but the routed experts it is not sent
     to (the input embedding counted, as model cards do)."""
     norm = (2 if spec.norm == "layernorm" else 1) * spec.hidden_size
-    blocks = sum(attention_param_count(spec) + 2 * norm
-                 + mlp_param_count(spec, moe=spec.is_moe_layer(i), active=True) for i in range(spec.num_layers))
+    blocks = sum(
+        attention_param_count(spec) + 2 * norm + mlp_param_count(spec, moe=spec.is_moe_layer(i), active=True)
+        for i in range(spec.num_layers)
+    )
     return blocks + embedding_param_count(spec) + head_param_count(spec, shares_rank_with_embedding=True)
 
 
@@ -418,11 +447,7 @@ def head_param_count(spec: ModelSpec, tp: int = 1, shares_rank_with_embedding: b
 def total_param_count(spec: ModelSpec) -> float:
     """All parameters of the model, counted once (multi-token prediction aside: `mtp_param_count`)."""
     blocks = sum(transformer_param_count(spec, moe=spec.is_moe_layer(i)) for i in range(spec.num_layers))
-    return (
-        blocks
-        + embedding_param_count(spec)
-        + head_param_count(spec, shares_rank_with_embedding=True)
-    )
+    return blocks + embedding_param_count(spec) + head_param_count(spec, shares_rank_with_embedding=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -501,8 +526,9 @@ def communicator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool
     return collective * NCCL_COLLECTIVE_COMM_BYTES + (NCCL_P2P_COMM_BYTES if pp > 1 else 0.0)
 
 
-def outside_allocator_bytes(tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False,
-                            context_bytes: float = CUDA_CONTEXT_BYTES) -> float:
+def outside_allocator_bytes(
+    tp: int, cp: int, dp: int, pp: int, embedding_group: bool = False, context_bytes: float = CUDA_CONTEXT_BYTES
+) -> float:
     """Device memory the caching allocator does not report: CUDA context (`context_bytes`,
     CostOptions.memory.cuda_context_bytes) and NCCL buffers."""
     return context_bytes + communicator_bytes(tp, cp, dp, pp, embedding_group)
@@ -607,8 +633,9 @@ def largest_activation_tensor(spec: ModelSpec, shard: Shard, flash_attention: bo
     return max(widest, BYTES_BF16 * shard.mbs * heads * (shard.seq / shard.cp) * shard.seq)
 
 
-def deepspeed_pipe_buffer_bytes(shard: Shard, hidden: int, dtype_bytes: int, first: bool,
-                                last: bool) -> tuple[float, float]:
+def deepspeed_pipe_buffer_bytes(
+    shard: Shard, hidden: int, dtype_bytes: int, first: bool, last: bool
+) -> tuple[float, float]:
     """What DeepSpeed's PipelineEngine holds beyond the layers' saved tensors on one stage:
     (bytes per in-flight micro-batch, bytes at the backward's peak). runtime/pipe/engine.py
     (v0.5.4 through v0.6.x; `is_pipe_partitioned` and, since #1407 "Big science related

@@ -22,16 +22,13 @@ from planner.cost.compute import AnalyticCompute, LayerTimes
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
-from planner.cost.options import CostOptions
-from planner.cost.options import CP_COMM, FIELD_GROUP, P2P_MODES, PRECISIONS, CpComm, P2pMode, Precision  # noqa: F401
+from planner.cost.options import CP_COMM, FIELD_GROUP, P2P_MODES, PRECISIONS, CostOptions, CpComm, P2pMode, Precision  # noqa: F401
 from planner.cost.overlap import SplitLayer, combined_1f1b_extra_time, comm_sm_fraction, overlapped_extra_time
-from planner.cost.shapes import (Gemm, Shard, attention_gemms, layer_work, moe_gemms,
-                                 separate_matmuls, transformer_gemms)
+from planner.cost.shapes import Gemm, Shard, attention_gemms, layer_work, moe_gemms, separate_matmuls, transformer_gemms
 from planner.cost.stragglers import straggler_slowdown
 from planner.cost.tp_backward import Parallel, backward_collectives, backward_comm_seconds
 from planner.spec import Cluster, GpuSpec, ModelSpec
 from planner.units import DTYPE_BYTES
-
 
 DUALPIPEV_PAIRING = "dualpipev"
 """`layer_costs`'s `paired` for DualPipeV: its whole-pass overlap of one micro-batch's all-to-all
@@ -56,8 +53,9 @@ def sp_copy_counts(kind: str, recompute: str, selective_policy: str, early_stop:
         return 1, 1, 0
     if kind != "transformer":
         return 0, 0, 0
-    again = {"full": 3 if early_stop else 4,
-             "selective": 2 if selective_policy == "every_other_matmul" else 0}.get(recompute, 0)
+    again = {"full": 3 if early_stop else 4, "selective": 2 if selective_policy == "every_other_matmul" else 0}.get(
+        recompute, 0
+    )
     return 4, 2, again
 
 
@@ -65,10 +63,13 @@ def analytic_compute(gpu: GpuSpec, options: CostOptions, num_gpus: int = 1) -> A
     """The analytic roofline for `options`: its dtype, fp8 GEMMs under FP8 precision, and the
     compute pace of the slowest of a job's `num_gpus` GPUs (`compute_slowdown`)."""
     kernels = options.kernels
-    return AnalyticCompute(gpu, kernels.dtype, gemm_dtype="fp8" if kernels.precision == "fp8" else None,
-                           compute_slowdown=compute_slowdown(gpu, options, num_gpus),
-                           wgrad_output_bytes=wgrad_output_bytes(options.data.wgrad_accumulation,
-                                                                 options.data.grad_reduce_bytes))
+    return AnalyticCompute(
+        gpu,
+        kernels.dtype,
+        gemm_dtype="fp8" if kernels.precision == "fp8" else None,
+        compute_slowdown=compute_slowdown(gpu, options, num_gpus),
+        wgrad_output_bytes=wgrad_output_bytes(options.data.wgrad_accumulation, options.data.grad_reduce_bytes),
+    )
 
 
 def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float:
@@ -82,8 +83,11 @@ def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
     fused kernel it lacks (what the same runtime falls back to there)."""
-    kernel = {"flash3": gpu.efficiency.flash3_fwd, "cudnn": gpu.efficiency.cudnn_fwd,
-              "triton_fa1": gpu.efficiency.triton_fa1_fwd}
+    kernel = {
+        "flash3": gpu.efficiency.flash3_fwd,
+        "cudnn": gpu.efficiency.cudnn_fwd,
+        "triton_fa1": gpu.efficiency.triton_fa1_fwd,
+    }
     if options.kernels.attention in kernel and kernel[options.kernels.attention] is None:
         return options.with_fields(attention="flash2")
     return options
@@ -105,10 +109,20 @@ def block_kinds(spec: ModelSpec) -> tuple[str, ...]:
 
 def dense_variant(spec: ModelSpec) -> ModelSpec:
     """The model with every MLP dense (width ffn_hidden_size): the cost of its dense layers."""
-    return spec.model_copy(update={
-        "num_experts": 0, "moe_top_k": 0, "moe_ffn_hidden_size": None, "num_shared_experts": 0,
-        "shared_expert_ffn_hidden_size": None, "first_dense_layers": 0, "moe_layer_freq": 1,
-        "moe_capacity_factor": None, "mtp_depth": 0, "name": f"{spec.name} (dense layers)"})
+    return spec.model_copy(
+        update={
+            "num_experts": 0,
+            "moe_top_k": 0,
+            "moe_ffn_hidden_size": None,
+            "num_shared_experts": 0,
+            "shared_expert_ffn_hidden_size": None,
+            "first_dense_layers": 0,
+            "moe_layer_freq": 1,
+            "moe_capacity_factor": None,
+            "mtp_depth": 0,
+            "name": f"{spec.name} (dense layers)",
+        }
+    )
 
 
 class ComputeSource(Protocol):
@@ -140,9 +154,16 @@ class AnalyticSource:
 
     def layer_times(self, kind: str, shard: Shard) -> LayerTimes:
         kernels, moe = self.options.kernels, self.options.moe
-        work = layer_work(self.spec, kind, shard, attention=kernels.attention, dropout=kernels.dropout,
-                          imbalance=imbalance_of(self.spec, shard, moe.moe_imbalance),
-                          loss_passes=kernels.loss_passes, rope_fusion=kernels.rope_fusion)
+        work = layer_work(
+            self.spec,
+            kind,
+            shard,
+            attention=kernels.attention,
+            dropout=kernels.dropout,
+            imbalance=imbalance_of(self.spec, shard, moe.moe_imbalance),
+            loss_passes=kernels.loss_passes,
+            rope_fusion=kernels.rope_fusion,
+        )
         if kernels.elementwise_traffic != 1.0:
             work = replace(
                 work,
@@ -247,17 +268,24 @@ class CostModel:
         slowest GPU; the analytic source applies it to its compute-bound rates itself."""
         kernels, recomputed = options.kernels, options.recompute
         self.act_options = memory.activation_options_for(
-            options.memory.activation_storage, kernels.precision == "fp8",
-            flash_attention=kernels.flash_attention, dropout=kernels.dropout,
-            selective_policy=recomputed.selective_policy, eager_swiglu=kernels.eager_swiglu,
-            sac_fused_qkv=recomputed.sac_fused_qkv, recompute_modules=frozenset(recomputed.recompute_modules),
+            options.memory.activation_storage,
+            kernels.precision == "fp8",
+            flash_attention=kernels.flash_attention,
+            dropout=kernels.dropout,
+            selective_policy=recomputed.selective_policy,
+            eager_swiglu=kernels.eager_swiglu,
+            sac_fused_qkv=recomputed.sac_fused_qkv,
+            recompute_modules=frozenset(recomputed.recompute_modules),
         )
         self.moe_act_options = replace(self.act_options, moe_imbalance=options.moe.moe_imbalance)
         self.block_kinds = block_kinds(spec)
         self.dense_layers_before = tuple(accumulate((kind == DENSE_BLOCK for kind in self.block_kinds), initial=0))
         """[i]: dense-MLP blocks among layers [0, i)."""
-        self.dense_block = (CostModel(dense_variant(spec), cluster, options, network=self.network)
-                            if DENSE_BLOCK in self.block_kinds else None)
+        self.dense_block = (
+            CostModel(dense_variant(spec), cluster, options, network=self.network)
+            if DENSE_BLOCK in self.block_kinds
+            else None
+        )
         self.layer_costs = lru_cache(maxsize=None)(self._layer_costs)
         self.combined_1f1b_layer = lru_cache(maxsize=None)(self._combined_1f1b_layer)
 
@@ -286,8 +314,7 @@ class CostModel:
         overlapped = self.options.tensor.tp_comm_overlap * sm_share
         recompute_s = self._recompute_time(kind, shard, recompute, times)
         copy_fwd, copy_bwd, copy_recompute = self._sp_copy_times(kind, shard, recompute)
-        times = replace(times, forward_s=times.forward_s + copy_fwd,
-                        backward_input_s=times.backward_input_s + copy_bwd)
+        times = replace(times, forward_s=times.forward_s + copy_fwd, backward_input_s=times.backward_input_s + copy_bwd)
         recompute_s += copy_recompute
         act_options = self._act_options(shard)
         saved = self._measured_activation_bytes(kind, shard, recompute)
@@ -304,8 +331,9 @@ class CostModel:
             if self.spec.is_moe:
                 experts = memory.routed_expert_param_count(self.spec, shard.ep, shard.etp or shard.tp)
         else:
-            params = {"embedding": memory.embedding_param_count,
-                      "head": memory.head_param_count}[kind](self.spec, shard.tp)
+            params = {"embedding": memory.embedding_param_count, "head": memory.head_param_count}[kind](
+                self.spec, shard.tp
+            )
         # TP overlap hides TP/CP collectives, not the all-to-all (its own term above)
         return LayerCosts(
             forward_s=times.forward_s + overlapped * (comm_fwd - moe_fwd),
@@ -361,8 +389,9 @@ class CostModel:
             return self.act_options
         return replace(self.act_options, moe_imbalance=imbalance_of(self.spec, shard, self.options.moe.moe_imbalance))
 
-    def _moe_comm(self, kind: str, shard: Shard, recompute: str, times: LayerTimes,
-                  paired: bool) -> tuple[float, float]:
+    def _moe_comm(
+        self, kind: str, shard: Shard, recompute: str, times: LayerTimes, paired: bool
+    ) -> tuple[float, float]:
         """Forward and backward seconds of an MoE block's token all-to-all over its EP group
         (dispatch and combine each way; full recompute re-runs the forward's two) and, with
         ETP > 1, the all-gather and reduce-scatter of the routed tokens over the ETP group.
@@ -382,8 +411,10 @@ class CostModel:
             return half, half
         if paired:
             sm_share = self._a2a_sm_share(shard)
-            fwd, bwd = (overlapped_extra_time(fwd, times.backward_s, sm_share),
-                        overlapped_extra_time(bwd, times.forward_s, sm_share))
+            fwd, bwd = (
+                overlapped_extra_time(fwd, times.backward_s, sm_share),
+                overlapped_extra_time(bwd, times.forward_s, sm_share),
+            )
         return fwd, bwd
 
     def _a2a_one_way(self, shard: Shard) -> float:
@@ -395,8 +426,15 @@ class CostModel:
         sent = dispatch_bytes(spec, shard, self.dtype_bytes) * imbalance
         if self.options.moe.moe_dispatcher == "deepep" and shard.ep > 1:
             fabric = self.network.fabric
-            dispatch, combine = deepep_times(spec, shard, self.dtype_bytes, imbalance, self.network.gpus_per_node,
-                                             fabric.nvlink_busbw, fabric.nic_busbw)
+            dispatch, combine = deepep_times(
+                spec,
+                shard,
+                self.dtype_bytes,
+                imbalance,
+                self.network.gpus_per_node,
+                fabric.nvlink_busbw,
+                fabric.nic_busbw,
+            )
             one_way = (dispatch + combine) / 2 + fabric.launch_us * 1e-6
         else:
             one_way = self.network.all_to_all(sent, shard.ep, etp)
@@ -436,9 +474,16 @@ class CostModel:
         mlp = min(times.forward_s, experts.forward_s)
         mlp_dgrad = min(times.backward_input_s, experts.backward_input_s)
         mlp_wgrad = min(times.backward_weight_s, experts.backward_weight_s)
-        return SplitLayer(pre=times.forward_s - mlp, mlp=mlp, pre_dgrad=times.backward_input_s - mlp_dgrad,
-                          pre_wgrad=times.backward_weight_s - mlp_wgrad, mlp_dgrad=mlp_dgrad,
-                          mlp_wgrad=mlp_wgrad, dispatch=one_way, combine=one_way)
+        return SplitLayer(
+            pre=times.forward_s - mlp,
+            mlp=mlp,
+            pre_dgrad=times.backward_input_s - mlp_dgrad,
+            pre_wgrad=times.backward_weight_s - mlp_wgrad,
+            mlp_dgrad=mlp_dgrad,
+            mlp_wgrad=mlp_wgrad,
+            dispatch=one_way,
+            combine=one_way,
+        )
 
     def _measured_activation_bytes(self, kind: str, shard: Shard, recompute: str) -> float | None:
         """Saved bytes from a measured profile of the same dtype, where it has them (the
@@ -461,13 +506,20 @@ class CostModel:
         if recompute == "full":
             return times.forward_s - self._early_stop_gemm_time(shard)
         kernels, recomputed = self.options.kernels, self.options.recompute
-        work = layer_work(self.spec, "transformer", shard, attention=kernels.attention, dropout=kernels.dropout,
-                          rope_fusion=kernels.rope_fusion)
+        work = layer_work(
+            self.spec,
+            "transformer",
+            shard,
+            attention=kernels.attention,
+            dropout=kernels.dropout,
+            rope_fusion=kernels.rope_fusion,
+        )
         if recomputed.selective_policy == "every_other_matmul":
             matmuls = separate_matmuls(self.spec, shard, fused_qkv=recomputed.sac_fused_qkv)[1::2]
             elementwise = work.elementwise_bytes_fwd * kernels.elementwise_traffic
-            return (sum(g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls)
-                    + self.analytic.elementwise_time(elementwise, work.kernels_fwd))
+            return sum(
+                g.count * self.analytic.gemm_time(g.m, g.n, g.k) for g in matmuls
+            ) + self.analytic.elementwise_time(elementwise, work.kernels_fwd)
         modules = recomputed.recompute_modules
         seconds = self.analytic.attention_core_times(work, kernels.attention)[0] if "core_attn" in modules else 0.0
         return seconds + self._module_recompute_time(shard, modules)
@@ -492,14 +544,20 @@ class CostModel:
         spec, analytic, seconds = self.spec, self.analytic, 0.0
         traffic = self.options.kernels.elementwise_traffic
         if "layernorm" in modules:
-            seconds += analytic.elementwise_time(2 * 2 * memory.BYTES_BF16 * shard.elementwise_tokens
-                                                 * spec.hidden_size * traffic, 2)
+            seconds += analytic.elementwise_time(
+                2 * 2 * memory.BYTES_BF16 * shard.elementwise_tokens * spec.hidden_size * traffic, 2
+            )
         if "mla_up_proj" in modules and spec.is_mla:
             ups = [g for g in attention_gemms(spec, shard) if g.name in ("q", "q_up", "kv_up")]
             seconds += sum(g.count * analytic.gemm_time(g.m, g.n, g.k) for g in ups)
         if "moe_act" in modules and spec.is_moe and spec.activation == "swiglu":
-            routed = (shard.local_tokens * spec.moe_top_k * imbalance_of(spec, shard, self.options.moe.moe_imbalance)
-                      * spec.expert_ffn_hidden_size / shard.tp)
+            routed = (
+                shard.local_tokens
+                * spec.moe_top_k
+                * imbalance_of(spec, shard, self.options.moe.moe_imbalance)
+                * spec.expert_ffn_hidden_size
+                / shard.tp
+            )
             seconds += analytic.elementwise_time(3 * memory.BYTES_BF16 * routed * traffic, 1)
         return seconds
 
@@ -511,8 +569,9 @@ class CostModel:
             return 0.0, 0.0, 0.0
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         one = self.analytic.elementwise_time(2 * act, 1)
-        fwd, bwd, again = sp_copy_counts(kind, recompute, self.options.recompute.selective_policy,
-                                         self.options.recompute.recompute_early_stop)
+        fwd, bwd, again = sp_copy_counts(
+            kind, recompute, self.options.recompute.selective_policy, self.options.recompute.recompute_early_stop
+        )
         return fwd * one, bwd * one, again * one
 
     def _recompute_comm(self, kind: str, shard: Shard, recompute: str, forward_comm: float) -> float:
@@ -593,16 +652,20 @@ class CostModel:
             gemms = attention_gemms(spec, shard)
             attention: tuple[tuple[str, Parallel], ...] = (("qkv", "column"), ("attn_out", "row"))
             mlp: tuple[tuple[str, Parallel], ...] = (("mlp_up", "column"), ("mlp_down", "row"))
-            collectives = (backward_collectives(mlp, sp, not spec.is_moe)
-                           + backward_collectives(attention, sp, not spec.is_mla))
+            collectives = backward_collectives(mlp, sp, not spec.is_moe) + backward_collectives(
+                attention, sp, not spec.is_mla
+            )
             if not spec.is_moe:
                 gemms = transformer_gemms(spec, shard, moe=False)
         gemm_s = {}
         for g in gemms:
             times = self.analytic.gemms_times((g,))
             gemm_s[g.name] = (times.backward_input_s, times.backward_weight_s)
-        comm_s = {"all_gather": net.all_gather(act, tp, 1), "reduce_scatter": net.reduce_scatter(act, tp, 1),
-                  "all_reduce": net.all_reduce(act, tp, 1)}
+        comm_s = {
+            "all_gather": net.all_gather(act, tp, 1),
+            "reduce_scatter": net.reduce_scatter(act, tp, 1),
+            "all_reduce": net.all_reduce(act, tp, 1),
+        }
         sm_share = comm_sm_fraction(self.cluster.gpu.efficiency, self.options.cluster.interference)
         together = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share)
         deferred = backward_comm_seconds(collectives, comm_s, gemm_s, sm_share, wgrad_deferred=True)
@@ -619,8 +682,10 @@ class CostModel:
         """All-gather CP (Llama 3): K and V gathered over the CP group before attention, their
         gradients reduce-scattered after it, neither overlapped."""
         gathered = self._kv_bytes(shard) * shard.cp
-        return (self.network.all_gather(gathered, shard.cp, shard.tp),
-                self.network.all_gather(gathered, shard.cp, shard.tp))
+        return (
+            self.network.all_gather(gathered, shard.cp, shard.tp),
+            self.network.all_gather(gathered, shard.cp, shard.tp),
+        )
 
     def _ring_attention_comm(self, shard: Shard) -> tuple[float, float]:
         spec, net = self.spec, self.network

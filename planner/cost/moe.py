@@ -142,8 +142,15 @@ def expected_groups_hit(num_experts: int, top_k: int, groups: int) -> float:
     return groups * (1.0 - missed)
 
 
-def deepep_times(spec: ModelSpec, shard: Shard, dtype_bytes: int, imbalance: float, gpus_per_node: int,
-                 nvlink_busbw: float, nic_busbw: float) -> tuple[float, float]:
+def deepep_times(
+    spec: ModelSpec,
+    shard: Shard,
+    dtype_bytes: int,
+    imbalance: float,
+    gpus_per_node: int,
+    nvlink_busbw: float,
+    nic_busbw: float,
+) -> tuple[float, float]:
     """Seconds of one DeepEP normal-kernel dispatch and one combine on the busiest rank
     (Megatron's `--moe-token-dispatcher-type flex --moe-enable-deepep`): each token goes once to
     each node (across nodes, RDMA then NVLink forwarding) or rank (inside one node) holding one

@@ -66,8 +66,13 @@ class KernelOptions:
         return self.attention != "unfused"
 
     def __post_init__(self) -> None:
-        _check_choices(self, attention=ATTENTION_IMPLS, precision=PRECISIONS, loss_passes=LOSS_PASSES,
-                       cross_entropy=memory.CROSS_ENTROPY)
+        _check_choices(
+            self,
+            attention=ATTENTION_IMPLS,
+            precision=PRECISIONS,
+            loss_passes=LOSS_PASSES,
+            cross_entropy=memory.CROSS_ENTROPY,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,6 +238,7 @@ class CostOptions:
         return {name: getattr(getattr(self, group), name) for name, group in FIELD_GROUP.items()}
 
 
-FIELD_GROUP: dict[str, str] = {field.name: group.name for group in fields(CostOptions)
-                               for field in fields(getattr(CostOptions(), group.name))}
+FIELD_GROUP: dict[str, str] = {
+    field.name: group.name for group in fields(CostOptions) for field in fields(getattr(CostOptions(), group.name))
+}
 """Each field's flat name -> the CostOptions attribute of the group that holds it."""

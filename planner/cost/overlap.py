@@ -63,8 +63,18 @@ class SplitLayer:
         return 2 * (self.dispatch + self.combine)
 
 
-COMBINED_1F1B_ORDER = ("combine_bwd", "pre_fwd", "mlp_bwd", "dispatch_fwd", "mlp_bwd_dw", "dispatch_bwd",
-                       "mlp_fwd", "combine_fwd", "pre_bwd", "pre_bwd_dw")
+COMBINED_1F1B_ORDER = (
+    "combine_bwd",
+    "pre_fwd",
+    "mlp_bwd",
+    "dispatch_fwd",
+    "mlp_bwd_dw",
+    "dispatch_bwd",
+    "mlp_fwd",
+    "combine_fwd",
+    "pre_bwd",
+    "pre_bwd_dw",
+)
 """The order in which Megatron-core's TransformerLayerSchedulePlan.run
 (megatron/core/models/common/model_chunk_schedule_plan.py, megatron-core 0.19.2) issues one
 layer's nodes when a forward (`_fwd`) and a backward (`_bwd`) micro-batch share it (without
@@ -72,9 +82,16 @@ layer's nodes when a forward (`_fwd`) and a backward (`_bwd`) micro-batch share 
 layer). `pre` is the pre-dispatch computation (attention, norm, router, dispatch preprocess)."""
 
 COMBINED_1F1B_INPUTS = {
-    "combine_bwd": "b_grad", "pre_fwd": "f_input", "mlp_bwd": "combine_bwd", "dispatch_fwd": "pre_fwd",
-    "mlp_bwd_dw": "mlp_bwd", "dispatch_bwd": "mlp_bwd", "mlp_fwd": "dispatch_fwd", "combine_fwd": "mlp_fwd",
-    "pre_bwd": "dispatch_bwd", "pre_bwd_dw": "pre_bwd",
+    "combine_bwd": "b_grad",
+    "pre_fwd": "f_input",
+    "mlp_bwd": "combine_bwd",
+    "dispatch_fwd": "pre_fwd",
+    "mlp_bwd_dw": "mlp_bwd",
+    "dispatch_bwd": "mlp_bwd",
+    "mlp_fwd": "dispatch_fwd",
+    "combine_fwd": "mlp_fwd",
+    "pre_bwd": "dispatch_bwd",
+    "pre_bwd_dw": "pre_bwd",
 }
 """What each node waits for besides its stream: the previous node of the same micro-batch
 (`b_grad`: the gradient the previous layer's pre_bwd produced; `f_input`: the previous
@@ -82,10 +99,18 @@ layer's combine_fwd output)."""
 
 
 def _node_seconds(layer: SplitLayer, node: str) -> float:
-    return {"combine_bwd": layer.combine, "pre_fwd": layer.pre, "mlp_bwd": layer.mlp_dgrad,
-            "dispatch_fwd": layer.dispatch, "mlp_bwd_dw": layer.mlp_wgrad, "dispatch_bwd": layer.dispatch,
-            "mlp_fwd": layer.mlp, "combine_fwd": layer.combine, "pre_bwd": layer.pre_dgrad,
-            "pre_bwd_dw": layer.pre_wgrad}[node]
+    return {
+        "combine_bwd": layer.combine,
+        "pre_fwd": layer.pre,
+        "mlp_bwd": layer.mlp_dgrad,
+        "dispatch_fwd": layer.dispatch,
+        "mlp_bwd_dw": layer.mlp_wgrad,
+        "dispatch_bwd": layer.dispatch,
+        "mlp_fwd": layer.mlp,
+        "combine_fwd": layer.combine,
+        "pre_bwd": layer.pre_dgrad,
+        "pre_bwd_dw": layer.pre_wgrad,
+    }[node]
 
 
 def _stream(node: str) -> str:

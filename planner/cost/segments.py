@@ -42,8 +42,9 @@ def segment_shard(shard: Shard, segments: int) -> Shard:
 
 
 @lru_cache(maxsize=8192)
-def segment_layer_costs(model: CostModel, kind: str, shard: Shard, recompute: str = "none",
-                        paired: bool = False, segments: int = 1) -> LayerCosts:
+def segment_layer_costs(
+    model: CostModel, kind: str, shard: Shard, recompute: str = "none", paired: bool = False, segments: int = 1
+) -> LayerCosts:
     """The mean segment's costs of layer `kind` when micro-batch `shard` runs as `segments`
     sequence segments (the whole micro-batch's for one segment): every kind the cost model
     knows, the attention of each block (an MoE model's dense-MLP block, each of the
@@ -57,9 +58,12 @@ def segment_layer_costs(model: CostModel, kind: str, shard: Shard, recompute: st
         return costs
     forward, backward = (blocks * t for t in _causal_attention_extra(model, shard, part, segments))
     reruns_attention = _reruns_attention(model, recompute)
-    return replace(costs, forward_s=costs.forward_s + forward,
-                   backward_input_s=costs.backward_input_s + backward + (forward if reruns_attention else 0.0),
-                   recompute_s=costs.recompute_s + (forward if reruns_attention else 0.0))
+    return replace(
+        costs,
+        forward_s=costs.forward_s + forward,
+        backward_input_s=costs.backward_input_s + backward + (forward if reruns_attention else 0.0),
+        recompute_s=costs.recompute_s + (forward if reruns_attention else 0.0),
+    )
 
 
 def attention_share(model: CostModel, shard: Shard, recompute: str, segments: int) -> float:

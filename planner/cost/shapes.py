@@ -154,9 +154,12 @@ def attention_gemms(spec: ModelSpec, shard: Shard) -> list[Gemm]:
             q = [Gemm("q", tokens, heads * qk, h)]
         else:
             q = [Gemm("q_down", tokens, spec.q_lora_rank, h), Gemm("q_up", tokens, heads * qk, spec.q_lora_rank)]
-        return [*q, Gemm("kv_down", tokens, kv_rank + rope, h),
-                Gemm("kv_up", tokens, heads * (spec.qk_nope_head_dim + v), kv_rank),
-                Gemm("attn_out", tokens, h, heads * v)]
+        return [
+            *q,
+            Gemm("kv_down", tokens, kv_rank + rope, h),
+            Gemm("kv_up", tokens, heads * (spec.qk_nope_head_dim + v), kv_rank),
+            Gemm("attn_out", tokens, h, heads * v),
+        ]
     d = spec.kv_channels
     q_width = spec.num_attention_heads * d
     kv_width = spec.num_kv_heads * d
@@ -188,13 +191,16 @@ def moe_gemms(spec: ModelSpec, shard: Shard, imbalance: float = 1.0) -> tuple[Ge
     ]
     if spec.shared_ffn_width:
         shared = spec.shared_ffn_width
-        gemms += [Gemm("shared_up", shard.local_tokens, up * shared // shard.tp, h),
-                  Gemm("shared_down", shard.local_tokens, h, shared // shard.tp)]
+        gemms += [
+            Gemm("shared_up", shard.local_tokens, up * shared // shard.tp, h),
+            Gemm("shared_down", shard.local_tokens, h, shared // shard.tp),
+        ]
     return tuple(gemms)
 
 
-def transformer_gemms(spec: ModelSpec, shard: Shard, moe: bool | None = None,
-                      imbalance: float = 1.0) -> tuple[Gemm, ...]:
+def transformer_gemms(
+    spec: ModelSpec, shard: Shard, moe: bool | None = None, imbalance: float = 1.0
+) -> tuple[Gemm, ...]:
     """The forward GEMMs of one transformer block on one TP shard: an MoE block (`moe`, the
     model's predominant block when unset) on its busiest expert-parallel rank."""
     tokens, h, tp = shard.local_tokens, spec.hidden_size, shard.tp
@@ -282,9 +288,17 @@ def attention_passes(spec: ModelSpec, shard: Shard, dropout: bool) -> tuple[tupl
     return gemms, fwd, bwd, 1 + int(dropout)
 
 
-def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "flash2",
-               dropout: bool = False, imbalance: float = 1.0, loss_passes: LossPasses = "fused",
-               rope_fusion: bool = True) -> LayerWork:
+def layer_work(
+    spec: ModelSpec,
+    kind: str,
+    shard: Shard,
+    *,
+    attention: str = "flash2",
+    dropout: bool = False,
+    imbalance: float = 1.0,
+    loss_passes: LossPasses = "fused",
+    rope_fusion: bool = True,
+) -> LayerWork:
     """The forward work of `kind` ("embedding", "transformer" or "head") at `shard`, its
     attention core run by `attention` (fused kernels, or "unfused") with or without dropout;
     an MoE block's on its busiest expert-parallel rank (`imbalance` x the mean tokens); the
@@ -298,8 +312,9 @@ def layer_work(spec: ModelSpec, kind: str, shard: Shard, *, attention: str = "fl
     raise ValueError(f"unknown layer kind {kind!r}; expected one of {LAYER_KINDS}")
 
 
-def _transformer_work(spec: ModelSpec, shard: Shard, attention: str, dropout: bool,
-                      imbalance: float = 1.0, rope_fusion: bool = True) -> LayerWork:
+def _transformer_work(
+    spec: ModelSpec, shard: Shard, attention: str, dropout: bool, imbalance: float = 1.0, rope_fusion: bool = True
+) -> LayerWork:
     h, tp = spec.hidden_size, shard.tp
     tokens, rep_tokens = shard.local_tokens, shard.elementwise_tokens
     ffn = spec.ffn_hidden_size
@@ -385,8 +400,9 @@ def model_flops_per_token(spec: ModelSpec, seq: int) -> float:
     attention term counts QK^T and AV over the full (not causally halved) square."""
     shard = Shard(mbs=1, seq=seq)
     kinds = [spec.is_moe_layer(i) for i in range(spec.num_layers)]
-    blocks = sum(kinds.count(moe) * sum(g.flops for g in transformer_gemms(spec, shard, moe)) / seq
-                 for moe in set(kinds))
+    blocks = sum(
+        kinds.count(moe) * sum(g.flops for g in transformer_gemms(spec, shard, moe)) / seq for moe in set(kinds)
+    )
     head = 2.0 * spec.hidden_size * spec.vocab_size
     qk, v = attention_head_dims(spec)
     attention = 6.0 * spec.num_layers * spec.num_attention_heads * (qk + v) * seq

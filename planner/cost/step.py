@@ -93,8 +93,9 @@ def owned_params(params: float, zero_stage: int, dp_shards: int) -> float:
     return params / dp_shards if zero_stage >= 1 else params
 
 
-def adam_time(compute: AnalyticCompute, params: float, zero_stage: int, dp_shards: int,
-              kernels: OptimizerKernels = "fused") -> float:
+def adam_time(
+    compute: AnalyticCompute, params: float, zero_stage: int, dp_shards: int, kernels: OptimizerKernels = "fused"
+) -> float:
     """The Adam step over the owned parameters plus the main-to-model parameter copy; with
     `kernels` "foreach", torch.optim.AdamW's foreach passes instead of one fused kernel."""
     owned = owned_params(params, zero_stage, dp_shards)
@@ -126,8 +127,17 @@ def grad_stats_all_reduce(net: Network, tp: int, cp: int, dp: int, pp: int, zero
     return time + net.all_reduce(SCALAR_BYTES, pp, tp * cp * dp)
 
 
-def grad_norm_time(compute: AnalyticCompute, net: Network, params: float, tp: int, cp: int, dp: int,
-                   pp: int, zero_stage: int, kernels: OptimizerKernels = "fused") -> float:
+def grad_norm_time(
+    compute: AnalyticCompute,
+    net: Network,
+    params: float,
+    tp: int,
+    cp: int,
+    dp: int,
+    pp: int,
+    zero_stage: int,
+    kernels: OptimizerKernels = "fused",
+) -> float:
     """The L2 norm of the owned grads and its all-reduce over the grad-stats group; with
     `kernels` "foreach", torch's clip_grad_norm_, whose rescale of the grads always runs."""
     owned = owned_params(params, zero_stage, cp * dp)
@@ -136,8 +146,17 @@ def grad_norm_time(compute: AnalyticCompute, net: Network, params: float, tp: in
     return local + grad_stats_all_reduce(net, tp, cp, dp, pp, zero_stage)
 
 
-def loss_scale_time(compute: AnalyticCompute, net: Network, dtype: str, params: float, tp: int, cp: int,
-                    dp: int, pp: int, zero_stage: int) -> float:
+def loss_scale_time(
+    compute: AnalyticCompute,
+    net: Network,
+    dtype: str,
+    params: float,
+    tp: int,
+    cp: int,
+    dp: int,
+    pp: int,
+    zero_stage: int,
+) -> float:
     """fp16's found-inf check and unscale of the owned grads and the flag's all-reduce; 0 otherwise."""
     if dtype != "fp16":
         return 0.0
@@ -146,8 +165,9 @@ def loss_scale_time(compute: AnalyticCompute, net: Network, dtype: str, params: 
     return local + grad_stats_all_reduce(net, tp, cp, dp, pp, zero_stage)
 
 
-def tied_embedding_time(net: Network, vocab: int, hidden: int, grad_bytes: int, tp: int, cp: int,
-                        dp: int, pp: int) -> float:
+def tied_embedding_time(
+    net: Network, vocab: int, hidden: int, grad_bytes: int, tp: int, cp: int, dp: int, pp: int
+) -> float:
     """All-reduce of the word embedding's grads between the first and last pipeline rank."""
     if pp == 1:
         return 0.0
@@ -155,8 +175,9 @@ def tied_embedding_time(net: Network, vocab: int, hidden: int, grad_bytes: int, 
     return net.all_reduce(nbytes, 2, tp * cp * dp * (pp - 1))
 
 
-def exposed_after_window(total_s: float, window_s: float, params: float, bucket_params: float,
-                         tail_params: float) -> float:
+def exposed_after_window(
+    total_s: float, window_s: float, params: float, bucket_params: float, tail_params: float
+) -> float:
     """Exposed seconds of a collective split into buckets that run one after another on one
     stream, each as soon as a `window_s` compute, producing parameters at an even rate, has
     made its input ready: buckets of `bucket_params` and, exposed after the compute, a last
@@ -174,9 +195,7 @@ def exposed_after_window(total_s: float, window_s: float, params: float, bucket_
         return 0.0
     tail = min(1.0, tail_params / params)
     bucket = min(1.0, bucket_params / params)
-    return max(total_s * tail,
-               total_s * min(1.0, bucket + tail) - window_s * tail,
-               total_s - window_s * (1.0 - bucket))
+    return max(total_s * tail, total_s * min(1.0, bucket + tail) - window_s * tail, total_s - window_s * (1.0 - bucket))
 
 
 def serial_stream_ends(ready_s: Sequence[float], comm_s: Sequence[float]) -> list[float]:
@@ -210,8 +229,15 @@ def fsdp1_grad_cat_time(compute: AnalyticCompute, params: float, dtype_bytes: in
     return compute.elementwise_time(params * reduces * FSDP1_GRAD_CAT_READS_WRITES * dtype_bytes, calls * reduces)
 
 
-def fsdp2_copy_time(compute: AnalyticCompute, params: float, dtype_bytes: int, grad_reduce_bytes: int,
-                    gathers: int, reduces: int, calls: int) -> float:
+def fsdp2_copy_time(
+    compute: AnalyticCompute,
+    params: float,
+    dtype_bytes: int,
+    grad_reduce_bytes: int,
+    gathers: int,
+    reduces: int,
+    calls: int,
+) -> float:
     """Seconds of FSDP2's per-parameter copy kernels over one rank's unsharded `params` in a
     step: `gathers` all-gather copy-outs (read and write in the parameter dtype) and `reduces`
     reduce-scatter copy-ins (`foreach_reduce_scatter_copy_in`, `torch._chunk_cat` of the

@@ -91,8 +91,9 @@ def spread_from_toml(name: str, table: dict) -> SpeedSpread:
     if not raw or min(raw) <= 0:
         raise ConfigError(f"speed spread '{name}': `times` must be positive and not empty")
     median = statistics.median(raw)
-    kept, dropped = far_out_trimmed([t / median for t in raw], float(table.get("gross_outlier_fence_iqr",
-                                                                                  FAR_OUT_FENCE_IQR)))
+    kept, dropped = far_out_trimmed(
+        [t / median for t in raw], float(table.get("gross_outlier_fence_iqr", FAR_OUT_FENCE_IQR))
+    )
     return SpeedSpread(name=name, times=kept, dropped=dropped, source=source)
 
 
@@ -112,8 +113,10 @@ def load_speed_spread(name_or_path: str) -> SpeedSpread:
         return builtin[name_or_path]
     path = Path(name_or_path)
     if not path.is_file():
-        raise ConfigError(f"unknown GPU speed spread '{name_or_path}': neither a built-in one "
-                          f"({', '.join(sorted(builtin))}) nor a file")
+        raise ConfigError(
+            f"unknown GPU speed spread '{name_or_path}': neither a built-in one "
+            f"({', '.join(sorted(builtin))}) nor a file"
+        )
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:

@@ -68,8 +68,9 @@ class BackwardCollective:
     beside: Beside
 
 
-def backward_collectives(linears: Sequence[tuple[str, Parallel]], sequence_parallel: bool,
-                         asynchronous: bool) -> tuple[BackwardCollective, ...]:
+def backward_collectives(
+    linears: Sequence[tuple[str, Parallel]], sequence_parallel: bool, asynchronous: bool
+) -> tuple[BackwardCollective, ...]:
     """The TP collectives of the backward of `linears` (given in forward order, each named with
     its parallel mode), in the order the backward issues them: each collective moves one
     activation of the layer's tokens (the full, gathered size)."""
@@ -81,15 +82,22 @@ def backward_collectives(linears: Sequence[tuple[str, Parallel]], sequence_paral
         elif not asynchronous:
             issued.append(BackwardCollective(name, "reduce_scatter" if sequence_parallel else "all_reduce", "exposed"))
         elif sequence_parallel:
-            issued += [BackwardCollective(name, "all_gather", "dgrad"), BackwardCollective(name, "reduce_scatter", "wgrad")]
+            issued += [
+                BackwardCollective(name, "all_gather", "dgrad"),
+                BackwardCollective(name, "reduce_scatter", "wgrad"),
+            ]
         else:
             issued.append(BackwardCollective(name, "all_reduce", "wgrad"))
     return tuple(issued)
 
 
-def backward_comm_seconds(collectives: Sequence[BackwardCollective], comm_s: Mapping[str, float],
-                          gemm_s: Mapping[str, tuple[float, float]], sm_fraction: float,
-                          wgrad_deferred: bool = False) -> float:
+def backward_comm_seconds(
+    collectives: Sequence[BackwardCollective],
+    comm_s: Mapping[str, float],
+    gemm_s: Mapping[str, tuple[float, float]],
+    sm_fraction: float,
+    wgrad_deferred: bool = False,
+) -> float:
     """Seconds the backward's TP communication adds to its compute: exposed collectives whole,
     overlapped ones by `overlapped_extra_time` against their linear's (dgrad, wgrad) GEMM
     seconds (`gemm_s`); those beside the wgrad exposed whole when the wgrad is deferred.

@@ -38,8 +38,9 @@ def export_plan(plan_file: PlanFile, runtime: str, index: int = 0) -> Files:
         others = [name for name in runs_on(plan_file, index) if name != runtime]
         if not others:
             raise
-        raise ExportError(f"{exc}; as it is, this plan runs on {', '.join(others)}: "
-                          f"{planner_command('export', f'--to {others[0]}')}") from None
+        raise ExportError(
+            f"{exc}; as it is, this plan runs on {', '.join(others)}: {planner_command('export', f'--to {others[0]}')}"
+        ) from None
 
 
 def refusal(plan_file: PlanFile, runtime: str, index: int = 0) -> str | None:
@@ -62,5 +63,15 @@ def _check_known(runtime: str) -> None:
         raise ExportError(f"unknown export target '{runtime}': choose one of {', '.join(EXPORTERS)}")
 
 
-__all__ = ["EXPORTERS", "Files", "export_deepspeed", "export_megatron", "export_plan", "export_torch",
-           "export_torchtitan", "mechanism_refusal", "refusal", "runs_on"]
+__all__ = [
+    "EXPORTERS",
+    "Files",
+    "export_deepspeed",
+    "export_megatron",
+    "export_plan",
+    "export_torch",
+    "export_torchtitan",
+    "mechanism_refusal",
+    "refusal",
+    "runs_on",
+]

@@ -50,13 +50,17 @@ def check_positions(entry: PlanEntry, spec: ModelSpec, runtime: str) -> None:
     learned position table, or than its sliding attention window (no exporter writes a window:
     within it, attention is plain causal attention)."""
     if spec.position_embedding == "learned" and entry.seq > spec.max_position_embeddings:
-        raise ExportError(f"{runtime}: seq {entry.seq} is longer than the {spec.max_position_embeddings} learned "
-                          f"positions of {spec.name}; re-plan with a shorter sequence: "
-                          f"{planner_command('plan', f'--seq {spec.max_position_embeddings}')}")
+        raise ExportError(
+            f"{runtime}: seq {entry.seq} is longer than the {spec.max_position_embeddings} learned "
+            f"positions of {spec.name}; re-plan with a shorter sequence: "
+            f"{planner_command('plan', f'--seq {spec.max_position_embeddings}')}"
+        )
     if spec.sliding_window is not None and entry.seq > spec.sliding_window:
-        raise ExportError(f"{runtime}: seq {entry.seq} is longer than the {spec.sliding_window}-token sliding "
-                          f"attention window of {spec.name}, which the planner prices and exports as full causal "
-                          f"attention; re-plan with a sequence within it: {planner_command('plan', f'--seq {spec.sliding_window}')}")
+        raise ExportError(
+            f"{runtime}: seq {entry.seq} is longer than the {spec.sliding_window}-token sliding "
+            f"attention window of {spec.name}, which the planner prices and exports as full causal "
+            f"attention; re-plan with a sequence within it: {planner_command('plan', f'--seq {spec.sliding_window}')}"
+        )
 
 
 def uniform_recompute(entry: PlanEntry, runtime: str) -> str:
@@ -72,12 +76,14 @@ def check_rules(entry: PlanEntry, runtime: str) -> None:
     version = resolve(runtime)
     modes = [entry.recompute_of(rank) for rank in range(entry.pp)]
     per_rank = ", ".join(f"rank {r}: {mode}" for r, mode in enumerate(modes))
-    asked = (("schedules", entry.schedule, f"schedule '{entry.schedule}' (vpp={entry.vpp})"),
-             ("tp", entry.tp, f"tensor parallelism (tp={entry.tp})"),
-             ("cp", entry.cp, f"context parallelism (cp={entry.cp})"),
-             ("zero", entry.zero_stage, f"ZeRO-{entry.zero_stage} with pipeline parallelism (pp={entry.pp})"),
-             *(("recompute", mode, f"{mode} recompute") for mode in sorted(set(modes))),
-             ("per_rank_recompute", len(set(modes)) > 1, f"recompute differs per pipeline rank ({per_rank})"))
+    asked = (
+        ("schedules", entry.schedule, f"schedule '{entry.schedule}' (vpp={entry.vpp})"),
+        ("tp", entry.tp, f"tensor parallelism (tp={entry.tp})"),
+        ("cp", entry.cp, f"context parallelism (cp={entry.cp})"),
+        ("zero", entry.zero_stage, f"ZeRO-{entry.zero_stage} with pipeline parallelism (pp={entry.pp})"),
+        *(("recompute", mode, f"{mode} recompute") for mode in sorted(set(modes))),
+        ("per_rank_recompute", len(set(modes)) > 1, f"recompute differs per pipeline rank ({per_rank})"),
+    )
     for dimension, value, what in asked:
         why = version.rule_refusal(dimension, value, pipelined=entry.pp > 1)
         if why is not None:
@@ -85,10 +91,14 @@ def check_rules(entry: PlanEntry, runtime: str) -> None:
 
 
 MECHANISM_NAMES = {
-    "moe_dispatcher": ("DeepEP's token dispatcher (moe_dispatcher 'deepep')",
-                       planner_command("plan", "--moe-dispatcher alltoall")),
-    "moe_ep_overlap": ("Megatron's combined-1F1B all-to-all overlap (moe_ep_overlap)",
-                       planner_command("plan", "--no-moe-ep-overlap")),
+    "moe_dispatcher": (
+        "DeepEP's token dispatcher (moe_dispatcher 'deepep')",
+        planner_command("plan", "--moe-dispatcher alltoall"),
+    ),
+    "moe_ep_overlap": (
+        "Megatron's combined-1F1B all-to-all overlap (moe_ep_overlap)",
+        planner_command("plan", "--no-moe-ep-overlap"),
+    ),
 }
 """PlanEntry field -> (what a plan priced with it was priced with, the command that plans without it)."""
 
@@ -110,8 +120,9 @@ def check_moe_mechanisms(entry: PlanEntry, runtime: str) -> None:
     if refused is not None:
         field, why = refused
         what, without = MECHANISM_NAMES[field]
-        raise ExportError(f"{runtime}: the plan was priced with {what}, but {runtime} {why}; "
-                          f"re-plan without it: {without}")
+        raise ExportError(
+            f"{runtime}: the plan was priced with {what}, but {runtime} {why}; re-plan without it: {without}"
+        )
 
 
 def attention_refusal(runtime: str, attention: str | None) -> str | None:
@@ -120,8 +131,10 @@ def attention_refusal(runtime: str, attention: str | None) -> str | None:
     why = None if attention is None else resolve(runtime).unsupported_reason("attention", attention)
     if why is None:
         return None
-    return (f"the plan was priced with --attention {attention}, but {runtime} {why}; "
-            f"re-plan with the runtime's own kernel: {planner_command('plan', '--attention flash2')}")
+    return (
+        f"the plan was priced with --attention {attention}, but {runtime} {why}; "
+        f"re-plan with the runtime's own kernel: {planner_command('plan', '--attention flash2')}"
+    )
 
 
 def check_attention_kernel(entry: PlanEntry, runtime: str) -> None:
@@ -162,8 +175,10 @@ def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int, runtime: st
         f"sequence_parallel={entry.sequence_parallel} zero_stage={entry.zero_stage} dtype={entry.dtype}"
     )
     if entry.ep > 1 or entry.moe_dispatcher != "alltoall" or entry.moe_ep_overlap:
-        lines.append(f"experts: ep={entry.ep} etp={entry.etp or entry.tp} precision={entry.precision} "
-                     f"moe_dispatcher={entry.moe_dispatcher} moe_ep_overlap={entry.moe_ep_overlap}")
+        lines.append(
+            f"experts: ep={entry.ep} etp={entry.etp or entry.tp} precision={entry.precision} "
+            f"moe_dispatcher={entry.moe_dispatcher} moe_ep_overlap={entry.moe_ep_overlap}"
+        )
     lines.append(f"stage layers (per rank): {entry.stage_layers}")
     p = entry.predicted
     if p is not None:
@@ -172,8 +187,7 @@ def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int, runtime: st
             f"MFU {p.mfu:.1%}, bubble {p.bubble_fraction:.1%}"
         )
         lines.append(
-            "predicted peak memory per pipeline rank (GiB): "
-            + ", ".join(f"{m:.1f}" for m in p.memory_gb_per_stage)
+            "predicted peak memory per pipeline rank (GiB): " + ", ".join(f"{m:.1f}" for m in p.memory_gb_per_stage)
         )
     return lines
 

@@ -27,12 +27,12 @@ from planner.export.common import (
     check_attention_kernel,
     check_moe_mechanisms,
     check_positions,
+    check_rules,
     comment_block,
     provenance_readme,
     require_model,
     select_plan,
     summary_lines,
-    check_rules,
     uniform_recompute,
 )
 from planner.export.torch_pp import module_source
@@ -55,8 +55,9 @@ def export_deepspeed(plan_file: PlanFile, index: int = 0) -> Files:
     described = {CONFIG_FILE: "the DeepSpeed config (deepspeed.initialize(config=...))"}
     if entry.pp > 1:
         files[MODULE_FILE] = _module_file(plan_file, entry, index, spec)
-        described[MODULE_FILE] = ("`build_pipeline_module()`: the model as a DeepSpeed PipelineModule cut at "
-                                  "the planned stage boundaries")
+        described[MODULE_FILE] = (
+            "`build_pipeline_module()`: the model as a DeepSpeed PipelineModule cut at the planned stage boundaries"
+        )
     files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "DeepSpeed", described, RUNTIME)
     return files
 
@@ -76,9 +77,11 @@ def deepspeed_config(entry: PlanEntry) -> dict:
     if entry.dtype in ("bf16", "fp16"):  # DeepSpeed's precision sections are named after the dtype
         config[entry.dtype] = {"enabled": True}
     if uniform_recompute(entry, RUNTIME) == "full":
-        config["activation_checkpointing"] = {"partition_activations": False,
-                                              "contiguous_memory_optimization": False,
-                                              "cpu_checkpointing": False}
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
     return config
 
 
@@ -107,10 +110,12 @@ def uniform_boundaries(num_items: int, num_parts: int) -> list[int]:
 
 def _check(entry: PlanEntry, spec: ModelSpec) -> None:
     if spec.is_moe:
-        raise ExportError(f"{RUNTIME}: model {spec.name} is a mixture of experts, which this exporter does not "
-                          "write for DeepSpeed's pipeline engine: its PipelineModule layers are dense, and "
-                          "DeepSpeed's MoE layer (deepspeed.moe.layer.MoE) returns an auxiliary loss per layer "
-                          "that the engine's last-stage loss function does not collect")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} is a mixture of experts, which this exporter does not "
+            "write for DeepSpeed's pipeline engine: its PipelineModule layers are dense, and "
+            "DeepSpeed's MoE layer (deepspeed.moe.layer.MoE) returns an auxiliary loss per layer "
+            "that the engine's last-stage loss function does not collect"
+        )
     check_rules(entry, RUNTIME)
     check_positions(entry, spec, RUNTIME)
     if entry.dtype not in ("bf16", "fp16", "fp32"):

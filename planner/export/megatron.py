@@ -30,6 +30,7 @@ from planner.export.common import (
     Files,
     check_attention_kernel,
     check_positions,
+    check_rules,
     comment_block,
     provenance_readme,
     replan_for,
@@ -37,7 +38,6 @@ from planner.export.common import (
     select_plan,
     stage_sizes,
     summary_lines,
-    check_rules,
     uniform_recompute,
 )
 from planner.hints import planner_command
@@ -58,21 +58,53 @@ def megatron_arguments(entry: PlanEntry, spec: ModelSpec) -> list[ArgGroup]:
     Megatron-LM cannot run (the message names the part of the plan)."""
     return [
         ("MODEL_ARGS", "Model shape and block style.", _model_args(entry, spec)),
-        ("PARALLEL_ARGS", "Parallel layout: TP, PP (stage cuts, virtual stages), CP, SP, "
-         "data-parallel sharding and communication overlap.", _parallel_args(entry, spec)),
-        ("BATCH_ARGS", "Micro-batch and global batch (micro-batches per step = global / "
-         "(micro x data-parallel)).", ["--micro-batch-size", str(entry.mbs),
-                                       "--global-batch-size", str(entry.global_batch)]),
+        (
+            "PARALLEL_ARGS",
+            "Parallel layout: TP, PP (stage cuts, virtual stages), CP, SP, "
+            "data-parallel sharding and communication overlap.",
+            _parallel_args(entry, spec),
+        ),
+        (
+            "BATCH_ARGS",
+            "Micro-batch and global batch (micro-batches per step = global / (micro x data-parallel)).",
+            ["--micro-batch-size", str(entry.mbs), "--global-batch-size", str(entry.global_batch)],
+        ),
         ("RECOMPUTE_ARGS", "Activation recomputation.", _recompute_args(entry)),
         ("PRECISION_ARGS", "Training precision.", _precision_args(entry)),
-        ("DATA_ARGS", "Placeholders, not part of the plan: synthetic data and a null tokenizer "
-         "of the planned vocabulary. Replace with --data-path / your tokenizer.",
-         ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab_size)]),
-        ("TRAINING_ARGS", "Placeholders, not part of the plan: optimizer schedule and run length.",
-         ["--train-iters", "1000", "--lr", "3.0e-4", "--min-lr", "3.0e-5",
-          "--lr-decay-style", "cosine", "--lr-warmup-iters", "100", "--weight-decay", "0.1",
-          "--clip-grad", "1.0", "--adam-beta2", "0.95", "--init-method-std", "0.02",
-          "--log-interval", "10", "--eval-iters", "0"]),
+        (
+            "DATA_ARGS",
+            "Placeholders, not part of the plan: synthetic data and a null tokenizer "
+            "of the planned vocabulary. Replace with --data-path / your tokenizer.",
+            ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(spec.vocab_size)],
+        ),
+        (
+            "TRAINING_ARGS",
+            "Placeholders, not part of the plan: optimizer schedule and run length.",
+            [
+                "--train-iters",
+                "1000",
+                "--lr",
+                "3.0e-4",
+                "--min-lr",
+                "3.0e-5",
+                "--lr-decay-style",
+                "cosine",
+                "--lr-warmup-iters",
+                "100",
+                "--weight-decay",
+                "0.1",
+                "--clip-grad",
+                "1.0",
+                "--adam-beta2",
+                "0.95",
+                "--init-method-std",
+                "0.02",
+                "--log-interval",
+                "10",
+                "--eval-iters",
+                "0",
+            ],
+        ),
     ]
 
 
@@ -87,43 +119,67 @@ def export_megatron(plan_file: PlanFile, index: int = 0) -> Files:
         ARGS_FILE: _args_file(groups, header),
         LAUNCH_FILE: _launch_file(plan_file, entry, header),
     }
-    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "Megatron-LM", {
-        ARGS_FILE: "the Megatron-LM arguments as bash arrays (source it; MEGATRON_ARGS holds all)",
-        LAUNCH_FILE: "torchrun launch of Megatron-LM's pretrain_gpt.py with those arguments",
-    }, RUNTIME)
+    files[PROVENANCE_FILE] = provenance_readme(
+        plan_file,
+        entry,
+        index,
+        "Megatron-LM",
+        {
+            ARGS_FILE: "the Megatron-LM arguments as bash arrays (source it; MEGATRON_ARGS holds all)",
+            LAUNCH_FILE: "torchrun launch of Megatron-LM's pretrain_gpt.py with those arguments",
+        },
+        RUNTIME,
+    )
     return files
 
 
 def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     if spec.position_embedding == "alibi":
-        raise ExportError(f"{RUNTIME}: model {spec.name} uses ALiBi positions; Megatron-LM's "
-                          "position embeddings (learned_absolute, rope, ...) have no ALiBi")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} uses ALiBi positions; Megatron-LM's "
+            "position embeddings (learned_absolute, rope, ...) have no ALiBi"
+        )
     if spec.embedding_norm:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has a norm after the word embedding "
-                          "(BLOOM style); Megatron-LM's GPT model has no such layer")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} has a norm after the word embedding "
+            "(BLOOM style); Megatron-LM's GPT model has no such layer"
+        )
     if spec.linear_bias and not spec.qkv_bias:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has MLP/output biases but no QKV bias; "
-                          "Megatron-LM's bias switches (every linear layer, or QKV only) cannot express that")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} has MLP/output biases but no QKV bias; "
+            "Megatron-LM's bias switches (every linear layer, or QKV only) cannot express that"
+        )
     check_positions(entry, spec, RUNTIME)
     args = [
-        "--num-layers", str(spec.num_layers),
-        "--hidden-size", str(spec.hidden_size),
-        "--ffn-hidden-size", str(spec.ffn_hidden_size),
-        "--num-attention-heads", str(spec.num_attention_heads),
+        "--num-layers",
+        str(spec.num_layers),
+        "--hidden-size",
+        str(spec.hidden_size),
+        "--ffn-hidden-size",
+        str(spec.ffn_hidden_size),
+        "--num-attention-heads",
+        str(spec.num_attention_heads),
     ]
     if not spec.is_mla:  # latent attention's head widths are its own arguments (below)
         args += ["--kv-channels", str(spec.kv_channels)]
     if spec.num_kv_heads != spec.num_attention_heads:
         args += ["--group-query-attention", "--num-query-groups", str(spec.num_kv_heads)]
     args += [
-        "--seq-length", str(entry.seq),
-        "--max-position-embeddings", str(max(spec.max_position_embeddings, entry.seq)),
-        "--position-embedding-type", "rope" if spec.position_embedding == "rope" else "learned_absolute",
+        "--seq-length",
+        str(entry.seq),
+        "--max-position-embeddings",
+        str(max(spec.max_position_embeddings, entry.seq)),
+        "--position-embedding-type",
+        "rope" if spec.position_embedding == "rope" else "learned_absolute",
     ]
     if spec.position_embedding == "rope":
         args += _rope_args(spec)
-    args += ["--normalization", "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
-             "--norm-epsilon", str(spec.norm_eps)]
+    args += [
+        "--normalization",
+        "RMSNorm" if spec.norm == "rmsnorm" else "LayerNorm",
+        "--norm-epsilon",
+        str(spec.norm_eps),
+    ]
     if spec.qk_norm or spec.is_mla:  # Megatron's MLA builds its latents' norms only with this switch
         args.append("--qk-layernorm")
     args += {"swiglu": ["--swiglu"], "squared_relu": ["--squared-relu"], "gelu": []}[spec.activation]
@@ -137,9 +193,17 @@ def _model_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     if spec.is_moe:
         args += _moe_model_args(spec, entry)
     if spec.is_mla:
-        args += ["--multi-latent-attention", "--kv-lora-rank", str(spec.kv_lora_rank),
-                 "--qk-head-dim", str(spec.qk_nope_head_dim), "--qk-pos-emb-head-dim", str(spec.qk_rope_head_dim),
-                 "--v-head-dim", str(spec.v_head_dim)]
+        args += [
+            "--multi-latent-attention",
+            "--kv-lora-rank",
+            str(spec.kv_lora_rank),
+            "--qk-head-dim",
+            str(spec.qk_nope_head_dim),
+            "--qk-pos-emb-head-dim",
+            str(spec.qk_rope_head_dim),
+            "--v-head-dim",
+            str(spec.v_head_dim),
+        ]
         if spec.q_lora_rank is not None:
             args += ["--q-lora-rank", str(spec.q_lora_rank)]
     if spec.mtp_depth:
@@ -170,8 +234,10 @@ def _rope_args(spec: ModelSpec) -> list[str]:
     """RoPE's base, rotated share and long-context scaling as Megatron-LM's arguments;
     ExportError where they cannot express the model's."""
     if spec.rope_theta != int(spec.rope_theta):
-        raise ExportError(f"{RUNTIME}: model {spec.name} has RoPE base {spec.rope_theta}; Megatron-LM's "
-                          "--rotary-base takes an integer")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} has RoPE base {spec.rope_theta}; Megatron-LM's "
+            "--rotary-base takes an integer"
+        )
     args = ["--rotary-base", str(int(spec.rope_theta))]
     if spec.rotary_percent != 1.0:
         args += ["--rotary-percent", str(spec.rotary_percent)]
@@ -181,22 +247,36 @@ def _rope_args(spec: ModelSpec) -> list[str]:
     if scaling.rope_type == "llama3" and not spec.is_mla:
         fixed = (scaling.low_freq_factor, scaling.high_freq_factor, scaling.original_max_position_embeddings)
         if fixed != MEGATRON_LLAMA3_SCALING:
-            raise ExportError(f"{RUNTIME}: model {spec.name}'s Llama 3.1 RoPE scaling has (low_freq_factor, "
-                              f"high_freq_factor, original_max_position_embeddings) {fixed}; Megatron-LM fixes "
-                              f"them at {MEGATRON_LLAMA3_SCALING}")
+            raise ExportError(
+                f"{RUNTIME}: model {spec.name}'s Llama 3.1 RoPE scaling has (low_freq_factor, "
+                f"high_freq_factor, original_max_position_embeddings) {fixed}; Megatron-LM fixes "
+                f"them at {MEGATRON_LLAMA3_SCALING}"
+            )
         return args + ["--use-rope-scaling", "--rope-scaling-factor", str(scaling.factor)]
     if scaling.rope_type == "yarn" and spec.is_mla:
         fixed = (scaling.original_max_position_embeddings, scaling.beta_fast, scaling.beta_slow)
         if fixed != MEGATRON_MLA_YARN:
-            raise ExportError(f"{RUNTIME}: model {spec.name}'s YaRN scaling has (original_max_position_embeddings, "
-                              f"beta_fast, beta_slow) {fixed}; Megatron-LM's latent attention fixes them at "
-                              f"{MEGATRON_MLA_YARN}")
-        return args + ["--rope-type", "yarn", "--rotary-scaling-factor", str(scaling.factor),
-                       "--mscale", str(scaling.mscale), "--mscale-all-dim", str(scaling.mscale_all_dim)]
+            raise ExportError(
+                f"{RUNTIME}: model {spec.name}'s YaRN scaling has (original_max_position_embeddings, "
+                f"beta_fast, beta_slow) {fixed}; Megatron-LM's latent attention fixes them at "
+                f"{MEGATRON_MLA_YARN}"
+            )
+        return args + [
+            "--rope-type",
+            "yarn",
+            "--rotary-scaling-factor",
+            str(scaling.factor),
+            "--mscale",
+            str(scaling.mscale),
+            "--mscale-all-dim",
+            str(scaling.mscale_all_dim),
+        ]
     attention = "latent attention" if spec.is_mla else "standard attention"
-    raise ExportError(f"{RUNTIME}: model {spec.name} has {scaling.rope_type} RoPE scaling with {attention}, "
-                      "which this exporter does not write for Megatron-LM (Llama 3.1 scaling with standard "
-                      "attention, YaRN with latent attention)")
+    raise ExportError(
+        f"{RUNTIME}: model {spec.name} has {scaling.rope_type} RoPE scaling with {attention}, "
+        "which this exporter does not write for Megatron-LM (Llama 3.1 scaling with standard "
+        "attention, YaRN with latent attention)"
+    )
 
 
 _GROUP_BEST = {"top2_sum": 2, "max": 1}
@@ -214,10 +294,14 @@ def _router_args(spec: ModelSpec) -> list[str]:
         why = "top-1 softmax routing renormalised to weight 1 (Megatron-LM needs --moe-router-pre-softmax with top-1)"
     elif spec.moe_router_expert_bias and spec.moe_score_function == "softmax":
         why = "an expert bias on softmax scores (Megatron-LM's expert bias needs sigmoid scores)"
-    elif spec.moe_router_group_topk and spec.moe_top_k // spec.moe_router_group_topk != _GROUP_BEST[
-            spec.moe_router_group_score]:
-        why = (f"groups ranked by {spec.moe_router_group_score} (Megatron-LM sums each group's top "
-               f"top-k / group-topk = {spec.moe_top_k // spec.moe_router_group_topk} scores)")
+    elif (
+        spec.moe_router_group_topk
+        and spec.moe_top_k // spec.moe_router_group_topk != _GROUP_BEST[spec.moe_router_group_score]
+    ):
+        why = (
+            f"groups ranked by {spec.moe_router_group_score} (Megatron-LM sums each group's top "
+            f"top-k / group-topk = {spec.moe_top_k // spec.moe_router_group_topk} scores)"
+        )
     if why is not None:
         raise ExportError(f"{RUNTIME}: model {spec.name}'s router has {why}")
     args = []
@@ -228,8 +312,12 @@ def _router_args(spec: ModelSpec) -> list[str]:
     if spec.moe_routed_scaling_factor != 1.0:
         args += ["--moe-router-topk-scaling-factor", str(spec.moe_routed_scaling_factor)]
     if spec.moe_router_num_groups is not None:
-        args += ["--moe-router-num-groups", str(spec.moe_router_num_groups),
-                 "--moe-router-group-topk", str(spec.moe_router_group_topk)]
+        args += [
+            "--moe-router-num-groups",
+            str(spec.moe_router_num_groups),
+            "--moe-router-group-topk",
+            str(spec.moe_router_group_topk),
+        ]
     if spec.moe_router_expert_bias:
         args.append("--moe-router-enable-expert-bias")
     if spec.moe_shared_expert_gate:
@@ -241,14 +329,24 @@ def _moe_model_args(spec: ModelSpec, entry: PlanEntry) -> list[str]:
     """Experts, top-k, router, expert width, shared experts, the dense/MoE layer pattern, the
     grouped GEMM and the token dispatcher the plan was priced with (NCCL all-to-all, or DeepEP's through
     Megatron's flex dispatcher), dropless or capacity-capped."""
-    args = ["--num-experts", str(spec.num_experts), "--moe-router-topk", str(spec.moe_top_k),
-            "--moe-ffn-hidden-size", str(spec.expert_ffn_hidden_size), "--moe-grouped-gemm", *_router_args(spec)]
+    args = [
+        "--num-experts",
+        str(spec.num_experts),
+        "--moe-router-topk",
+        str(spec.moe_top_k),
+        "--moe-ffn-hidden-size",
+        str(spec.expert_ffn_hidden_size),
+        "--moe-grouped-gemm",
+        *_router_args(spec),
+    ]
     if entry.moe_dispatcher == "deepep":
         if spec.moe_capacity_factor is not None:  # TransformerConfig refuses the padding with DeepEP
-            raise ExportError(f"{RUNTIME}: the plan was priced with DeepEP's token dispatcher, but {spec.name} "
-                              f"caps tokens per expert (capacity factor {spec.moe_capacity_factor}) and Megatron's "
-                              "flex dispatcher with DeepEP does not support moe_pad_expert_input_to_capacity; "
-                              f"re-plan without it: {planner_command('plan', '--moe-dispatcher alltoall')}")
+            raise ExportError(
+                f"{RUNTIME}: the plan was priced with DeepEP's token dispatcher, but {spec.name} "
+                f"caps tokens per expert (capacity factor {spec.moe_capacity_factor}) and Megatron's "
+                "flex dispatcher with DeepEP does not support moe_pad_expert_input_to_capacity; "
+                f"re-plan without it: {planner_command('plan', '--moe-dispatcher alltoall')}"
+            )
         # megatron-core 0.19: moe_enable_deepep is deprecated for moe_flex_dispatcher_backend "deepep"
         args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
     else:
@@ -290,8 +388,10 @@ def _overlap_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     elif spec.mtp_depth > 1:
         refusal = f"it supports at most one MTP layer ({spec.name} has {spec.mtp_depth})"
     if refusal is not None:
-        raise ExportError(f"{RUNTIME}: the plan was priced with Megatron's combined-1F1B all-to-all overlap, "
-                          f"but overlap_moe_expert_parallel_comm {refusal}; {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: the plan was priced with Megatron's combined-1F1B all-to-all overlap, "
+            f"but overlap_moe_expert_parallel_comm {refusal}; {replan_for(RUNTIME)}"
+        )
     return ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
 
 
@@ -309,14 +409,15 @@ def _check_schedule(entry: PlanEntry) -> None:
             )
         return
     check_rules(entry, RUNTIME)
-    raise ExportError(f"{RUNTIME}: schedule '{entry.schedule}' with vpp={entry.vpp}: Megatron-LM runs 1F1B with "
-                      f"vpp=1 and interleaved 1F1B with vpp>=2; {replan_for(RUNTIME)}")
+    raise ExportError(
+        f"{RUNTIME}: schedule '{entry.schedule}' with vpp={entry.vpp}: Megatron-LM runs 1F1B with "
+        f"vpp=1 and interleaved 1F1B with vpp>=2; {replan_for(RUNTIME)}"
+    )
 
 
 def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
     _check_schedule(entry)
-    args = ["--tensor-model-parallel-size", str(entry.tp),
-            "--pipeline-model-parallel-size", str(entry.pp)]
+    args = ["--tensor-model-parallel-size", str(entry.tp), "--pipeline-model-parallel-size", str(entry.pp)]
     args += _stage_args(entry, spec)
     if entry.vpp >= 2:
         _, per_round = interleave_rounds(entry.pp, entry.num_microbatches)
@@ -324,14 +425,20 @@ def _parallel_args(entry: PlanEntry, spec: ModelSpec) -> list[str]:
             args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(per_round)]
     if entry.cp > 1:
         if entry.seq % (2 * entry.cp):
-            raise ExportError(f"{RUNTIME}: seq {entry.seq} is not a multiple of 2 x cp "
-                              f"({2 * entry.cp}), which Megatron-LM's context parallelism needs; {replan_for(RUNTIME)}")
+            raise ExportError(
+                f"{RUNTIME}: seq {entry.seq} is not a multiple of 2 x cp "
+                f"({2 * entry.cp}), which Megatron-LM's context parallelism needs; {replan_for(RUNTIME)}"
+            )
         args += ["--context-parallel-size", str(entry.cp)]
     if entry.sequence_parallel and entry.tp > 1:
         args.append("--sequence-parallel")
     if spec.is_moe:
-        args += ["--expert-model-parallel-size", str(entry.ep),
-                 "--expert-tensor-parallel-size", str(entry.etp or entry.tp)]
+        args += [
+            "--expert-model-parallel-size",
+            str(entry.ep),
+            "--expert-tensor-parallel-size",
+            str(entry.etp or entry.tp),
+        ]
     elif entry.ep > 1:
         raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
     args += _overlap_args(entry, spec)
@@ -376,8 +483,13 @@ def _data_parallel_args(entry: PlanEntry) -> list[str]:
                 f"not documented with pipeline parallelism; {replan_for(RUNTIME)}"
             )
         strategy = "optim_grads" if entry.zero_stage == 2 else "optim_grads_params"
-        return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
-                "--ckpt-format", "fsdp_dtensor"] + (["--overlap-grad-reduce"] if entry.dp > 1 else [])
+        return [
+            "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy",
+            strategy,
+            "--ckpt-format",
+            "fsdp_dtensor",
+        ] + (["--overlap-grad-reduce"] if entry.dp > 1 else [])
     args = ["--use-distributed-optimizer"] if entry.zero_stage == 1 else []
     if entry.dp > 1:
         args.append("--overlap-grad-reduce")
@@ -391,8 +503,7 @@ def _recompute_args(entry: PlanEntry) -> list[str]:
     if mode == "selective":
         return ["--recompute-granularity", "selective"]
     if mode == "full":
-        return ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                "--recompute-num-layers", "1"]
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return []
 
 
@@ -405,13 +516,21 @@ def _precision_args(entry: PlanEntry) -> list[str]:
         return [f"--{entry.dtype}"]
     if entry.dtype == "fp32":
         return []
-    raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' has no Megatron-LM export here "
-                      "(bf16, fp16, fp32); FP8 needs Transformer Engine recipe arguments")
+    raise ExportError(
+        f"{RUNTIME}: dtype '{entry.dtype}' has no Megatron-LM export here "
+        "(bf16, fp16, fp32); FP8 needs Transformer Engine recipe arguments"
+    )
 
 
 def _args_file(groups: list[ArgGroup], header: str) -> str:
-    out = ["#!/usr/bin/env bash", "# Megatron-LM arguments written by `planner export --to megatron`.",
-           "# Source this file; MEGATRON_ARGS holds every argument below.", "#", header.rstrip(), ""]
+    out = [
+        "#!/usr/bin/env bash",
+        "# Megatron-LM arguments written by `planner export --to megatron`.",
+        "# Source this file; MEGATRON_ARGS holds every argument below.",
+        "#",
+        header.rstrip(),
+        "",
+    ]
     for name, what, args in groups:
         out.append(f"# {what}")
         out.append(f"{name}=(")
@@ -442,12 +561,16 @@ def _device_connections(entry: PlanEntry) -> str:
     if entry.zero_stage >= 2:
         return ""  # Megatron-FSDP wants it unset
     if (entry.tp > 1 or entry.cp > 1) and not entry.moe_ep_overlap:
-        return ("# TP / CP communication must be issued in order with compute (Megatron-LM asserts\n"
-                "# this on GPUs before Blackwell; Megatron-FSDP wants it unset).\n"
-                "export CUDA_DEVICE_MAX_CONNECTIONS=1\n")
+        return (
+            "# TP / CP communication must be issued in order with compute (Megatron-LM asserts\n"
+            "# this on GPUs before Blackwell; Megatron-FSDP wants it unset).\n"
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+        )
     if entry.moe_dispatcher == "deepep":
-        return ("# DeepEP's kernels run beside compute on their own streams (NVIDIA's recipes: 32 connections).\n"
-                "export CUDA_DEVICE_MAX_CONNECTIONS=32\n")
+        return (
+            "# DeepEP's kernels run beside compute on their own streams (NVIDIA's recipes: 32 connections).\n"
+            "export CUDA_DEVICE_MAX_CONNECTIONS=32\n"
+        )
     return ""
 
 

@@ -23,9 +23,9 @@ from planner.export.common import (
     PROVENANCE_FILE,
     Files,
     check_attention_kernel,
-    check_rules,
     check_moe_mechanisms,
     check_positions,
+    check_rules,
     comment_block,
     provenance_readme,
     replan_for,
@@ -56,14 +56,20 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
     plan = script_plan(entry, torch_schedule, CSV_FILE if torch_schedule is None else None)
     script = render_script(spec, plan, summary_lines(plan_file, entry, index, RUNTIME))
     files = {SCRIPT_FILE: script}
-    described = {SCRIPT_FILE: f"the training script: `torchrun --nproc-per-node {entry.num_gpus} "
-                              f"{SCRIPT_FILE}` (add `--device cuda --backend nccl` on GPUs); "
-                              f"`python {SCRIPT_FILE} --reference` trains the unsplit model on the same data"}
+    described = {
+        SCRIPT_FILE: f"the training script: `torchrun --nproc-per-node {entry.num_gpus} "
+        f"{SCRIPT_FILE}` (add `--device cuda --backend nccl` on GPUs); "
+        f"`python {SCRIPT_FILE} --reference` trains the unsplit model on the same data"
+    }
     if csv_text is not None:
         files[CSV_FILE] = csv_text
-        described[CSV_FILE] = ("the planned per-rank action order (torch compute-only CSV), run with "
-                               f"`--schedule-csv {CSV_FILE}`" + (" (the default here)" if torch_schedule is None else ""))
-    files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "torch.distributed.pipelining", described, RUNTIME)
+        described[CSV_FILE] = (
+            "the planned per-rank action order (torch compute-only CSV), run with "
+            f"`--schedule-csv {CSV_FILE}`" + (" (the default here)" if torch_schedule is None else "")
+        )
+    files[PROVENANCE_FILE] = provenance_readme(
+        plan_file, entry, index, "torch.distributed.pipelining", described, RUNTIME
+    )
     return files
 
 
@@ -80,13 +86,23 @@ def script_plan(entry: PlanEntry, torch_schedule: str | None, schedule_csv: str 
             mine.append((stage, first, end))
         chunks.append(mine)
     return {
-        "tp": entry.tp, "pp": entry.pp, "dp": entry.dp, "ep": entry.ep, "vpp": entry.vpp,
-        "mbs": entry.mbs, "num_microbatches": entry.num_microbatches,
-        "global_batch": entry.global_batch, "seq": entry.seq, "dtype": entry.dtype,
-        "zero_stage": entry.zero_stage, "schedule": entry.schedule,
-        "torch_schedule": torch_schedule, "schedule_csv": schedule_csv,
+        "tp": entry.tp,
+        "pp": entry.pp,
+        "dp": entry.dp,
+        "ep": entry.ep,
+        "vpp": entry.vpp,
+        "mbs": entry.mbs,
+        "num_microbatches": entry.num_microbatches,
+        "global_batch": entry.global_batch,
+        "seq": entry.seq,
+        "dtype": entry.dtype,
+        "zero_stage": entry.zero_stage,
+        "schedule": entry.schedule,
+        "torch_schedule": torch_schedule,
+        "schedule_csv": schedule_csv,
         "recompute": [entry.recompute_of(r) for r in range(entry.pp)],
-        "chunks": chunks, "stage_ranks": stage_ranks,
+        "chunks": chunks,
+        "stage_ranks": stage_ranks,
     }
 
 
@@ -96,17 +112,26 @@ def render_script(spec: ModelSpec, plan: dict, header: list[str]) -> str:
     blocks = module_source("planner.torch_blocks")
     blocks = blocks.replace("from __future__ import annotations\n", "")
     model = spec.block_fields(tp=1, seq=plan["seq"]) | moe_block_fields(spec)
-    filled = _replace_region(template, _BLOCKS, (
-        "# ---- model blocks: planner/torch_blocks.py, embedded verbatim ----\n"
-        f"{blocks.rstrip()}\n# ---- end of model blocks ----\n"))
-    filled = _replace_region(filled, _PLAN, (
-        f"MODEL = {pprint.pformat(model, sort_dicts=False)}\n"
-        '"""BlockConfig arguments of the unsharded model."""\n'
-        f"PLAN = {pprint.pformat(plan, sort_dicts=False, width=100)}\n"
-        '"""The layout: degrees, micro-batching, schedule, and per rank the (virtual stage, first\n'
-        'layer, end layer) of each chunk."""\n'))
-    return ("#!/usr/bin/env python3\n# Written by `planner export --to torch`.\n"
-            + comment_block(header) + filled)
+    filled = _replace_region(
+        template,
+        _BLOCKS,
+        (
+            "# ---- model blocks: planner/torch_blocks.py, embedded verbatim ----\n"
+            f"{blocks.rstrip()}\n# ---- end of model blocks ----\n"
+        ),
+    )
+    filled = _replace_region(
+        filled,
+        _PLAN,
+        (
+            f"MODEL = {pprint.pformat(model, sort_dicts=False)}\n"
+            '"""BlockConfig arguments of the unsharded model."""\n'
+            f"PLAN = {pprint.pformat(plan, sort_dicts=False, width=100)}\n"
+            '"""The layout: degrees, micro-batching, schedule, and per rank the (virtual stage, first\n'
+            'layer, end layer) of each chunk."""\n'
+        ),
+    )
+    return "#!/usr/bin/env python3\n# Written by `planner export --to torch`.\n" + comment_block(header) + filled
 
 
 def moe_block_fields(spec: ModelSpec) -> dict:
@@ -114,12 +139,18 @@ def moe_block_fields(spec: ModelSpec) -> dict:
     a dense model)."""
     if not spec.is_moe:
         return {}
-    return {"num_experts": spec.num_experts, "moe_top_k": spec.moe_top_k,
-            "expert_ffn_hidden_size": spec.expert_ffn_hidden_size, "shared_ffn_hidden_size": spec.shared_ffn_width,
-            "first_dense_layers": spec.first_dense_layers, "moe_layer_freq": spec.moe_layer_freq,
-            "moe_score_function": spec.moe_score_function, "moe_norm_topk_prob": spec.moe_norm_topk_prob,
-            "moe_routed_scaling_factor": spec.moe_routed_scaling_factor,
-            "moe_shared_expert_gate": spec.moe_shared_expert_gate}
+    return {
+        "num_experts": spec.num_experts,
+        "moe_top_k": spec.moe_top_k,
+        "expert_ffn_hidden_size": spec.expert_ffn_hidden_size,
+        "shared_ffn_hidden_size": spec.shared_ffn_width,
+        "first_dense_layers": spec.first_dense_layers,
+        "moe_layer_freq": spec.moe_layer_freq,
+        "moe_score_function": spec.moe_score_function,
+        "moe_norm_topk_prob": spec.moe_norm_topk_prob,
+        "moe_routed_scaling_factor": spec.moe_routed_scaling_factor,
+        "moe_shared_expert_gate": spec.moe_shared_expert_gate,
+    }
 
 
 def module_source(name: str) -> str:
@@ -144,40 +175,59 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
     if entry.dtype not in DTYPES:
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not supported here (use one of {DTYPES})")
     if entry.tp > 1:
-        shapes = {"attention heads": spec.num_attention_heads, "KV heads": spec.num_kv_heads,
-                  "FFN hidden size": spec.ffn_hidden_size}
+        shapes = {
+            "attention heads": spec.num_attention_heads,
+            "KV heads": spec.num_kv_heads,
+            "FFN hidden size": spec.ffn_hidden_size,
+        }
         for what, size in shapes.items():
             if size % entry.tp:
-                raise ExportError(f"{RUNTIME}: {what} ({size}) are not divisible by tp {entry.tp}; "
-                                  f"{replan_for(RUNTIME)}")
+                raise ExportError(
+                    f"{RUNTIME}: {what} ({size}) are not divisible by tp {entry.tp}; {replan_for(RUNTIME)}"
+                )
         if spec.position_embedding == "alibi":
-            raise ExportError(f"{RUNTIME}: ALiBi slopes per head are not sharded by the script's "
-                              f"tensor parallelism; {replan_for(RUNTIME)}")
+            raise ExportError(
+                f"{RUNTIME}: ALiBi slopes per head are not sharded by the script's "
+                f"tensor parallelism; {replan_for(RUNTIME)}"
+            )
 
 
 def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
     """What the script's mixture of experts (planner/torch_blocks.py MoE) does not do."""
-    features = [what for present, what in (
-        (spec.is_mla, "latent attention"), (spec.mtp_depth > 0, "multi-token prediction"),
-        (spec.activation != "swiglu", f"{spec.activation} experts"),
-        (spec.moe_capacity_factor is not None, "a capacity factor"),
-        (spec.moe_router_num_groups is not None, "group-limited routing"),
-        (spec.moe_router_expert_bias, "a routing expert bias"),
-    ) if present]
+    features = [
+        what
+        for present, what in (
+            (spec.is_mla, "latent attention"),
+            (spec.mtp_depth > 0, "multi-token prediction"),
+            (spec.activation != "swiglu", f"{spec.activation} experts"),
+            (spec.moe_capacity_factor is not None, "a capacity factor"),
+            (spec.moe_router_num_groups is not None, "group-limited routing"),
+            (spec.moe_router_expert_bias, "a routing expert bias"),
+        )
+        if present
+    ]
     if features:
-        raise ExportError(f"{RUNTIME}: model {spec.name} has {', '.join(features)}, which the exported script's "
-                          "blocks (planner/torch_blocks.py: GQA, dropless SwiGLU experts, top-k of all experts' "
-                          "scores) do not have")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} has {', '.join(features)}, which the exported script's "
+            "blocks (planner/torch_blocks.py: GQA, dropless SwiGLU experts, top-k of all experts' "
+            "scores) do not have"
+        )
     if entry.tp > 1:
-        raise ExportError(f"{RUNTIME}: tensor parallelism (tp={entry.tp}) of a mixture of experts is not in the "
-                          f"exported script (experts parallel over data-parallel ranks only); {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: tensor parallelism (tp={entry.tp}) of a mixture of experts is not in the "
+            f"exported script (experts parallel over data-parallel ranks only); {replan_for(RUNTIME)}"
+        )
     if entry.dp % entry.ep or spec.num_experts % entry.ep:
-        raise ExportError(f"{RUNTIME}: ep {entry.ep} must divide dp ({entry.dp}) and the experts "
-                          f"({spec.num_experts}): the script's expert parallelism runs over data-parallel "
-                          f"ranks; {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: ep {entry.ep} must divide dp ({entry.dp}) and the experts "
+            f"({spec.num_experts}): the script's expert parallelism runs over data-parallel "
+            f"ranks; {replan_for(RUNTIME)}"
+        )
     if entry.ep > 1 and entry.zero_stage == 3:
-        raise ExportError(f"{RUNTIME}: ZeRO-3 with expert parallelism (ep={entry.ep}): the script's FSDP "
-                          f"would shard each rank's own experts as if replicated; {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: ZeRO-3 with expert parallelism (ep={entry.ep}): the script's FSDP "
+            f"would shard each rank's own experts as if replicated; {replan_for(RUNTIME)}"
+        )
 
 
 def _schedule(entry: PlanEntry) -> tuple[str | None, str | None]:

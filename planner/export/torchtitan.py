@@ -79,9 +79,12 @@ def export_torchtitan(plan_file: PlanFile, index: int = 0) -> Files:
     _check_model(entry, spec)
     settings = recipe_settings(entry, spec)
     files = {RECIPE_FILE: _recipe(plan_file, entry, index, spec, settings)}
-    described = {RECIPE_FILE: (
-        f"torchtitan {TORCHTITAN_VERSION} recipe: `PYTHONPATH=. torchrun --nproc-per-node "
-        f"{min(8, entry.num_gpus)} -m torchtitan.train --module planner_recipe --config {CONFIG_FUNCTION}`")}
+    described = {
+        RECIPE_FILE: (
+            f"torchtitan {TORCHTITAN_VERSION} recipe: `PYTHONPATH=. torchrun --nproc-per-node "
+            f"{min(8, entry.num_gpus)} -m torchtitan.train --module planner_recipe --config {CONFIG_FUNCTION}`"
+        )
+    }
     if entry.pp > 1:
         from planner.schedule import generate, to_csv
 
@@ -114,8 +117,11 @@ def recipe_settings(entry: PlanEntry, spec: ModelSpec) -> dict[str, dict]:
     if entry.zero_stage == 0:
         parallelism |= {"data_parallel_replicate_degree": entry.dp, "data_parallel_shard_degree": 1}
     else:
-        parallelism |= {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": entry.dp,
-                        "fsdp_reshard_after_forward": "always" if entry.zero_stage == 3 else "never"}
+        parallelism |= {
+            "data_parallel_replicate_degree": 1,
+            "data_parallel_shard_degree": entry.dp,
+            "fsdp_reshard_after_forward": "always" if entry.zero_stage == 3 else "never",
+        }
     if entry.pp > 1:
         parallelism |= {
             "pipeline_parallel_schedule": _schedule_class(entry),
@@ -151,21 +157,27 @@ def _schedule_class(entry: PlanEntry) -> str:
 def _unsupported_features(spec: ModelSpec) -> list[str]:
     """The model's features that torchtitan 0.3's Llama-style models (Llama-3, Qwen3,
     DeepSeek-V3: RMSNorm, SwiGLU, RoPE, no biases) do not have."""
-    return [what for present, what in (
-        (spec.norm != "rmsnorm", spec.norm.replace("layernorm", "LayerNorm")),
-        (spec.activation != "swiglu", f"a {spec.activation} MLP"),
-        (spec.position_embedding != "rope", f"{spec.position_embedding} positions"),
-        (spec.qkv_bias, "QKV biases"),
-        (spec.linear_bias, "MLP and output biases"),
-        (spec.embedding_norm, "a norm after the embedding"),
-    ) if present]
+    return [
+        what
+        for present, what in (
+            (spec.norm != "rmsnorm", spec.norm.replace("layernorm", "LayerNorm")),
+            (spec.activation != "swiglu", f"a {spec.activation} MLP"),
+            (spec.position_embedding != "rope", f"{spec.position_embedding} positions"),
+            (spec.qkv_bias, "QKV biases"),
+            (spec.linear_bias, "MLP and output biases"),
+            (spec.embedding_norm, "a norm after the embedding"),
+        )
+        if present
+    ]
 
 
 def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
     features = _unsupported_features(spec)
     if features:
-        raise ExportError(f"{RUNTIME}: model {spec.name} is not a Llama-style decoder: it has {', '.join(features)}, "
-                          "which torchtitan 0.3's models (RMSNorm, SwiGLU, RoPE, no biases) do not have")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} is not a Llama-style decoder: it has {', '.join(features)}, "
+            "which torchtitan 0.3's models (RMSNorm, SwiGLU, RoPE, no biases) do not have"
+        )
     _check_rope(spec)
     check_positions(entry, spec, RUNTIME)
     check_moe_mechanisms(entry, RUNTIME)
@@ -174,14 +186,17 @@ def _check_model(entry: PlanEntry, spec: ModelSpec) -> None:
     elif entry.ep > 1:
         raise ExportError(f"{RUNTIME}: ep {entry.ep} on the dense model {spec.name}; {replan_for(RUNTIME)}")
     if spec.tie_embeddings and entry.pp > 1:
-        raise ExportError(f"{RUNTIME}: tied input/output embeddings with pipeline parallelism "
-                          f"(pp={entry.pp}); torchtitan refuses weight tying under PP; {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: tied input/output embeddings with pipeline parallelism "
+            f"(pp={entry.pp}); torchtitan refuses weight tying under PP; {replan_for(RUNTIME)}"
+        )
     if entry.dtype not in ("bf16", "fp32"):
-        raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}': torchtitan trains in bfloat16 mixed "
-                          "precision or float32")
+        raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}': torchtitan trains in bfloat16 mixed precision or float32")
     if entry.tp > 1 and (spec.num_attention_heads % entry.tp or spec.num_kv_heads % entry.tp):
-        raise ExportError(f"{RUNTIME}: tp {entry.tp} must divide the attention heads "
-                          f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads}); {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: tp {entry.tp} must divide the attention heads "
+            f"({spec.num_attention_heads}) and KV heads ({spec.num_kv_heads}); {replan_for(RUNTIME)}"
+        )
 
 
 def _check_rope(spec: ModelSpec) -> None:
@@ -198,8 +213,10 @@ def _check_rope(spec: ModelSpec) -> None:
     elif scaling is not None and scaling.rope_type == "yarn" and not spec.is_mla:
         why = "YaRN RoPE scaling without latent attention (torchtitan's GQA leaves out YaRN's attention scale)"
     elif scaling is not None and scaling.rope_type == "yarn" and scaling.mscale != scaling.mscale_all_dim:
-        why = (f"YaRN with mscale {scaling.mscale} != mscale_all_dim {scaling.mscale_all_dim} (torchtitan scales "
-               "the softmax, never the cos/sin tables)")
+        why = (
+            f"YaRN with mscale {scaling.mscale} != mscale_all_dim {scaling.mscale_all_dim} (torchtitan scales "
+            "the softmax, never the cos/sin tables)"
+        )
     if why is not None:
         raise ExportError(f"{RUNTIME}: model {spec.name} has {why}")
 
@@ -208,38 +225,55 @@ def _check_moe(entry: PlanEntry, spec: ModelSpec) -> None:
     """What torchtitan 0.3's MoE models (Qwen3 blocks for GQA, DeepSeek-V3 for latent
     attention; standard all-to-all dispatcher) cannot run."""
     if spec.moe_capacity_factor is not None:
-        raise ExportError(f"{RUNTIME}: model {spec.name} caps tokens per expert (capacity factor "
-                          f"{spec.moe_capacity_factor}); torchtitan's standard token dispatcher is dropless")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} caps tokens per expert (capacity factor "
+            f"{spec.moe_capacity_factor}); torchtitan's standard token dispatcher is dropless"
+        )
     if spec.moe_shared_expert_gate:
-        raise ExportError(f"{RUNTIME}: model {spec.name} gates its shared experts (Qwen2-MoE); torchtitan's "
-                          "MoE adds them ungated")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} gates its shared experts (Qwen2-MoE); torchtitan's MoE adds them ungated"
+        )
     if spec.moe_router_num_groups is not None and spec.moe_router_group_score != "top2_sum":
-        raise ExportError(f"{RUNTIME}: model {spec.name} ranks its expert groups by their best score; torchtitan's "
-                          "group-limited routing ranks them by the sum of their two best (DeepSeek-V3's)")
+        raise ExportError(
+            f"{RUNTIME}: model {spec.name} ranks its expert groups by their best score; torchtitan's "
+            "group-limited routing ranks them by the sum of their two best (DeepSeek-V3's)"
+        )
     if spec.is_mla:
         if spec.moe_layer_freq != 1 or spec.shared_ffn_width != spec.num_shared_experts * spec.expert_ffn_hidden_size:
-            raise ExportError(f"{RUNTIME}: model {spec.name}: torchtitan's DeepSeek-V3 model makes every layer "
-                              "after the dense ones MoE, with shared experts as wide as num_shared_experts routed ones")
+            raise ExportError(
+                f"{RUNTIME}: model {spec.name}: torchtitan's DeepSeek-V3 model makes every layer "
+                "after the dense ones MoE, with shared experts as wide as num_shared_experts routed ones"
+            )
         if spec.mtp_depth and (entry.pp > 1 or entry.cp > 1):
-            raise ExportError(f"{RUNTIME}: multi-token prediction (model {spec.name}) with pp {entry.pp}, cp "
-                              f"{entry.cp}: torchtitan 0.3's MTP supports neither pipeline nor context "
-                              f"parallelism; {replan_for(RUNTIME)}")
+            raise ExportError(
+                f"{RUNTIME}: multi-token prediction (model {spec.name}) with pp {entry.pp}, cp "
+                f"{entry.cp}: torchtitan 0.3's MTP supports neither pipeline nor context "
+                f"parallelism; {replan_for(RUNTIME)}"
+            )
     elif spec.mtp_depth:
-        raise ExportError(f"{RUNTIME}: multi-token prediction without latent attention (model {spec.name}) is "
-                          "not in torchtitan's models")
+        raise ExportError(
+            f"{RUNTIME}: multi-token prediction without latent attention (model {spec.name}) is "
+            "not in torchtitan's models"
+        )
     etp = entry.etp or entry.tp
     if (entry.ep > 1 and etp != 1) or (entry.ep == 1 and etp != entry.tp):
-        raise ExportError(f"{RUNTIME}: expert tensor parallel {etp} with ep {entry.ep}, tp {entry.tp}: torchtitan "
-                          "0.3 keeps experts whole under expert parallelism (etp 1) and shards them over tp "
-                          f"without it (etp = tp); {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: expert tensor parallel {etp} with ep {entry.ep}, tp {entry.tp}: torchtitan "
+            "0.3 keeps experts whole under expert parallelism (etp 1) and shards them over tp "
+            f"without it (etp = tp); {replan_for(RUNTIME)}"
+        )
     dp_shard = 1 if entry.zero_stage == 0 else entry.dp
     if spec.num_experts % entry.ep or (dp_shard * entry.cp * entry.tp) % entry.ep:
-        raise ExportError(f"{RUNTIME}: ep {entry.ep} must divide the experts ({spec.num_experts}) and "
-                          f"dp_shard x cp x tp ({dp_shard} x {entry.cp} x {entry.tp}), the ranks torchtitan's "
-                          f"expert parallelism borrows (ZeRO-0 replicas are not among them); {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: ep {entry.ep} must divide the experts ({spec.num_experts}) and "
+            f"dp_shard x cp x tp ({dp_shard} x {entry.cp} x {entry.tp}), the ranks torchtitan's "
+            f"expert parallelism borrows (ZeRO-0 replicas are not among them); {replan_for(RUNTIME)}"
+        )
     if entry.ep > 1 and entry.seq % (entry.cp * entry.tp):
-        raise ExportError(f"{RUNTIME}: seq {entry.seq} must divide by cp x tp ({entry.cp * entry.tp}): torchtitan's "
-                          f"expert parallelism splits each sequence's tokens over them; {replan_for(RUNTIME)}")
+        raise ExportError(
+            f"{RUNTIME}: seq {entry.seq} must divide by cp x tp ({entry.cp * entry.tp}): torchtitan's "
+            f"expert parallelism splits each sequence's tokens over them; {replan_for(RUNTIME)}"
+        )
 
 
 LOAD_BALANCE_COEFF = 1e-3
@@ -250,20 +284,31 @@ def moe_model_fields(spec: ModelSpec) -> dict:
     """The recipe's MODEL entries of a mixture of experts: experts, top-k, widths, the router,
     and which layers are MoE; with latent attention its ranks and head widths, YaRN's softmax
     mscale and the MTP depth."""
-    fields = {"num_experts": spec.num_experts, "top_k": spec.moe_top_k,
-              "moe_hidden_dim": spec.expert_ffn_hidden_size, "shared_hidden_dim": spec.shared_ffn_width,
-              "score_func": spec.moe_score_function, "route_norm": spec.moe_norm_topk_prob,
-              "route_scale": spec.moe_routed_scaling_factor, "num_expert_groups": spec.moe_router_num_groups,
-              "num_limited_groups": spec.moe_router_group_topk,
-              "load_balance_coeff": LOAD_BALANCE_COEFF if spec.moe_router_expert_bias else None}
+    fields = {
+        "num_experts": spec.num_experts,
+        "top_k": spec.moe_top_k,
+        "moe_hidden_dim": spec.expert_ffn_hidden_size,
+        "shared_hidden_dim": spec.shared_ffn_width,
+        "score_func": spec.moe_score_function,
+        "route_norm": spec.moe_norm_topk_prob,
+        "route_scale": spec.moe_routed_scaling_factor,
+        "num_expert_groups": spec.moe_router_num_groups,
+        "num_limited_groups": spec.moe_router_group_topk,
+        "load_balance_coeff": LOAD_BALANCE_COEFF if spec.moe_router_expert_bias else None,
+    }
     if not spec.is_mla:
         return fields | {"moe_layers": [i for i in range(spec.num_layers) if spec.is_moe_layer(i)]}
     return fields | {
-        "num_shared_experts": spec.num_shared_experts, "first_dense_layers": spec.first_dense_layers,
-        "q_lora_rank": spec.q_lora_rank or 0, "kv_lora_rank": spec.kv_lora_rank,
-        "qk_nope_head_dim": spec.qk_nope_head_dim, "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "v_head_dim": spec.v_head_dim, "mtp_depth": spec.mtp_depth,
-        "mscale": spec.rope_scaling.mscale_all_dim if spec.rope_scaling else 1.0}
+        "num_shared_experts": spec.num_shared_experts,
+        "first_dense_layers": spec.first_dense_layers,
+        "q_lora_rank": spec.q_lora_rank or 0,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_nope_head_dim": spec.qk_nope_head_dim,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "v_head_dim": spec.v_head_dim,
+        "mtp_depth": spec.mtp_depth,
+        "mscale": spec.rope_scaling.mscale_all_dim if spec.rope_scaling else 1.0,
+    }
 
 
 def rope_config_fields(spec: ModelSpec) -> dict:
@@ -274,11 +319,20 @@ def rope_config_fields(spec: ModelSpec) -> dict:
     if scaling is None:
         return fields
     if scaling.rope_type == "llama3":
-        return fields | {"scaling": "llama", "scaling_factor": scaling.factor,
-                         "low_freq_factor": scaling.low_freq_factor, "high_freq_factor": scaling.high_freq_factor,
-                         "original_max_position_embeddings": scaling.original_max_position_embeddings}
-    return fields | {"scaling": "yarn", "rope_factor": scaling.factor, "beta_fast": scaling.beta_fast,
-                     "beta_slow": scaling.beta_slow, "original_seq_len": scaling.original_max_position_embeddings}
+        return fields | {
+            "scaling": "llama",
+            "scaling_factor": scaling.factor,
+            "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor,
+            "original_max_position_embeddings": scaling.original_max_position_embeddings,
+        }
+    return fields | {
+        "scaling": "yarn",
+        "rope_factor": scaling.factor,
+        "beta_fast": scaling.beta_fast,
+        "beta_slow": scaling.beta_slow,
+        "original_seq_len": scaling.original_max_position_embeddings,
+    }
 
 
 def comm_backend(entry: PlanEntry) -> str:
@@ -296,14 +350,20 @@ def _model_source(spec: ModelSpec) -> tuple[str, str]:
     return (_MOE_IMPORTS, _MOE_MODEL) if spec.is_moe else (_DENSE_IMPORTS, _DENSE_MODEL)
 
 
-def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec,
-            settings: dict[str, dict]) -> str:
+def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec, settings: dict[str, dict]) -> str:
     model = {
-        "dim": spec.hidden_size, "n_layers": spec.num_layers, "n_heads": spec.num_attention_heads,
-        "n_kv_heads": spec.num_kv_heads, "head_dim": spec.kv_channels,
-        "ffn_hidden_dim": spec.ffn_hidden_size, "vocab_size": spec.vocab_size,
-        "max_seq_len": max(spec.max_position_embeddings, entry.seq), "tie_embeddings": spec.tie_embeddings,
-        "norm_eps": spec.norm_eps, "qk_norm": spec.qk_norm, "rope": rope_config_fields(spec),
+        "dim": spec.hidden_size,
+        "n_layers": spec.num_layers,
+        "n_heads": spec.num_attention_heads,
+        "n_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.kv_channels,
+        "ffn_hidden_dim": spec.ffn_hidden_size,
+        "vocab_size": spec.vocab_size,
+        "max_seq_len": max(spec.max_position_embeddings, entry.seq),
+        "tie_embeddings": spec.tie_embeddings,
+        "norm_eps": spec.norm_eps,
+        "qk_norm": spec.qk_norm,
+        "rope": rope_config_fields(spec),
     }
     if spec.is_moe:
         model |= moe_model_fields(spec) | {"comm_backend": comm_backend(entry)}
@@ -399,7 +459,8 @@ from torchtitan.models.llama3.model import Llama3TransformerBlock
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 """
 
-_DENSE_MODEL = '''
+_DENSE_MODEL = (
+    '''
 def planner_model_spec() -> ModelSpec:
     """torchtitan's Llama-3 decoder at the planned shape (flex attention, complex RoPE, QK-norm
     where the model has it)."""
@@ -431,7 +492,10 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="llama3", flavor="planner", model=model, parallelize_fn=parallelize_llama,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
                      state_dict_adapter=Llama3StateDictAdapter)
-''' + _NORM_EPS + _CHUNKED_LOSS
+'''
+    + _NORM_EPS
+    + _CHUNKED_LOSS
+)
 """The recipe's `planner_model_spec` for a dense Llama-style model."""
 
 _MOE_IMPORTS = """
@@ -450,7 +514,8 @@ from torchtitan.models.qwen3.model import Qwen3TransformerBlock
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 """
 
-_MOE_MODEL = '''
+_MOE_MODEL = (
+    '''
 EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
 
 
@@ -508,7 +573,10 @@ def planner_model_spec() -> ModelSpec:
     return ModelSpec(name="qwen3", flavor="planner", model=model, parallelize_fn=parallelize_qwen3,
                      pipelining_fn=pipeline_llm, post_optimizer_build_fn=register_moe_load_balancing_hook,
                      state_dict_adapter=Qwen3StateDictAdapter)
-''' + _NORM_EPS + _CHUNKED_LOSS
+'''
+    + _NORM_EPS
+    + _CHUNKED_LOSS
+)
 """The recipe's `planner_model_spec` for a mixture of experts (torchtitan's Qwen3 blocks)."""
 
 _MLA_IMPORTS = """
@@ -521,7 +589,8 @@ from torchtitan.models.deepseek_v3 import build_mla_moe_layers
 from torchtitan.models.deepseek_v3.state_dict_adapter import DeepSeekV3StateDictAdapter
 """
 
-_MLA_MODEL = '''
+_MLA_MODEL = (
+    '''
 EXPERTS_INIT = {name: partial(nn.init.normal_, std=0.02) for name in ("w1_EFD", "w2_EDF", "w3_EFD")}
 
 
@@ -583,5 +652,7 @@ def planner_loss():
     if MODEL["mtp_depth"]:
         return MTPLoss.Config(global_vocab_size=MODEL["vocab_size"])
     return ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config(global_vocab_size=MODEL["vocab_size"]))
-''' + _NORM_EPS
+'''
+    + _NORM_EPS
+)
 """The recipe's `planner_model_spec` for latent attention (torchtitan's DeepSeek-V3 model)."""

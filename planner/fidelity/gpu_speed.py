@@ -48,13 +48,19 @@ def _measure_one(index: int, size: int, warmup_s: float, seconds: float, queue) 
     while time.monotonic() - start < seconds:
         windows.append(_timed_batch(gemm, batch))
     props = torch.cuda.get_device_properties(index)
-    queue.put({
-        "host": socket.gethostname(), "index": index, "uuid": str(getattr(props, "uuid", index)),
-        "name": props.name, "gemm_size": size, "windows": len(windows),
-        "seconds_per_gemm": statistics.median(windows),
-        "tflops": 2 * size ** 3 / statistics.median(windows) / 1e12,
-        "burst_seconds_per_gemm": burst,
-    })
+    queue.put(
+        {
+            "host": socket.gethostname(),
+            "index": index,
+            "uuid": str(getattr(props, "uuid", index)),
+            "name": props.name,
+            "gemm_size": size,
+            "windows": len(windows),
+            "seconds_per_gemm": statistics.median(windows),
+            "tflops": 2 * size**3 / statistics.median(windows) / 1e12,
+            "burst_seconds_per_gemm": burst,
+        }
+    )
 
 
 def _burst_seconds(gemm, batch: int, idle_s: float = 1.0) -> float:
@@ -117,15 +123,18 @@ def population_toml(name: str, records: list[dict]) -> str:
     times = sorted(r["seconds_per_gemm"] for r in records)
     hosts = len({r["host"] for r in records})
     size = records[0]["gemm_size"]
-    source = (f"scripts/measure_gpu_speed.py on {len(records)} GPUs of {hosts} nodes: bf16 GEMM "
-              f"{size}^3 back to back on every GPU of a node at once, per GPU the median time")
-    return (f"[{name}]\n"
-            f"gpu = {json.dumps(', '.join(gpus))}\n"
-            f'benchmark = "bf16 GEMM {size}^3, all GPUs of a node at once"\n'
-            f'unit = "s per GEMM"\n'
-            f"source = {json.dumps(source)}\n"
-            f"times = [{', '.join(f'{t:.9g}' for t in times)}]\n"
-            + _ratio_line(records))
+    source = (
+        f"scripts/measure_gpu_speed.py on {len(records)} GPUs of {hosts} nodes: bf16 GEMM "
+        f"{size}^3 back to back on every GPU of a node at once, per GPU the median time"
+    )
+    return (
+        f"[{name}]\n"
+        f"gpu = {json.dumps(', '.join(gpus))}\n"
+        f'benchmark = "bf16 GEMM {size}^3, all GPUs of a node at once"\n'
+        f'unit = "s per GEMM"\n'
+        f"source = {json.dumps(source)}\n"
+        f"times = [{', '.join(f'{t:.9g}' for t in times)}]\n" + _ratio_line(records)
+    )
 
 
 def _ratio_line(records: list[dict]) -> str:
@@ -134,9 +143,11 @@ def _ratio_line(records: list[dict]) -> str:
     ratio = sustained_over_burst(records)
     if ratio is None:
         return ""
-    return (f"# sustained over burst GEMM rate, median over GPUs: {ratio:.3f} "
-            "(compare `sustained_compute` in planner/presets/gpus.toml)\n"
-            f"sustained_over_burst = {ratio:.4f}\n")
+    return (
+        f"# sustained over burst GEMM rate, median over GPUs: {ratio:.3f} "
+        "(compare `sustained_compute` in planner/presets/gpus.toml)\n"
+        f"sustained_over_burst = {ratio:.4f}\n"
+    )
 
 
 def collect(directory: Path, name: str) -> str:

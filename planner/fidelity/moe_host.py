@@ -96,8 +96,13 @@ def shapes_of(model: CostModel, shard: Shard) -> ExpertShapes:
     imbalance = imbalance_of(spec, shard, model.options.moe.moe_imbalance)
     up = next(g for g in moe_gemms(spec, shard, imbalance) if g.name == "expert_up")
     etp = shard.etp or shard.tp
-    return ExpertShapes(experts=up.count, tokens_per_expert=up.m, hidden=spec.hidden_size,
-                        ffn=spec.expert_ffn_hidden_size // etp, gated=spec.activation == "swiglu")
+    return ExpertShapes(
+        experts=up.count,
+        tokens_per_expert=up.m,
+        hidden=spec.hidden_size,
+        ffn=spec.expert_ffn_hidden_size // etp,
+        gated=spec.activation == "swiglu",
+    )
 
 
 def model_charges(model: CostModel, shapes: ExpertShapes) -> ModelCharges:
@@ -109,8 +114,12 @@ def model_charges(model: CostModel, shapes: ExpertShapes) -> ModelCharges:
     gpu = compute.gemms_times([Gemm("expert_up", t, shapes.up_columns, h), Gemm("expert_down", t, h, shapes.ffn)])
     dense = op_counts(model.spec, "transformer")
     host_one, host_none = (host_times(megatron_moe_block(dense, n), compute.eff) for n in (1, 0))
-    return ModelCharges(gpu_forward_s=gpu.forward_s, gpu_backward_s=gpu.backward_s,
-                        host_forward_s=host_one[0] - host_none[0], host_backward_s=host_one[1] - host_none[1])
+    return ModelCharges(
+        gpu_forward_s=gpu.forward_s,
+        gpu_backward_s=gpu.backward_s,
+        host_forward_s=host_one[0] - host_none[0],
+        host_backward_s=host_one[1] - host_none[1],
+    )
 
 
 class _Experts:
@@ -125,16 +134,33 @@ class _Experts:
         if impl == "te":
             import transformer_engine.pytorch as te
 
-            self.fc1 = te.GroupedLinear(shapes.experts, shapes.hidden, shapes.up_columns, bias=False,
-                                        params_dtype=dtype, device=device, fuse_wgrad_accumulation=True)
-            self.fc2 = te.GroupedLinear(shapes.experts, shapes.ffn, shapes.hidden, bias=False,
-                                        params_dtype=dtype, device=device, fuse_wgrad_accumulation=True)
+            self.fc1 = te.GroupedLinear(
+                shapes.experts,
+                shapes.hidden,
+                shapes.up_columns,
+                bias=False,
+                params_dtype=dtype,
+                device=device,
+                fuse_wgrad_accumulation=True,
+            )
+            self.fc2 = te.GroupedLinear(
+                shapes.experts,
+                shapes.ffn,
+                shapes.hidden,
+                bias=False,
+                params_dtype=dtype,
+                device=device,
+                fuse_wgrad_accumulation=True,
+            )
             for param in [*self.fc1.parameters(), *self.fc2.parameters()]:
                 param.main_grad = torch.zeros(param.shape, dtype=torch.float32, device=device)
         elif impl == "torch":
+
             def weights(rows: int, cols: int) -> list[torch.nn.Parameter]:
-                return [torch.nn.Parameter(torch.randn(rows, cols, dtype=dtype, device=device) * cols ** -0.5)
-                        for _ in range(shapes.experts)]
+                return [
+                    torch.nn.Parameter(torch.randn(rows, cols, dtype=dtype, device=device) * cols**-0.5)
+                    for _ in range(shapes.experts)
+                ]
 
             self.w1, self.w2 = weights(shapes.up_columns, shapes.hidden), weights(shapes.hidden, shapes.ffn)
         else:
@@ -218,12 +244,14 @@ def measure(shapes: ExpertShapes, impl: str, device: str, repeats: int = 20, war
     for step in range(warmup + repeats):
         forward_times = _timed(device, experts.forward, cycles)
         outs = [experts.forward() for _ in range(graphs_per_pass)]  # one graph per timed backward
-        backward_times = _timed(device, lambda: experts.backward(outs.pop()), cycles)
+        backward_times = _timed(device, lambda outs=outs: experts.backward(outs.pop()), cycles)
         if step >= warmup:
             forward.append(forward_times)
             backward.append(backward_times)
-    return {name: PassTimes(*(_median([row[i] for row in rows]) for i in range(3)))
-            for name, rows in (("forward", forward), ("backward", backward))}
+    return {
+        name: PassTimes(*(_median([row[i] for row in rows]) for i in range(3)))
+        for name, rows in (("forward", forward), ("backward", backward))
+    }
 
 
 def per_expert(full: dict[str, PassTimes], half: dict[str, PassTimes], experts: int) -> dict[str, PassTimes]:
@@ -234,16 +262,32 @@ def per_expert(full: dict[str, PassTimes], half: dict[str, PassTimes], experts: 
     def slope(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else (a - b) / added
 
-    return {name: PassTimes(slope(full[name].host_s, half[name].host_s), slope(full[name].gpu_s, half[name].gpu_s),
-                            slope(full[name].eager_s, half[name].eager_s)) for name in full}
+    return {
+        name: PassTimes(
+            slope(full[name].host_s, half[name].host_s),
+            slope(full[name].gpu_s, half[name].gpu_s),
+            slope(full[name].eager_s, half[name].eager_s),
+        )
+        for name in full
+    }
 
 
-def report(shapes: ExpertShapes, impl: str, device: str, full: dict[str, PassTimes], half: dict[str, PassTimes],
-           charges: ModelCharges) -> dict[str, Any]:
+def report(
+    shapes: ExpertShapes,
+    impl: str,
+    device: str,
+    full: dict[str, PassTimes],
+    half: dict[str, PassTimes],
+    charges: ModelCharges,
+) -> dict[str, Any]:
     """One JSON-ready record: what ran, what it took at all and at half the local experts, the
     per-expert share measured, and the cost model's per-expert charges."""
-    return {"impl": impl, "device": device, "shapes": asdict(shapes),
-            "measured": {name: asdict(t) for name, t in full.items()},
-            "measured_half_experts": {name: asdict(t) for name, t in half.items()},
-            "measured_per_expert": {name: asdict(t) for name, t in per_expert(full, half, shapes.experts).items()},
-            "model_per_expert": asdict(charges)}
+    return {
+        "impl": impl,
+        "device": device,
+        "shapes": asdict(shapes),
+        "measured": {name: asdict(t) for name, t in full.items()},
+        "measured_half_experts": {name: asdict(t) for name, t in half.items()},
+        "measured_per_expert": {name: asdict(t) for name, t in per_expert(full, half, shapes.experts).items()},
+        "model_per_expert": asdict(charges),
+    }

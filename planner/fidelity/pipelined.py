@@ -95,10 +95,15 @@ class BenchConfig:
     def block_config(self) -> BlockConfig:
         """The Llama-style model of this benchmark."""
         return BlockConfig(
-            family="llama", num_layers=self.num_layers, hidden_size=self.hidden_size,
-            num_heads=self.num_heads, num_kv_heads=self.num_heads,
-            head_dim=self.hidden_size // self.num_heads, ffn_hidden_size=self.ffn_hidden_size,
-            vocab_size=self.vocab_size, max_seq_len=self.seq_len,
+            family="llama",
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_heads,
+            head_dim=self.hidden_size // self.num_heads,
+            ffn_hidden_size=self.ffn_hidden_size,
+            vocab_size=self.vocab_size,
+            max_seq_len=self.seq_len,
         )
 
 
@@ -197,8 +202,9 @@ def stage_costs(m: CaseMeasurement) -> StageCosts:
         p2p_s=m.p2p_s,
         activation_bytes=table(lambda c: float(c.activation_bytes)),
         weight_grad_bytes=table(lambda c: float(min(c.weight_grad_bytes, c.activation_bytes))),
-        retained_bytes=table(lambda c: float(min(c.retained_bytes, c.weight_grad_bytes, c.activation_bytes))
-                             if split else 0.0),
+        retained_bytes=table(
+            lambda c: float(min(c.retained_bytes, c.weight_grad_bytes, c.activation_bytes)) if split else 0.0
+        ),
     )
 
 
@@ -212,8 +218,12 @@ def compare(m: CaseMeasurement) -> Comparison:
     """Prediction next to the measured median step time and peak saved bytes."""
     result = predict(m)
     return Comparison(
-        schedule=m.schedule, pp=m.pp, vpp=m.vpp, num_microbatches=m.num_microbatches,
-        predicted_s=result.step_time_s, measured_s=statistics.median(m.step_s),
+        schedule=m.schedule,
+        pp=m.pp,
+        vpp=m.vpp,
+        num_microbatches=m.num_microbatches,
+        predicted_s=result.step_time_s,
+        measured_s=statistics.median(m.step_s),
         predicted_peak_bytes=result.peak_activation_bytes or (),
         measured_peak_bytes=m.peak_saved_bytes,
     )
@@ -222,13 +232,16 @@ def compare(m: CaseMeasurement) -> Comparison:
 def format_table(rows: Sequence[Comparison]) -> str:
     """A plain-text table: schedule, P, V, M, step times, error, peak MiB per rank."""
     mib = 2**20
-    lines = [f"{'schedule':<17} {'P':>2} {'V':>2} {'M':>3} {'pred s':>8} {'meas s':>8} {'err %':>6}  "
-             "peak saved MiB per rank (pred/meas)"]
+    lines = [
+        f"{'schedule':<17} {'P':>2} {'V':>2} {'M':>3} {'pred s':>8} {'meas s':>8} {'err %':>6}  "
+        "peak saved MiB per rank (pred/meas)"
+    ]
     for r in rows:
-        peaks = " ".join(f"{p / mib:.1f}/{q / mib:.1f}"
-                         for p, q in zip(r.predicted_peak_bytes, r.measured_peak_bytes))
-        lines.append(f"{r.schedule:<17} {r.pp:>2} {r.vpp:>2} {r.num_microbatches:>3} "
-                     f"{r.predicted_s:>8.4f} {r.measured_s:>8.4f} {100 * r.error:>+6.1f}  {peaks}")
+        peaks = " ".join(f"{p / mib:.1f}/{q / mib:.1f}" for p, q in zip(r.predicted_peak_bytes, r.measured_peak_bytes))
+        lines.append(
+            f"{r.schedule:<17} {r.pp:>2} {r.vpp:>2} {r.num_microbatches:>3} "
+            f"{r.predicted_s:>8.4f} {r.measured_s:>8.4f} {100 * r.error:>+6.1f}  {peaks}"
+        )
     return "\n".join(lines)
 
 
@@ -364,8 +377,16 @@ class _ChunkBench:
         """Medians of the samples taken so far, and the saved bytes."""
         f, i, w, b = (statistics.median(self.samples[k]) for k in "FIWB")
         saved, held, kept = self.saved_bytes()
-        return ChunkProfile(stage=-1, forward_s=f, input_s=i, weight_s=w, backward_s=b,
-                            activation_bytes=saved, weight_grad_bytes=held, retained_bytes=kept)
+        return ChunkProfile(
+            stage=-1,
+            forward_s=f,
+            input_s=i,
+            weight_s=w,
+            backward_s=b,
+            activation_bytes=saved,
+            weight_grad_bytes=held,
+            retained_bytes=kept,
+        )
 
 
 def _p2p_seconds(config: BenchConfig, rank: int) -> float:
@@ -382,8 +403,9 @@ def _p2p_seconds(config: BenchConfig, rank: int) -> float:
     return float(value.item())
 
 
-def _schedule_step(config: BenchConfig, case: Case, parts: list[Transformer],
-                   stages: tuple[int, ...], world: int) -> Callable[[], None]:
+def _schedule_step(
+    config: BenchConfig, case: Case, parts: list[Transformer], stages: tuple[int, ...], world: int
+) -> Callable[[], None]:
     """A function running one step of torch's schedule on this rank's stages."""
     num_stages = world * case.vpp
     pipe = [PipelineStage(part, s, num_stages, torch.device("cpu")) for part, s in zip(parts, stages)]
@@ -446,17 +468,20 @@ def _measure_case(config: BenchConfig, case: Case, rank: int, world: int) -> Cas
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (profiles, tracker.peak))
     return CaseMeasurement(
-        schedule=case.schedule, pp=world, vpp=case.vpp, num_microbatches=config.num_microbatches,
-        chunks=tuple(g[0] for g in gathered), p2p_s=p2p_s,
-        step_s=tuple(step_s), peak_saved_bytes=tuple(g[1] for g in gathered),
+        schedule=case.schedule,
+        pp=world,
+        vpp=case.vpp,
+        num_microbatches=config.num_microbatches,
+        chunks=tuple(g[0] for g in gathered),
+        p2p_s=p2p_s,
+        step_s=tuple(step_s),
+        peak_saved_bytes=tuple(g[1] for g in gathered),
     )
 
 
-def _worker(rank: int, world: int, port: int, config: BenchConfig, cases: Sequence[Case],
-            out_path: str) -> None:
+def _worker(rank: int, world: int, port: int, config: BenchConfig, cases: Sequence[Case], out_path: str) -> None:
     torch.set_num_threads(config.threads)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         results = [_measure_case(config, case, rank, world) for case in cases]
         if rank == 0:
@@ -472,8 +497,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def measure(procs: int, config: BenchConfig = BenchConfig(),
-            cases: Sequence[Case] = DEFAULT_CASES) -> list[CaseMeasurement]:
+def measure(
+    procs: int, config: BenchConfig = BenchConfig(), cases: Sequence[Case] = DEFAULT_CASES
+) -> list[CaseMeasurement]:
     """Spawn `procs` gloo processes and measure every case (see the module docstring)."""
     if procs < 2:
         raise ValueError(f"a pipeline needs at least 2 processes, got {procs}")

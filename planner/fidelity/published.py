@@ -35,19 +35,19 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from planner.api import layout_of
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
-from planner.api import layout_of
 from planner.job import build as build_job
 from planner.job import cost_options as job_cost_options
 from planner.layout import Layout, check_layout
 from planner.predict import Prediction, predict
 from planner.request import Request
-from planner.uncertainty import gpu_generation
 from planner.runtimes import resolve as resolve_runtime
 from planner.spec import GpuSpec, ModelSpec, validation_message
+from planner.uncertainty import gpu_generation
 from planner.units import GiB
 
 TableT = TypeVar("TableT", bound=BaseModel)
@@ -117,9 +117,7 @@ class PublishedRun(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> PublishedRun:
         if self.tp * self.pp * self.cp * self.dp != self.gpus:
-            raise ValueError(
-                f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp} != {self.gpus} GPUs"
-            )
+            raise ValueError(f"tp {self.tp} x pp {self.pp} x cp {self.cp} x dp {self.dp} != {self.gpus} GPUs")
         if self.global_batch % (self.dp * self.mbs):
             raise ValueError(f"global_batch {self.global_batch} is not a multiple of dp x mbs")
         published = (self.step_time_s, self.tokens_per_s_per_gpu, self.tflops_per_gpu, self.mfu)
@@ -130,9 +128,18 @@ class PublishedRun(BaseModel):
 
     def request(self) -> Request:
         """The run as a user asks for it: its cluster, runtime version and settings."""
-        return Request(model=self.model, gpu=self.gpu, num_gpus=self.gpus, global_batch=self.global_batch,
-                       seq=self.seq, gpus_per_node=self.gpus_per_node, intra_node_bw_gbps=self.intra_node_bw_gbps,
-                       inter_node_bw_gbps=self.inter_node_bw_gbps, runtime=self.runtime, options=self.settings)
+        return Request(
+            model=self.model,
+            gpu=self.gpu,
+            num_gpus=self.gpus,
+            global_batch=self.global_batch,
+            seq=self.seq,
+            gpus_per_node=self.gpus_per_node,
+            intra_node_bw_gbps=self.intra_node_bw_gbps,
+            inter_node_bw_gbps=self.inter_node_bw_gbps,
+            runtime=self.runtime,
+            options=self.settings,
+        )
 
     @property
     def num_microbatches(self) -> int:
@@ -272,9 +279,20 @@ def cost_options(run: PublishedRun) -> CostOptions:
 
 def layout_fields(run: PublishedRun) -> dict:
     """The run's layout as `planner.api.layout_of` (and `planner evaluate`'s flags) take it."""
-    return {"tp": run.tp, "pp": run.pp, "cp": run.cp, "vpp": run.vpp, "mbs": run.mbs, "schedule": run.schedule,
-            "recompute": run.recompute, "sequence_parallel": run.sequence_parallel, "zero": run.zero_stage,
-            "ep": run.ep, "etp": run.etp, "stage_layers": run.stage_layers}
+    return {
+        "tp": run.tp,
+        "pp": run.pp,
+        "cp": run.cp,
+        "vpp": run.vpp,
+        "mbs": run.mbs,
+        "schedule": run.schedule,
+        "recompute": run.recompute,
+        "sequence_parallel": run.sequence_parallel,
+        "zero": run.zero_stage,
+        "ep": run.ep,
+        "etp": run.etp,
+        "stage_layers": run.stage_layers,
+    }
 
 
 def evaluate_command(run: PublishedRun) -> list[str]:
@@ -283,8 +301,15 @@ def evaluate_command(run: PublishedRun) -> list[str]:
     words = ["planner", "evaluate", *request.cluster_flags()]
     for name in ("tp", "pp", "cp", "vpp", "mbs"):
         words += [f"--{name}", str(fields[name])]
-    words += ["--schedule", run.schedule, "--recompute", run.recompute, "--zero", str(run.zero_stage),
-              "--sp" if run.sequence_parallel else "--no-sp"]
+    words += [
+        "--schedule",
+        run.schedule,
+        "--recompute",
+        run.recompute,
+        "--zero",
+        str(run.zero_stage),
+        "--sp" if run.sequence_parallel else "--no-sp",
+    ]
     if run.ep > 1:
         words += ["--ep", str(run.ep)]
     if run.etp is not None:
@@ -397,10 +422,16 @@ def result_row(result: RunResult) -> dict[str, object]:
 def residuals_json(results: list[RunResult]) -> str:
     """The development set's step errors as planner/presets/residuals.json holds them
     (planner/uncertainty.py reads them)."""
-    rows = [{"name": r.run.name, "runtime": r.run.runtime.partition("@")[0],
-             "gpu_generation": gpu_generation(r.run.gpu), "gpus": r.run.gpus,
-             "moe": resolve_model(r.run.model).is_moe,
-             "step_error": round(r.step_error, 6)} for r in results]
+    rows = [
+        {
+            "name": r.run.name,
+            "runtime": r.run.runtime.partition("@")[0],
+            "gpu_generation": gpu_generation(r.run.gpu),
+            "gpus": r.run.gpus,
+            "moe": resolve_model(r.run.model).is_moe,
+            "step_error": round(r.step_error, 6),
+        }
+        for r in results
+    ]
     body = ",\n".join("    " + json.dumps(row) for row in rows)
-    return ('{"source": "python tests/bench/published_runs.py --residuals",\n "runs": [\n'
-            + body + "\n]}\n")
+    return '{"source": "python tests/bench/published_runs.py --residuals",\n "runs": [\n' + body + "\n]}\n"

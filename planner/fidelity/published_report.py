@@ -52,8 +52,13 @@ def _summary_cells(summary: ErrorSummary) -> list[str]:
     memory = "–"
     if summary.memory_mean_abs is not None:
         memory = f"{summary.memory_mean_abs:.1%} ({summary.memory_runs})"
-    return [str(summary.runs), _pct(summary.mean_abs), _pct(summary.mean_signed, signed=True),
-            _pct(summary.max_abs), memory]
+    return [
+        str(summary.runs),
+        _pct(summary.mean_abs),
+        _pct(summary.mean_signed, signed=True),
+        _pct(summary.max_abs),
+        memory,
+    ]
 
 
 def _row(cells: list[str]) -> str:
@@ -63,36 +68,77 @@ def _row(cells: list[str]) -> str:
 def source_table(results: list[RunResult]) -> list[str]:
     """Per-source and overall step-time errors, held-out runs also on their own."""
     lines = [
-        _row(["source", "years", "runtime", "GPU", "GPUs", "runs", "mean abs step error",
-              "mean signed", "worst abs", "memory mean abs (runs)"]),
+        _row(
+            [
+                "source",
+                "years",
+                "runtime",
+                "GPU",
+                "GPUs",
+                "runs",
+                "mean abs step error",
+                "mean signed",
+                "worst abs",
+                "memory mean abs (runs)",
+            ]
+        ),
         _row(["---", "---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]),
     ]
     for source, group in by_source(results).items():
         runs = [r.run for r in group]
-        lines.append(_row([
-            source, _span([r.year for r in runs], thousands=False),
-            ", ".join(sorted({r.runtime for r in runs})),
-            ", ".join(sorted({r.gpu for r in runs})), _span([r.gpus for r in runs]),
-            *_summary_cells(summarize(group)),
-        ]))
+        lines.append(
+            _row(
+                [
+                    source,
+                    _span([r.year for r in runs], thousands=False),
+                    ", ".join(sorted({r.runtime for r in runs})),
+                    ", ".join(sorted({r.gpu for r in runs})),
+                    _span([r.gpus for r in runs]),
+                    *_summary_cells(summarize(group)),
+                ]
+            )
+        )
     held = [r for r in results if r.run.held_out]
     tuned = [r for r in results if not r.run.held_out]
     all_runs = [r.run for r in results]
     span = _span([r.gpus for r in all_runs])
-    lines.append(_row(["**all**", _span([r.year for r in all_runs], thousands=False), "", "", span,
-                       *[f"**{c}**" for c in _summary_cells(summarize(results))]]))
+    lines.append(
+        _row(
+            [
+                "**all**",
+                _span([r.year for r in all_runs], thousands=False),
+                "",
+                "",
+                span,
+                *[f"**{c}**" for c in _summary_cells(summarize(results))],
+            ]
+        )
+    )
     for label, group in (("held-out runs", held), ("other runs", tuned)):
         if group:
-            lines.append(_row([label, "", "", "", _span([r.run.gpus for r in group]),
-                               *_summary_cells(summarize(group))]))
+            lines.append(
+                _row([label, "", "", "", _span([r.run.gpus for r in group]), *_summary_cells(summarize(group))])
+            )
     return lines
 
 
 def run_table(results: list[RunResult]) -> list[str]:
     """One line per run: layout, published and predicted step time and memory, errors."""
     lines = [
-        _row(["run", "source", "GPU × n", "layout", "published step s", "predicted step s",
-              "step error", "published mem GiB", "predicted mem GiB", "memory error"]),
+        _row(
+            [
+                "run",
+                "source",
+                "GPU × n",
+                "layout",
+                "published step s",
+                "predicted step s",
+                "step error",
+                "published mem GiB",
+                "predicted mem GiB",
+                "memory error",
+            ]
+        ),
         _row(["---", "---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]),
     ]
     for r in results:
@@ -102,11 +148,22 @@ def run_table(results: list[RunResult]) -> list[str]:
         memory = "–" if run.memory_gib is None else f"{run.memory_gib:.1f}"
         shown = r.compared_memory_gib if run.memory_gib is not None else r.peak_memory_gib
         predicted_memory = f"{shown:.1f}" + ("" if r.fits else " (over)")
-        lines.append(_row([
-            name, run.source_id, f"{run.gpu} × {run.gpus:,}", layout_label(run), published,
-            f"{r.predicted_step_time_s:.3g}", _pct(r.step_error, signed=True), memory,
-            predicted_memory, _pct(r.memory_error, signed=True),
-        ]))
+        lines.append(
+            _row(
+                [
+                    name,
+                    run.source_id,
+                    f"{run.gpu} × {run.gpus:,}",
+                    layout_label(run),
+                    published,
+                    f"{r.predicted_step_time_s:.3g}",
+                    _pct(r.step_error, signed=True),
+                    memory,
+                    predicted_memory,
+                    _pct(r.memory_error, signed=True),
+                ]
+            )
+        )
     return lines
 
 

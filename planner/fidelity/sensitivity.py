@@ -141,8 +141,9 @@ class Sensitivity:
         return self.moved[0].runs if self.moved else 0
 
 
-def sensitivity(runs: list[PublishedRun], factors: list[FactorRange],
-                progress: Callable[[str], None] | None = None) -> list[Sensitivity]:
+def sensitivity(
+    runs: list[PublishedRun], factors: list[FactorRange], progress: Callable[[str], None] | None = None
+) -> list[Sensitivity]:
     """For each factor, the runs' errors at its low and its high end, everything else at the
     defaults (a factor with no stated range: the defaults' errors at both ends)."""
     defaults = [evaluate_run(run) for run in runs]
@@ -154,13 +155,22 @@ def sensitivity(runs: list[PublishedRun], factors: list[FactorRange],
         if not factor.has_range:
             rows.append(Sensitivity(factor=factor, at_low=base, at_default=base, at_high=base, moved=None))
             continue
-        low, high = ([result_with(run, factor, value) if factor.acts_on(run) else default
-                      for run, default in zip(runs, defaults)] for value in (factor.low, factor.high))
-        moved = [k for k, d in enumerate(defaults)
-                 if any(end[k].predicted_step_time_s != d.predicted_step_time_s for end in (low, high))]
+        low, high = (
+            [
+                result_with(run, factor, value) if factor.acts_on(run) else default
+                for run, default in zip(runs, defaults)
+            ]
+            for value in (factor.low, factor.high)
+        )
+        moved = [
+            k
+            for k, d in enumerate(defaults)
+            if any(end[k].predicted_step_time_s != d.predicted_step_time_s for end in (low, high))
+        ]
         subset = tuple(summarize([results[k] for k in moved]) for results in (low, defaults, high)) if moved else None
-        rows.append(Sensitivity(factor=factor, at_low=summarize(low), at_default=base, at_high=summarize(high),
-                                moved=subset))
+        rows.append(
+            Sensitivity(factor=factor, at_low=summarize(low), at_default=base, at_high=summarize(high), moved=subset)
+        )
     return rows
 
 
@@ -170,21 +180,23 @@ def _value_text(value: Value) -> str:
 
 def _errors_text(ends: tuple[ErrorSummary, ...]) -> str:
     """Mean |step error| and mean signed step error at low / default / high."""
-    return (" / ".join(f"{s.mean_abs:.2%}" for s in ends) + " | "
-            + " / ".join(f"{s.mean_signed:+.2%}" for s in ends))
+    return " / ".join(f"{s.mean_abs:.2%}" for s in ends) + " | " + " / ".join(f"{s.mean_signed:+.2%}" for s in ends)
 
 
 def sensitivity_markdown(rows: list[Sensitivity]) -> str:
     """One Markdown table: each factor's range, and the mean |step error| and mean signed step
     error at its low end, default and high end, over all runs and over the runs it moves."""
-    header = ("| factor | low | default | high | all runs: mean abs step error, low / default / high | mean signed "
-              "| runs moved | moved runs: mean abs step error, low / default / high | mean signed |")
+    header = (
+        "| factor | low | default | high | all runs: mean abs step error, low / default / high | mean signed "
+        "| runs moved | moved runs: mean abs step error, low / default / high | mean signed |"
+    )
     lines = [header, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         f = row.factor
         values = " | ".join(_value_text(v) for v in (f.low, f.default, f.high))
         moved = _errors_text(row.moved) if row.moved else "- | -"
         count = row.runs_moved if f.has_range else "no range"
-        lines.append(f"| {f.label} | {values} | {_errors_text((row.at_low, row.at_default, row.at_high))} "
-                     f"| {count} | {moved} |")
+        lines.append(
+            f"| {f.label} | {values} | {_errors_text((row.at_low, row.at_default, row.at_high))} | {count} | {moved} |"
+        )
     return "\n".join(lines) + "\n"

@@ -107,27 +107,36 @@ def compare(plan_file: PlanFile, reports: list[dict]) -> list[RankComparison]:
         pp_rank = report["pp_rank"]
         steps = report["step_time_s"][1:] or report["step_time_s"]
         peak = report.get("peak_allocated_bytes")
-        rows.append(RankComparison(
-            rank=report["rank"], pp_rank=pp_rank,
-            layers=" ".join(f"{a}-{b}" for a, b in entry.chunks_of(pp_rank)),
-            predicted_step_s=entry.predicted.step_time_s, measured_step_s=statistics.median(steps),
-            planner_params=rank_params(spec, entry, pp_rank),
-            script_params=rank_params(spec, entry, pp_rank, vocab_parallel=False),
-            measured_params=report["params"],
-            predicted_peak_gib=entry.predicted.memory_gb_per_stage[pp_rank],
-            measured_peak_gib=None if peak is None else peak / GiB,
-        ))
+        rows.append(
+            RankComparison(
+                rank=report["rank"],
+                pp_rank=pp_rank,
+                layers=" ".join(f"{a}-{b}" for a, b in entry.chunks_of(pp_rank)),
+                predicted_step_s=entry.predicted.step_time_s,
+                measured_step_s=statistics.median(steps),
+                planner_params=rank_params(spec, entry, pp_rank),
+                script_params=rank_params(spec, entry, pp_rank, vocab_parallel=False),
+                measured_params=report["params"],
+                predicted_peak_gib=entry.predicted.memory_gb_per_stage[pp_rank],
+                measured_peak_gib=None if peak is None else peak / GiB,
+            )
+        )
     return rows
 
 
 def format_report(plan_file: PlanFile, rows: list[RankComparison]) -> str:
     """The comparison table, the plan it ran and the legend, as text."""
     entry = plan_file.plans[0]
-    head = (f"plan: tp={entry.tp} pp={entry.pp} dp={entry.dp} vpp={entry.vpp} mbs={entry.mbs} "
-            f"M={entry.num_microbatches} schedule={entry.schedule} recompute={entry.recompute} "
-            f"({plan_file.cost_source})")
-    lines = [head, f"{'rank':>4} {'pp':>3} {'layers':<10} {'step s pred/meas':>20} {'err':>7} "
-                   f"{'params pred/run':>24} {'':<13} {'peak GiB pred/meas':>19}"]
+    head = (
+        f"plan: tp={entry.tp} pp={entry.pp} dp={entry.dp} vpp={entry.vpp} mbs={entry.mbs} "
+        f"M={entry.num_microbatches} schedule={entry.schedule} recompute={entry.recompute} "
+        f"({plan_file.cost_source})"
+    )
+    lines = [
+        head,
+        f"{'rank':>4} {'pp':>3} {'layers':<10} {'step s pred/meas':>20} {'err':>7} "
+        f"{'params pred/run':>24} {'':<13} {'peak GiB pred/meas':>19}",
+    ]
     for r in rows:
         if r.measured_params == r.planner_params:
             verdict = "exact"
@@ -166,8 +175,11 @@ class NodeRequest:
 
 def tp_degrees(spec: ModelSpec, nproc: int) -> list[int]:
     """TP degrees up to the node that divide the model's heads and the node."""
-    return [t for t in range(1, nproc + 1)
-            if nproc % t == 0 and spec.num_attention_heads % t == 0 and spec.num_kv_heads % t == 0]
+    return [
+        t
+        for t in range(1, nproc + 1)
+        if nproc % t == 0 and spec.num_attention_heads % t == 0 and spec.num_kv_heads % t == 0
+    ]
 
 
 def commands(request: NodeRequest) -> dict[str, list[str]]:
@@ -176,22 +188,100 @@ def commands(request: NodeRequest) -> dict[str, list[str]]:
     work, py = request.workdir, sys.executable
     profile, plan, export = work / "profile.json", work / "plan.json", work / "torch"
     n = str(request.nproc)
-    common = ["--model", request.model, "--device", request.device, "--dtype", request.dtype,
-              "--warmup", str(request.warmup), "--repeats", str(request.repeats)]
+    common = [
+        "--model",
+        request.model,
+        "--device",
+        request.device,
+        "--dtype",
+        request.dtype,
+        "--warmup",
+        str(request.warmup),
+        "--repeats",
+        str(request.repeats),
+    ]
     tps = ",".join(map(str, tp_degrees(spec, request.nproc)))
     return {
-        "profile layers": [py, "-m", "planner", "profile", *common, "--tp", tps, "--mbs", request.mbs,
-                           "--seq", str(request.seq), "--recompute", "none,full", "-o", str(profile)],
-        "profile collectives": [py, "-m", "planner", "profile", "--collectives", *common, "--nproc", n,
-                                "--max-bytes", str(request.max_collective_bytes), "-o", str(profile)],
-        "plan": [py, "-m", "planner", "plan", "--model", request.model, "--gpus", n, "--gpus-per-node", n,
-                 "--gpu", request.gpu, "--global-batch", str(request.global_batch), "--seq", str(request.seq),
-                 "--tp", tps, "--mbs", request.mbs, "--runtime", "torch", "--profile", str(profile),
-                 *request.plan_args, "--json", "-o", str(plan), "--force"],
+        "profile layers": [
+            py,
+            "-m",
+            "planner",
+            "profile",
+            *common,
+            "--tp",
+            tps,
+            "--mbs",
+            request.mbs,
+            "--seq",
+            str(request.seq),
+            "--recompute",
+            "none,full",
+            "-o",
+            str(profile),
+        ],
+        "profile collectives": [
+            py,
+            "-m",
+            "planner",
+            "profile",
+            "--collectives",
+            *common,
+            "--nproc",
+            n,
+            "--max-bytes",
+            str(request.max_collective_bytes),
+            "-o",
+            str(profile),
+        ],
+        "plan": [
+            py,
+            "-m",
+            "planner",
+            "plan",
+            "--model",
+            request.model,
+            "--gpus",
+            n,
+            "--gpus-per-node",
+            n,
+            "--gpu",
+            request.gpu,
+            "--global-batch",
+            str(request.global_batch),
+            "--seq",
+            str(request.seq),
+            "--tp",
+            tps,
+            "--mbs",
+            request.mbs,
+            "--runtime",
+            "torch",
+            "--profile",
+            str(profile),
+            *request.plan_args,
+            "--json",
+            "-o",
+            str(plan),
+            "--force",
+        ],
         "export": [py, "-m", "planner", "export", str(plan), "--to", "torch", "-o", str(export), "--force"],
-        "run": [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", n,
-                str(export / "train_pipeline.py"), "--device", request.device, "--dtype", request.dtype,
-                "--steps", str(request.steps), "--report", str(work / "report")],
+        "run": [
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            n,
+            str(export / "train_pipeline.py"),
+            "--device",
+            request.device,
+            "--dtype",
+            request.dtype,
+            "--steps",
+            str(request.steps),
+            "--report",
+            str(work / "report"),
+        ],
     }
 
 
@@ -236,16 +326,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default=None, help="bf16 on cuda, fp32 on cpu by default")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--max-collective-bytes", type=int, default=None,
-                        help="largest collective message (default 1 GiB on cuda, 16 MiB on cpu)")
+    parser.add_argument(
+        "--max-collective-bytes",
+        type=int,
+        default=None,
+        help="largest collective message (default 1 GiB on cuda, 16 MiB on cpu)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("validate-node"))
     parser.add_argument("plan_args", nargs="*", help="after --: more `planner plan` options")
     args = parser.parse_args(argv)
     cuda = args.device == "cuda"
     request = NodeRequest(
-        model=args.model, nproc=args.nproc, global_batch=args.global_batch, seq=args.seq, device=args.device,
-        gpu=args.gpu, steps=args.steps, mbs=args.mbs, dtype=args.dtype or ("bf16" if cuda else "fp32"),
-        warmup=args.warmup, repeats=args.repeats, workdir=args.workdir, plan_args=tuple(args.plan_args),
+        model=args.model,
+        nproc=args.nproc,
+        global_batch=args.global_batch,
+        seq=args.seq,
+        device=args.device,
+        gpu=args.gpu,
+        steps=args.steps,
+        mbs=args.mbs,
+        dtype=args.dtype or ("bf16" if cuda else "fp32"),
+        warmup=args.warmup,
+        repeats=args.repeats,
+        workdir=args.workdir,
+        plan_args=tuple(args.plan_args),
         max_collective_bytes=args.max_collective_bytes or (2**30 if cuda else 16 * 2**20),
     )
     try:

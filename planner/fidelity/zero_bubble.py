@@ -64,11 +64,11 @@ from planner.catalog import resolve_gpu
 from planner.cost.model import CostModel
 from planner.errors import ConfigError
 from planner.fidelity.published import load_tables
+from planner.job import runtime_cost_options
 from planner.layout import Layout, check_layout, stage_layers_from_counts
 from planner.pipeline import stage_costs
 from planner.predict import chunk_costs, predict
 from planner.schedule import auto_zero_bubble, compile_order, simulate
-from planner.job import runtime_cost_options
 from planner.spec import Cluster, ModelSpec
 
 PaperSchedule = Literal["1F1B", "1F1B-I", "ZB-1p", "ZB-2p", "ZB-2p*", "ZB-V"]
@@ -80,7 +80,11 @@ MAX_POSITIONS = 2048
 """examples/pretrain_zero_bubble.sh: --max-position-embeddings 2048."""
 
 PLANNER_SCHEDULE: dict[str, str] = {
-    "1F1B": "1f1b", "1F1B-I": "interleaved_1f1b", "ZB-1p": "zb_h1", "ZB-2p": "zb_h2", "ZB-2p*": "zb_h2",
+    "1F1B": "1f1b",
+    "1F1B-I": "interleaved_1f1b",
+    "ZB-1p": "zb_h1",
+    "ZB-2p": "zb_h2",
+    "ZB-2p*": "zb_h2",
     "ZB-V": "zbv",
 }
 """The paper's schedule -> the planner schedule it is predicted with."""
@@ -219,8 +223,12 @@ def pass_time_errors(rows: list[ZbRow], published: list[PassTimes]) -> list[Pass
         model, layout = build(row)
         costs = chunk_costs(model, layout, row.seq)
         rank = row.gpus // 2
-        predicted = (costs.forward_s[rank][0], costs.backward_input_s[rank][0], costs.backward_weight_s[rank][0],
-                     costs.p2p_s)
+        predicted = (
+            costs.forward_s[rank][0],
+            costs.backward_input_s[rank][0],
+            costs.backward_weight_s[rank][0],
+            costs.p2p_s,
+        )
         measured = (times.forward_ms, times.backward_input_ms, times.backward_weight_ms, times.comm_ms)
         errors = [p * 1e3 / m - 1.0 for p, m in zip(predicted, measured, strict=True)]
         results.append(PassTimeResult(times.setup, *errors))
@@ -238,10 +246,21 @@ def by_setup(rows: list[ZbRow]) -> dict[str, list[ZbRow]]:
 def model_spec(row: ZbRow) -> ModelSpec:
     """The paper's GPT-style model of this row (Table 3 dims; module docstring for the rest)."""
     return ModelSpec(
-        name=row.model, family="gpt", num_layers=row.layers, hidden_size=row.hidden,
-        num_attention_heads=row.heads, num_kv_heads=row.heads, ffn_hidden_size=4 * row.hidden,
-        vocab_size=VOCAB, max_position_embeddings=MAX_POSITIONS, norm="layernorm", activation="gelu",
-        position_embedding="learned", tie_embeddings=True, qkv_bias=True, linear_bias=True,
+        name=row.model,
+        family="gpt",
+        num_layers=row.layers,
+        hidden_size=row.hidden,
+        num_attention_heads=row.heads,
+        num_kv_heads=row.heads,
+        ffn_hidden_size=4 * row.hidden,
+        vocab_size=VOCAB,
+        max_position_embeddings=MAX_POSITIONS,
+        norm="layernorm",
+        activation="gelu",
+        position_embedding="learned",
+        tie_embeddings=True,
+        qkv_bias=True,
+        linear_bias=True,
     )
 
 
@@ -274,13 +293,25 @@ def build(row: ZbRow) -> tuple[CostModel, Layout]:
     gpu = resolve_gpu(GPU)
     cluster = Cluster.of(gpu, row.gpus, gpus_per_node=row.gpus_per_node)
     schedule, vpp = PLANNER_SCHEDULE[row.schedule], vpp_of(row)
-    cuts = stage_layers_from_counts(padded_stage_counts(row.layers, row.gpus * vpp), row.layers, row.gpus, vpp,
-                                    schedule)
-    layout = Layout(tp=1, pp=row.gpus, dp=1, vpp=vpp, mbs=row.mbs, num_microbatches=row.microbatches,
-                    schedule=schedule, recompute=("none",) * row.gpus, zero_stage=0, stage_layers=cuts)
+    cuts = stage_layers_from_counts(
+        padded_stage_counts(row.layers, row.gpus * vpp), row.layers, row.gpus, vpp, schedule
+    )
+    layout = Layout(
+        tp=1,
+        pp=row.gpus,
+        dp=1,
+        vpp=vpp,
+        mbs=row.mbs,
+        num_microbatches=row.microbatches,
+        schedule=schedule,
+        recompute=("none",) * row.gpus,
+        zero_stage=0,
+        stage_layers=cuts,
+    )
     check_layout(layout, spec, cluster, row.global_batch, row.seq)
     options = runtime_cost_options("megatron", gpu, attention="unfused").with_fields(
-        dtype="fp16", dropout=True, **({"p2p_mode": ZB_P2P_MODE} if row.schedule in ZB_RUNTIME else {}))
+        dtype="fp16", dropout=True, **({"p2p_mode": ZB_P2P_MODE} if row.schedule in ZB_RUNTIME else {})
+    )
     return CostModel(spec, cluster, options), layout
 
 
@@ -317,19 +348,27 @@ def evaluate(rows: list[ZbRow], *, auto: bool = True) -> list[RatioResult]:
                 continue
             rate = predicted_samples_per_gpu_per_s(row)
             auto_rate = auto_samples_per_gpu_per_s(row) if auto and row.schedule in AUTO_MEMORY_LIMIT else None
-            results.append(RatioResult(
-                row=row, planner_schedule=PLANNER_SCHEDULE[row.schedule], vpp=vpp_of(row),
-                published_ratio=row.samples_per_gpu_per_s / base.samples_per_gpu_per_s,
-                predicted_ratio=rate / base_rate, predicted_samples_per_gpu_per_s=rate,
-                auto_ratio=None if auto_rate is None else auto_rate / base_rate,
-            ))
+            results.append(
+                RatioResult(
+                    row=row,
+                    planner_schedule=PLANNER_SCHEDULE[row.schedule],
+                    vpp=vpp_of(row),
+                    published_ratio=row.samples_per_gpu_per_s / base.samples_per_gpu_per_s,
+                    predicted_ratio=rate / base_rate,
+                    predicted_samples_per_gpu_per_s=rate,
+                    auto_ratio=None if auto_rate is None else auto_rate / base_rate,
+                )
+            )
     return results
 
 
 def baseline_errors(rows: list[ZbRow]) -> dict[str, float]:
     """Per setup, the 1F1B row's predicted / published samples per GPU per second - 1."""
-    return {r.setup: predicted_samples_per_gpu_per_s(r) / r.samples_per_gpu_per_s - 1.0
-            for r in rows if r.schedule == BASELINE}
+    return {
+        r.setup: predicted_samples_per_gpu_per_s(r) / r.samples_per_gpu_per_s - 1.0
+        for r in rows
+        if r.schedule == BASELINE
+    }
 
 
 def summarize(errors: dict[str, float]) -> RatioSummary:
@@ -338,8 +377,13 @@ def summarize(errors: dict[str, float]) -> RatioSummary:
         raise ValueError("no ratio errors to summarise")
     worst = max(errors, key=lambda k: abs(errors[k]))
     values = list(errors.values())
-    return RatioSummary(rows=len(values), mean_abs=sum(abs(e) for e in values) / len(values),
-                        mean_signed=sum(values) / len(values), max_abs=abs(errors[worst]), worst=worst)
+    return RatioSummary(
+        rows=len(values),
+        mean_abs=sum(abs(e) for e in values) / len(values),
+        mean_signed=sum(values) / len(values),
+        max_abs=abs(errors[worst]),
+        worst=worst,
+    )
 
 
 def row_name(result: RatioResult) -> str:

@@ -43,18 +43,27 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     paired = pairs_moe_comm(model, layout)
     layer_costs = unit_layer_costs(model, layout)
     split = SCHEDULES[layout.schedule].split_backward and pp > 1
-    paired_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, paired), split)
-                     for kind in set(model.block_kinds) for mode in set(layout.recompute)}
-    alone_blocks = {(kind, mode): _block_terms(layer_costs(kind, shard, mode, False), split)
-                    for kind, mode in paired_blocks} if paired else paired_blocks
+    paired_blocks = {
+        (kind, mode): _block_terms(layer_costs(kind, shard, mode, paired), split)
+        for kind in set(model.block_kinds)
+        for mode in set(layout.recompute)
+    }
+    alone_blocks = (
+        {(kind, mode): _block_terms(layer_costs(kind, shard, mode, False), split) for kind, mode in paired_blocks}
+        if paired
+        else paired_blocks
+    )
     embedding, head = layer_costs("embedding", shard), layer_costs("head", shard)
     fwd, bwd_in, bwd_w, act, chunk_params = [], [], [], [], []
     extra, params, tp_comm, experts = [0.0] * pp, [0.0] * pp, [0.0] * pp, [0.0] * pp
     for rank, per_rank in enumerate(layout.stage_layers):
         mode = layout.recompute[rank]
         alone = unpaired_share(model, layout, rank) if paired else 0.0
-        blocks = ({key: _blend(terms, alone_blocks[key], alone) for key, terms in paired_blocks.items()}
-                  if alone else paired_blocks)
+        blocks = (
+            {key: _blend(terms, alone_blocks[key], alone) for key, terms in paired_blocks.items()}
+            if alone
+            else paired_blocks
+        )
         row_fwd, row_in, row_w, row_act, row_params = [], [], [], [], []
         for start, end in per_rank:
             f = b = w = a = held = 0.0
@@ -82,8 +91,10 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
         chunk_params.append(row_params)
     last_rank = head_rank(layout.schedule, pp, vpp)
     ends = [(embedding, 0, 0), (head, last_rank, vpp - 1), *replica_ends(layout, embedding, head)]
-    ends += [(layer_costs("mtp", shard, layout.recompute[rank], paired), rank, chunk)
-             for rank, chunk in mtp_places(model, layout)]
+    ends += [
+        (layer_costs("mtp", shard, layout.recompute[rank], paired), rank, chunk)
+        for rank, chunk in mtp_places(model, layout)
+    ]
     for costs, rank, chunk in ends:
         comm_backward = costs.comm_backward_s + (costs.split_backward_comm_s if split else 0.0)
         fwd[rank][chunk] += costs.forward_s + costs.comm_forward_s
@@ -118,11 +129,18 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
     hold_fwd, hold_bwd = send_holds(model, layout, p2p_bytes) if pp > 1 else (0.0, 0.0)
     blocking = p2p_mode(model, layout) == "blocking"
     return ChunkCosts(
-        forward_s=fwd, backward_input_s=bwd_in, backward_weight_s=bwd_w,
-        activation_bytes=act, extra_bytes=extra, params=params, tp_comm_s=tp_comm,
-        chunk_params=chunk_params, expert_params=experts,
+        forward_s=fwd,
+        backward_input_s=bwd_in,
+        backward_weight_s=bwd_w,
+        activation_bytes=act,
+        extra_bytes=extra,
+        params=params,
+        tp_comm_s=tp_comm,
+        chunk_params=chunk_params,
+        expert_params=experts,
         p2p_s=0.0 if hold_fwd or hold_bwd else p2p_s,  # a blocking hold contains the transfer
-        send_hold_forward_s=hold_fwd, send_hold_backward_s=hold_bwd,
+        send_hold_forward_s=hold_fwd,
+        send_hold_backward_s=hold_bwd,
         exchanges=exchange_program(layout.schedule, pp, layout.num_microbatches) if blocking else None,
         segments=k,
         cached_segment_bytes=_bf16_optimizer_segments(model, layout, shard, params, last_rank),
@@ -141,19 +159,22 @@ def _grad_accumulation_s(model: CostModel, params: float, microbatches: int) -> 
     return seconds
 
 
-def _add_pipe_engine_buffers(model: CostModel, layout: Layout, shard: Shard, act: list[list[float]],
-                             extra: list[float], last_rank: int) -> None:
+def _add_pipe_engine_buffers(
+    model: CostModel, layout: Layout, shard: Shard, act: list[list[float]], extra: list[float], last_rank: int
+) -> None:
     """Add DeepSpeed PipelineEngine's own buffers (`memory.deepspeed_pipe_buffer_bytes`) to each
     rank's per-micro-batch activation bytes (its last chunk's) and its transient bytes."""
     for rank in range(layout.pp):
         held, fixed = memory.deepspeed_pipe_buffer_bytes(
-            shard, model.spec.hidden_size, model.dtype_bytes, first=rank == 0, last=rank == last_rank)
+            shard, model.spec.hidden_size, model.dtype_bytes, first=rank == 0, last=rank == last_rank
+        )
         act[rank][-1] += held
         extra[rank] += fixed
 
 
-def _bf16_optimizer_segments(model: CostModel, layout: Layout, shard: Shard, params: list[float],
-                             last_rank: int) -> list[float] | None:
+def _bf16_optimizer_segments(
+    model: CostModel, layout: Layout, shard: Shard, params: list[float], last_rank: int
+) -> list[float] | None:
     """Per rank, the allocator segments DeepSpeed's BF16_Optimizer's transients add
     (`memory.bf16_optimizer_transients`, `memory.new_segment_bytes`); None without it."""
     opts = model.options
@@ -181,9 +202,16 @@ def _block_terms(block: LayerCosts, split: bool) -> tuple[float, float, float, f
     backward-weight seconds, activation bytes, parameters, routed expert parameters, TP/CP
     communication seconds and transient bytes."""
     comm_backward = block.comm_backward_s + (block.split_backward_comm_s if split else 0.0)
-    return (block.forward_s + block.comm_forward_s, block.backward_input_s + comm_backward,
-            block.backward_weight_s, block.activation_bytes, block.param_count, block.expert_param_count,
-            block.comm_forward_s + comm_backward, block.peak_extra_bytes)
+    return (
+        block.forward_s + block.comm_forward_s,
+        block.backward_input_s + comm_backward,
+        block.backward_weight_s,
+        block.activation_bytes,
+        block.param_count,
+        block.expert_param_count,
+        block.comm_forward_s + comm_backward,
+        block.peak_extra_bytes,
+    )
 
 
 def unit_layer_costs(model: CostModel, layout: Layout):

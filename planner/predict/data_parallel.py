@@ -47,13 +47,14 @@ def tied_embedding_done(model: CostModel, layout: Layout, done: list[float]) -> 
     # `_exec_reduce_tied_grads`), whatever the DP reduction's communication dtype
     grad_bytes = memory.BYTES_FP32 if model.options.data.bf16_optimizer else model.options.data.grad_reduce_bytes
     reduce = step_costs.tied_embedding_time(
-        model.network, spec.vocab_size, spec.hidden_size, grad_bytes,
-        layout.tp, layout.cp, layout.dp, layout.pp)
+        model.network, spec.vocab_size, spec.hidden_size, grad_bytes, layout.tp, layout.cp, layout.dp, layout.pp
+    )
     return max(done[0], done[last]) + reduce
 
 
-def after_backward_times(model: CostModel, layout: Layout, params: list[float],
-                         expert_params: list[float] | None = None) -> dict[str, float]:
+def after_backward_times(
+    model: CostModel, layout: Layout, params: list[float], expert_params: list[float] | None = None
+) -> dict[str, float]:
     """Seconds of the step's synchronised tail after the gradients are reduced, slowest rank
     each: where the runtime has them, the DDP's copies of the gradients around the all-reduce
     and the cast of 16-bit gradients into fp32 main gradients; fp16's loss-scale check, the
@@ -65,15 +66,26 @@ def after_backward_times(model: CostModel, layout: Layout, params: list[float],
     most = max(dp_equivalent_params(layout.zero_stage, dp_shards(layout), edp, p, e) for p, e in zip(params, experts))
     opts = model.options
     return {
-        **({"ddp_grad_copies": step_costs.ddp_grad_copy_time(compute, most, opts.data.grad_reduce_bytes,
-                                                             opts.data.ddp_grad_copy_passes)}
-           if opts.data.ddp_grad_copy_passes else {}),
-        **({"main_grad_cast": step_costs.main_grad_cast_time(compute, most, layout.zero_stage, dp_shards(layout))}
-           if opts.data.main_grad_cast else {}),
+        **(
+            {
+                "ddp_grad_copies": step_costs.ddp_grad_copy_time(
+                    compute, most, opts.data.grad_reduce_bytes, opts.data.ddp_grad_copy_passes
+                )
+            }
+            if opts.data.ddp_grad_copy_passes
+            else {}
+        ),
+        **(
+            {"main_grad_cast": step_costs.main_grad_cast_time(compute, most, layout.zero_stage, dp_shards(layout))}
+            if opts.data.main_grad_cast
+            else {}
+        ),
         "loss_scale_check": step_costs.loss_scale_time(
-            compute, net, model.options.kernels.dtype, most, *shape, layout.zero_stage),
-        "grad_norm": step_costs.grad_norm_time(compute, net, most, *shape, layout.zero_stage,
-                                               model.options.data.optimizer_kernels),
+            compute, net, model.options.kernels.dtype, most, *shape, layout.zero_stage
+        ),
+        "grad_norm": step_costs.grad_norm_time(
+            compute, net, most, *shape, layout.zero_stage, model.options.data.optimizer_kernels
+        ),
         "optimizer": optimizer_time(model, layout.zero_stage, dp_shards(layout), most),
     }
 
@@ -138,7 +150,7 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if root:  # FSDP's root unit: its all-gather opens the forward, its reduce-scatter closes the backward
         bucket, edge = (params - root) / max(1, calls - 1), root
     if layout.zero_stage == 3:  # FSDP frees the gathered weights after the forward and
-        reduce += gather        # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
+        reduce += gather  # gathers them again for the backward (Rajbhandari et al. 2020: 3x)
     backward = costs.segments * (sum(costs.backward_input_s[rank]) + sum(costs.backward_weight_s[rank]))
     forward = costs.segments * sum(costs.forward_s[rank])
     sm_share = comm_sm_fraction(model.cluster.gpu.efficiency, opts.cluster.interference)
@@ -154,8 +166,9 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     return exposed + _earlier_microbatch_collectives(layout, reduce, gather, forward, backward, sm_share)
 
 
-def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float, forward: float,
-                                    backward: float, sm_share: float) -> float:
+def _earlier_microbatch_collectives(
+    layout: Layout, reduce: float, gather: float, forward: float, backward: float, sm_share: float
+) -> float:
     """ZeRO-3 without pipelining runs its collectives in every micro-batch, not only in the
     step's first forward and last backward: FSDP frees the gathered weights after each forward
     and backward (FULL_SHARD, reshard_after_forward) and gathers them again in the next
@@ -170,8 +183,9 @@ def _earlier_microbatch_collectives(layout: Layout, reduce: float, gather: float
     so ranks of a pipeline are not charged."""
     if layout.zero_stage != 3 or layout.pp > 1 or layout.num_microbatches == 1:
         return 0.0
-    per_microbatch = (overlapped_extra_time(gather, forward, sm_share)
-                      + overlapped_extra_time(reduce, backward, sm_share))
+    per_microbatch = overlapped_extra_time(gather, forward, sm_share) + overlapped_extra_time(
+        reduce, backward, sm_share
+    )
     return (layout.num_microbatches - 1) * per_microbatch
 
 
@@ -190,8 +204,9 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
     calls = layers_on(layout, rank) + (fsdp_root_params(model, layout, rank) > 0)
     if opts.data.fsdp1_grad_cat:
         return step_costs.fsdp1_grad_cat_time(model.analytic, params, model.dtype_bytes, reduces=m, calls=calls)
-    return step_costs.fsdp2_copy_time(model.analytic, params, model.dtype_bytes, opts.data.grad_reduce_bytes,
-                                      gathers=2 * m, reduces=m, calls=calls)
+    return step_costs.fsdp2_copy_time(
+        model.analytic, params, model.dtype_bytes, opts.data.grad_reduce_bytes, gathers=2 * m, reduces=m, calls=calls
+    )
 
 
 def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool, has_experts: bool) -> bool:
@@ -199,8 +214,13 @@ def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool, has_experts:
     overlapped reduction (ZeRO 0-2; FSDP is charged per layer). A rank holding routed experts
     reduces two groups (DP x CP and EDP), which `interleaved_dp_exposed` does not model: it is
     charged whole, as without interleaving."""
-    return (layout.schedule == "interleaved_1f1b" and layout.vpp > 1 and overlap_grad_reduce
-            and layout.zero_stage < 3 and not has_experts)
+    return (
+        layout.schedule == "interleaved_1f1b"
+        and layout.vpp > 1
+        and overlap_grad_reduce
+        and layout.zero_stage < 3
+        and not has_experts
+    )
 
 
 def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, rank: int) -> float:
@@ -228,8 +248,9 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     forward = costs.forward_s[rank]
     reduce, gather = [], []
     for chunk, params in enumerate(costs.chunk_params[rank]):
-        calls = max(1, grad_bucket_count(params, shards, rank if chunk == 0 else 1, True,
-                                         every_rank=layout.zero_stage == 2))
+        calls = max(
+            1, grad_bucket_count(params, shards, rank if chunk == 0 else 1, True, every_rank=layout.zero_stage == 2)
+        )
         grad_bytes, param_bytes = params * opts.data.grad_reduce_bytes / calls, params * model.dtype_bytes / calls
         if layout.zero_stage == 0:
             reduce.append(calls * net.all_reduce(grad_bytes, shards, stride) if params else 0.0)

@@ -49,8 +49,9 @@ class RankMemory:
         return self.allocated + self.other
 
 
-def peak_activation_bytes(model: CostModel, layout: Layout, seq: int, costs: ChunkCosts,
-                          timing: PipelineTiming) -> tuple[float, ...]:
+def peak_activation_bytes(
+    model: CostModel, layout: Layout, seq: int, costs: ChunkCosts, timing: PipelineTiming
+) -> tuple[float, ...]:
     """Per pipeline rank, the most activation bytes it holds at once: the simulator's, but
     under seq1f1b with its segments' unequal lengths (the computation-wise partition,
     planner/cost/segments.py) weighing the held segments."""
@@ -61,20 +62,30 @@ def peak_activation_bytes(model: CostModel, layout: Layout, seq: int, costs: Chu
     return tuple(held[r] * sum(costs.activation_bytes[r]) for r in range(layout.pp))
 
 
-def layout_memory(model: CostModel, layout: Layout, costs: ChunkCosts,
-                  peak_activation_bytes: tuple[float, ...]) -> tuple[RankMemory, ...]:
+def layout_memory(
+    model: CostModel, layout: Layout, costs: ChunkCosts, peak_activation_bytes: tuple[float, ...]
+) -> tuple[RankMemory, ...]:
     """Memory of every pipeline rank, given the peak bytes of activations each holds."""
     experts = costs.expert_params or [0.0] * layout.pp
     state = memory.state_bytes_per_param(layout.zero_stage, dp_shards(layout))
     edp = memory.expert_dp_shards(layout.tp, layout.cp, layout.dp, layout.ep, layout.expert_tp)
     expert = memory.state_bytes_per_param(layout.zero_stage, edp)  # routed experts shard over EDP
-    return tuple(_rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r], state, expert)
-                 for r in range(layout.pp))
+    return tuple(
+        _rank_memory(model, layout, costs, peak_activation_bytes[r], r, experts[r], state, expert)
+        for r in range(layout.pp)
+    )
 
 
-def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activations: float,
-                 rank: int, expert_params: float, state: memory.StateBytes,
-                 expert: memory.StateBytes) -> RankMemory:
+def _rank_memory(
+    model: CostModel,
+    layout: Layout,
+    costs: ChunkCosts,
+    peak_activations: float,
+    rank: int,
+    expert_params: float,
+    state: memory.StateBytes,
+    expert: memory.StateBytes,
+) -> RankMemory:
     """Memory of pipeline rank `rank`: `state` bytes per dense parameter, `expert` per routed
     expert parameter (`memory.state_bytes_per_param` over DP x CP and over EDP)."""
     params = costs.params[rank]
@@ -94,9 +105,14 @@ def _rank_memory(model: CostModel, layout: Layout, costs: ChunkCosts, peak_activ
         grads += params * model.dtype_bytes
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations
-    outside = memory.outside_allocator_bytes(layout.tp, layout.cp, layout.dp, layout.pp,
-                                             _in_embedding_group(model, layout, rank),
-                                             model.options.memory.cuda_context_bytes)
+    outside = memory.outside_allocator_bytes(
+        layout.tp,
+        layout.cp,
+        layout.dp,
+        layout.pp,
+        _in_embedding_group(model, layout, rank),
+        model.options.memory.cuda_context_bytes,
+    )
     segments = costs.cached_segment_bytes[rank] if costs.cached_segment_bytes else 0.0
     return RankMemory(
         weights=weights,
@@ -113,9 +129,13 @@ def _layer_params(model: CostModel, layout: Layout, rank: int) -> tuple[float, f
     experts' among them: what `CostOptions.memory.parameter_copies` repeats (the embedding, head and
     multi-token-prediction modules are not: DualPipe holds them once on each end rank)."""
     spec, etp = model.spec, layout.expert_tp
-    per_kind = {"transformer": (memory.transformer_param_count(spec, layout.tp, layout.ep, etp),
-                                memory.routed_expert_param_count(spec, layout.ep, etp) if spec.is_moe else 0.0),
-                DENSE_BLOCK: (memory.transformer_param_count(spec, layout.tp, moe=False), 0.0)}
+    per_kind = {
+        "transformer": (
+            memory.transformer_param_count(spec, layout.tp, layout.ep, etp),
+            memory.routed_expert_param_count(spec, layout.ep, etp) if spec.is_moe else 0.0,
+        ),
+        DENSE_BLOCK: (memory.transformer_param_count(spec, layout.tp, moe=False), 0.0),
+    }
     params = experts = 0.0
     for start, end in layout.stage_layers[rank]:
         for kind, n in kind_counts(model, start, end):

@@ -35,8 +35,9 @@ def runs_combined_1f1b(options: CostOptions, spec: ModelSpec, layout: Layout) ->
     return combined_1f1b_runs(options, spec, layout.schedule, layout.pp, layout.ep, layout.recompute)
 
 
-def combined_1f1b_runs(options: CostOptions, spec: ModelSpec, schedule: str, pp: int, ep: int,
-                       recompute: tuple[str, ...]) -> bool:
+def combined_1f1b_runs(
+    options: CostOptions, spec: ModelSpec, schedule: str, pp: int, ep: int, recompute: tuple[str, ...]
+) -> bool:
     """`runs_combined_1f1b` of a layout of this schedule, PP and EP whose ranks recompute
     in the modes `recompute` (the search asks with none, then costs a mode `full` unpaired)."""
     if not (options.moe.moe_ep_overlap and spec.is_moe) or SCHEDULES[schedule].paired:
@@ -53,8 +54,12 @@ def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dic
     (`runs_combined_1f1b`). A dense model records the MoE defaults whatever was asked. The
     attention kernel, always."""
     deepep = options.moe.moe_dispatcher == "deepep" and spec.is_moe and layout.ep > 1
-    return {"precision": options.kernels.precision, "moe_dispatcher": "deepep" if deepep else "alltoall",
-            "moe_ep_overlap": runs_combined_1f1b(options, spec, layout), "attention": options.kernels.attention}
+    return {
+        "precision": options.kernels.precision,
+        "moe_dispatcher": "deepep" if deepep else "alltoall",
+        "moe_ep_overlap": runs_combined_1f1b(options, spec, layout),
+        "attention": options.kernels.attention,
+    }
 
 
 def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
@@ -75,7 +80,9 @@ def unpaired_share(model: CostModel, layout: Layout, rank: int) -> float:
 
 
 @cache
-def combined_1f1b_chunk_pairs(pp: int, vpp: int, microbatches: int, rank: int) -> tuple[tuple[tuple[int, int], int], ...]:
+def combined_1f1b_chunk_pairs(
+    pp: int, vpp: int, microbatches: int, rank: int
+) -> tuple[tuple[tuple[int, int], int], ...]:
     """(forward model chunk, backward model chunk) of each steady-state combined step on `rank`
     of Megatron's interleaved schedule with the MoE overlap, with how many steps pair them:
     step k runs virtual micro-batch k + W forward beside k backward (W the warm-up of

@@ -11,8 +11,15 @@ from planner.schedule import head_rank
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
     """The micro-batch shape one GPU of the layout sees."""
-    return Shard(mbs=layout.mbs, seq=seq, tp=layout.tp, cp=layout.cp, sequence_parallel=layout.sequence_parallel,
-                 ep=layout.ep, etp=layout.etp)
+    return Shard(
+        mbs=layout.mbs,
+        seq=seq,
+        tp=layout.tp,
+        cp=layout.cp,
+        sequence_parallel=layout.sequence_parallel,
+        ep=layout.ep,
+        etp=layout.etp,
+    )
 
 
 def kind_counts(model: CostModel, start: int, end: int) -> tuple[tuple[str, int], ...]:

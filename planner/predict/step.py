@@ -75,7 +75,7 @@ def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> l
     for rank, per_rank in enumerate(layout.stage_layers):
         mode, alone = layout.recompute[rank], unpaired_share(model, layout, rank) if paired else 0.0
 
-        def term(kind: str) -> float:
+        def term(kind: str, mode: str = mode, alone: float = alone) -> float:
             value = getattr(layer_costs(kind, shard, mode, paired), field)
             return value + alone * (getattr(layer_costs(kind, shard, mode, False), field) - value) if alone else value
 
@@ -86,8 +86,9 @@ def _block_per_rank(model: CostModel, layout: Layout, seq: int, field: str) -> l
     return out
 
 
-def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
-            costs: ChunkCosts | None = None) -> Prediction:
+def predict(
+    model: CostModel, layout: Layout, global_batch: int, seq: int, costs: ChunkCosts | None = None
+) -> Prediction:
     """Step time, throughput, MFU, bubble and memory of `layout` for this job; `costs`, when
     the caller has them, are the layout's `chunk_costs` (the search's, from its bound)."""
     if costs is None:
@@ -111,8 +112,10 @@ def predict(model: CostModel, layout: Layout, global_batch: int, seq: int,
     m = layout.num_microbatches * layout.segments  # units of ChunkCosts
     all_to_all = 0.0
     if model.spec.is_moe:
-        all_to_all = (m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical]
-                      + layout.num_microbatches * combined_1f1b_excess(model, layout, seq)[critical])
+        all_to_all = (
+            m * _block_per_rank(model, layout, seq, "moe_comm_s")[critical]
+            + layout.num_microbatches * combined_1f1b_excess(model, layout, seq)[critical]
+        )
     breakdown = {
         "compute": busy - m * costs.tp_comm_s[critical],
         "tp_cp_comm": m * costs.tp_comm_s[critical] - all_to_all,

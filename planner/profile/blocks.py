@@ -63,16 +63,26 @@ def check_block(block: str, spec: ModelSpec, device: str) -> None:
         raise PlannerError(f"--block: unknown '{block}'; choose from {', '.join(BLOCKS)}")
     if block == "planner":
         return
-    llama = (spec.norm == "rmsnorm" and spec.activation == "swiglu" and spec.position_embedding == "rope"
-             and not spec.qkv_bias and not spec.linear_bias and not spec.is_moe)
+    llama = (
+        spec.norm == "rmsnorm"
+        and spec.activation == "swiglu"
+        and spec.position_embedding == "rope"
+        and not spec.qkv_bias
+        and not spec.linear_bias
+        and not spec.is_moe
+    )
     if block == "torchtitan" and not llama:
-        raise PlannerError(f"--block torchtitan builds torchtitan's Llama block: {spec.name} is not a "
-                           "dense Llama-style model (RMSNorm, SwiGLU, RoPE, no biases)")
+        raise PlannerError(
+            f"--block torchtitan builds torchtitan's Llama block: {spec.name} is not a "
+            "dense Llama-style model (RMSNorm, SwiGLU, RoPE, no biases)"
+        )
     if block == "megatron" and (spec.is_moe or spec.position_embedding == "alibi"):
         raise PlannerError(f"--block megatron builds a dense GPT layer: {spec.name} is not one")
     if block == "megatron" and device != "cuda":
-        raise PlannerError("--block megatron: megatron-core's local-spec attention (DotProductAttention) "
-                           "allocates its scores on CUDA, so its forward needs --device cuda")
+        raise PlannerError(
+            "--block megatron: megatron-core's local-spec attention (DotProductAttention) "
+            "allocates its scores on CUDA, so its forward needs --device cuda"
+        )
 
 
 def _fused_norms_off_cuda(module: nn.Module, device: str | torch.device) -> nn.Module:
@@ -105,11 +115,19 @@ class TorchtitanBlock(nn.Module):
             attention_norm=common.RMSNorm.Config(normalized_shape=cfg.hidden_size, eps=cfg.norm_eps),
             ffn_norm=common.RMSNorm.Config(normalized_shape=cfg.hidden_size, eps=cfg.norm_eps),
             attention=factories.make_gqa_config(
-                dim=cfg.hidden_size, n_heads=cfg.num_heads, n_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                wqkv_param_init={}, wo_param_init={}, rope=rope, fuse_qkv=True,
-                inner_attention=attention.ScaledDotProductAttention.Config()),
-            feed_forward=factories.make_ffn_config(dim=cfg.hidden_size, hidden_dim=cfg.ffn_hidden_size,
-                                                   w1_param_init={}, w2w3_param_init={}),
+                dim=cfg.hidden_size,
+                n_heads=cfg.num_heads,
+                n_kv_heads=cfg.num_kv_heads,
+                head_dim=cfg.head_dim,
+                wqkv_param_init={},
+                wo_param_init={},
+                rope=rope,
+                fuse_qkv=True,
+                inner_attention=attention.ScaledDotProductAttention.Config(),
+            ),
+            feed_forward=factories.make_ffn_config(
+                dim=cfg.hidden_size, hidden_dim=cfg.ffn_hidden_size, w1_param_init={}, w2w3_param_init={}
+            ),
         )
         with torch.device(device):
             self.block = config.build()
@@ -138,13 +156,26 @@ class MegatronBlock(nn.Module):
         swiglu = cfg.activation == "swiglu"
         activation = torch.nn.functional.silu if swiglu else torch.nn.functional.gelu
         config = config_module.TransformerConfig(
-            num_layers=1, hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_heads,
-            num_query_groups=cfg.num_kv_heads, kv_channels=cfg.head_dim, ffn_hidden_size=cfg.ffn_hidden_size,
-            normalization="RMSNorm" if cfg.norm == "rmsnorm" else "LayerNorm", layernorm_epsilon=cfg.norm_eps,
-            gated_linear_unit=swiglu, activation_func=activation, add_bias_linear=cfg.linear_bias,
-            add_qkv_bias=cfg.qkv_bias, hidden_dropout=0.0, attention_dropout=0.0,
-            bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-            apply_rope_fusion=False, use_cpu_initialization=True, params_dtype=torch.float32,
+            num_layers=1,
+            hidden_size=cfg.hidden_size,
+            num_attention_heads=cfg.num_heads,
+            num_query_groups=cfg.num_kv_heads,
+            kv_channels=cfg.head_dim,
+            ffn_hidden_size=cfg.ffn_hidden_size,
+            normalization="RMSNorm" if cfg.norm == "rmsnorm" else "LayerNorm",
+            layernorm_epsilon=cfg.norm_eps,
+            gated_linear_unit=swiglu,
+            activation_func=activation,
+            add_bias_linear=cfg.linear_bias,
+            add_qkv_bias=cfg.qkv_bias,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            masked_softmax_fusion=False,
+            apply_rope_fusion=False,
+            use_cpu_initialization=True,
+            params_dtype=torch.float32,
         )
         spec = specs.get_gpt_layer_local_spec(normalization=config.normalization)
         self.layer = layer_module.TransformerLayer(config, spec.submodules, layer_number=1).to(device)

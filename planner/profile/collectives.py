@@ -52,7 +52,6 @@ def group_sizes(world: int) -> list[int]:
     return sizes + [world] if world >= 2 else []
 
 
-
 def spawn(nprocs: int, sizes: list[int], device: str, warmup: int, repeats: int) -> list[CollectiveRow]:
     """Start `nprocs` processes on this machine, run `run` in each, return rank 0's rows."""
     import torch.multiprocessing as mp
@@ -64,10 +63,12 @@ def spawn(nprocs: int, sizes: list[int], device: str, warmup: int, repeats: int)
         return [CollectiveRow.model_validate(row) for row in json.loads(result.read_text())]
 
 
-def _worker(rank: int, world: int, port: int, sizes: list[int], device: str, warmup: int, repeats: int,
-            result: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(
+    rank: int, world: int, port: int, sizes: list[int], device: str, warmup: int, repeats: int, result: str
+) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     rows = run(sizes, device, warmup, repeats)
     if rank == 0:
         Path(result).write_text(json.dumps([row.model_dump() for row in rows]))
@@ -107,10 +108,17 @@ def run(sizes: list[int], device: str, warmup: int, repeats: int) -> list[Collec
                         seconds /= 2
                     nbytes = elements * 4
                     algbw = nbytes / seconds / 1e9
-                    rows.append(CollectiveRow(
-                        op=op, backend=backend, world_size=group_size, bytes=nbytes, time_us=seconds * 1e6,
-                        algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(op, group_size),
-                    ))
+                    rows.append(
+                        CollectiveRow(
+                            op=op,
+                            backend=backend,
+                            world_size=group_size,
+                            bytes=nbytes,
+                            time_us=seconds * 1e6,
+                            algbw_gbps=algbw,
+                            busbw_gbps=algbw * bus_factor(op, group_size),
+                        )
+                    )
                     del step
         return rows if rank == 0 else []
     finally:

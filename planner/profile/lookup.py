@@ -91,7 +91,10 @@ class ProfiledCompute:
                 f"profile it with --tp {shard.tp}"
             )
         forward, backward_input, backward_weight = self._lookup(
-            kind, shard, "none", rows,
+            kind,
+            shard,
+            "none",
+            rows,
             lambda r: (r.forward_ms, r.backward_input_ms, r.backward_weight_ms),
         )
         return LayerTimes(
@@ -124,8 +127,9 @@ class ProfiledCompute:
         for row in rows:
             lines[row.seq].append((float(row.tokens), ()))
         try:
-            _across_lengths({s: sorted(p) for s, p in lines.items()}, shard.mbs * shard.seq / shard.cp,
-                            shard.seq, reach=1.0)
+            _across_lengths(
+                {s: sorted(p) for s, p in lines.items()}, shard.mbs * shard.seq / shard.cp, shard.seq, reach=1.0
+            )
         except _OutOfRange:
             return False
         return True
@@ -134,7 +138,11 @@ class ProfiledCompute:
         return self._rows.get((kind, tp, recompute), [])
 
     def _lookup(
-        self, kind: str, shard: Shard, recompute: str, rows: list[LayerRow],
+        self,
+        kind: str,
+        shard: Shard,
+        recompute: str,
+        rows: list[LayerRow],
         values: Callable[[LayerRow], tuple[float, ...]],
     ) -> tuple[float, ...]:
         lines: dict[int, list[Point]] = defaultdict(list)
@@ -144,9 +152,7 @@ class ProfiledCompute:
         try:
             return _across_lengths({s: sorted(p) for s, p in lines.items()}, tokens, shard.seq)
         except _OutOfRange as exc:
-            failed = sorted(
-                {r.tokens for r in self._failed.get((kind, shard.tp, recompute), []) if r.status == "oom"}
-            )
+            failed = sorted({r.tokens for r in self._failed.get((kind, shard.tp, recompute), []) if r.status == "oom"})
             note = f"; out of memory when profiled at tokens {', '.join(map(str, failed))}" if failed else ""
             cp = f" cp={shard.cp}" if shard.cp > 1 else ""
             raise PlannerError(
@@ -162,8 +168,13 @@ class MeasuredFirst:
     `ComputeSource`, reported as `fallback_name`); activation bytes measured where the
     profile spans the shard, else None (the analytic memory model)."""
 
-    def __init__(self, measured: ProfiledCompute, fallback: ComputeSource, fallback_name: CostSourceName,
-                 calibration: Calibration | None = None):
+    def __init__(
+        self,
+        measured: ProfiledCompute,
+        fallback: ComputeSource,
+        fallback_name: CostSourceName,
+        calibration: Calibration | None = None,
+    ):
         self.measured, self.fallback, self.fallback_name = measured, fallback, fallback_name
         self.calibration = calibration
         """The fit behind the fallback when it is "calibrated"."""
@@ -194,8 +205,10 @@ class MeasuredFirst:
         no layout running it does)."""
         local = profiled_shard(kind, shard)
         tokens = local.mbs * local.seq / local.cp
-        return any(row.status == "oom" and row.seq == local.seq and row.tokens <= tokens
-                   for row in self.measured._failed.get((kind, local.tp, recompute), ()))
+        return any(
+            row.status == "oom" and row.seq == local.seq and row.tokens <= tokens
+            for row in self.measured._failed.get((kind, local.tp, recompute), ())
+        )
 
     def _spans(self, kind: str, shard: Shard, recompute: str) -> bool:
         key = (kind, shard, recompute)
@@ -230,7 +243,11 @@ def _power_law(anchor: Point, other: Point, x: float, clamp: tuple[float, float]
 
 
 def _interpolate(
-    points: list[Point], x: float, single_slope: float, axis: str, slope_range: tuple[float, float] = (0.0, 1.0),
+    points: list[Point],
+    x: float,
+    single_slope: float,
+    axis: str,
+    slope_range: tuple[float, float] = (0.0, 1.0),
     reach: float = EXTRAPOLATION_FACTOR,
 ) -> tuple[float, ...]:
     """Values at x from points sorted by x: the measured values at a measured x, log-log
@@ -244,7 +261,7 @@ def _interpolate(
     if x in xs:
         return points[xs.index(x)][1]
     if len(points) == 1:
-        (x0, v0), = points
+        ((x0, v0),) = points
         return tuple(v * (x / x0) ** single_slope for v in v0)
     if x < low:
         return _power_law(points[0], points[1], x, slope_range)

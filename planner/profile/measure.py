@@ -72,7 +72,7 @@ class Settings:
 
 
 def default_device() -> str:
-    """"cuda" when a GPU is visible, else "cpu"."""
+    """ "cuda" when a GPU is visible, else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -127,15 +127,19 @@ def _nvidia_driver_version() -> str | None:
     try:
         out = subprocess.run(
             [smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return out.splitlines()[0].strip() if out.strip() else None
 
 
-def build_layer(spec: ModelSpec, kind: str, tp: int, seq: int, device: str | torch.device,
-                block: str = "planner") -> torch.nn.Module:
+def build_layer(
+    spec: ModelSpec, kind: str, tp: int, seq: int, device: str | torch.device, block: str = "planner"
+) -> torch.nn.Module:
     """One layer of `kind` at the tp-sharded shape, fp32 on `device` (heads, KV heads and
     FFN divided by tp as in `ModelSpec.block_fields`; the vocabulary too, vocab-parallel).
     The transformer kind is `block`'s runtime's block; embedding and head are planner's."""
@@ -164,8 +168,14 @@ def measure_shape(spec: ModelSpec, key: ShapeKey, settings: Settings) -> LayerRo
         status, message = _classify(exc)
     _release(settings.device)  # after the except block: the traceback's tensors are gone
     return LayerRow(
-        kind=key.kind, tp=key.tp, mbs=key.mbs, seq=key.seq, recompute=key.recompute,
-        status=status, message=message, param_count=params,
+        kind=key.kind,
+        tp=key.tp,
+        mbs=key.mbs,
+        seq=key.seq,
+        recompute=key.recompute,
+        status=status,
+        message=message,
+        param_count=params,
     )
 
 
@@ -190,12 +200,21 @@ def _measure(spec: ModelSpec, key: ShapeKey, settings: Settings, params: int) ->
         samples["full"].append(full)
     ms = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
     return LayerRow(
-        kind=key.kind, tp=key.tp, mbs=key.mbs, seq=key.seq, recompute=key.recompute,
+        kind=key.kind,
+        tp=key.tp,
+        mbs=key.mbs,
+        seq=key.seq,
+        recompute=key.recompute,
         status="ok",
-        forward_ms=ms["forward"], backward_input_ms=ms["input"],
-        backward_weight_ms=ms["weight"], backward_ms=ms["full"],
-        activation_bytes=saved_bytes, forward_alloc_bytes=alloc, peak_bytes=peak,
-        param_count=params, **counts,
+        forward_ms=ms["forward"],
+        backward_input_ms=ms["input"],
+        backward_weight_ms=ms["weight"],
+        backward_ms=ms["full"],
+        activation_bytes=saved_bytes,
+        forward_alloc_bytes=alloc,
+        peak_bytes=peak,
+        param_count=params,
+        **counts,
     )
 
 
@@ -391,8 +410,11 @@ def _classify(exc: BaseException) -> tuple[str, str]:
         current = current.__cause__ or current.__context__
     for err in chain:
         text = str(err)
-        if isinstance(err, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text \
-                or "can't allocate memory" in text:
+        if (
+            isinstance(err, (torch.OutOfMemoryError, MemoryError))
+            or "out of memory" in text
+            or "can't allocate memory" in text
+        ):
             return "oom", _first_line(err)
     return "error", _first_line(chain[-1])
 

@@ -91,9 +91,7 @@ def measured_curves(profile: Profile, group_size: int | None = None) -> dict[str
     size = group_size if group_size is not None else sizes[-1]
     rows = [r for r in profile.collectives if r.world_size == size or (r.op == "send_recv" and r.world_size == 2)]
     if not any(r.world_size == size for r in rows):
-        raise PlannerError(
-            f"profile has collectives over {', '.join(map(str, sizes))} ranks, not over {size}"
-        )
+        raise PlannerError(f"profile has collectives over {', '.join(map(str, sizes))} ranks, not over {size}")
     curves = {}
     for op in sorted({r.op for r in rows}):
         curves[op] = _curve(op, [r for r in rows if r.op == op])
@@ -101,8 +99,9 @@ def measured_curves(profile: Profile, group_size: int | None = None) -> dict[str
 
 
 def _curve(op: str, rows: list[CollectiveRow]) -> CommCurve:
-    backend = next(b for b in (*BACKEND_PREFERENCE, *sorted({r.backend for r in rows}))
-                   if any(r.backend == b for r in rows))
+    backend = next(
+        b for b in (*BACKEND_PREFERENCE, *sorted({r.backend for r in rows})) if any(r.backend == b for r in rows)
+    )
     chosen = sorted((r for r in rows if r.backend == backend), key=lambda r: r.bytes)
     group = max(r.world_size for r in chosen)
     points = tuple((r.bytes, r.time_us * 1e-6) for r in chosen if r.world_size == group)
@@ -126,6 +125,7 @@ def network_curves(profile: Profile) -> dict[str, Callable[[float, int], float]]
                 return measured[group_size].seconds(nbytes)
             nearest = measured[min(measured, key=lambda size: abs(math.log(size / group_size)))]
             return nbytes * bus_factor(op, group_size) / nearest.bus_bandwidth_bps(nbytes)
+
         return seconds
 
     return {op: reader(op) for op in sorted(ops)}

@@ -108,8 +108,7 @@ class LayerRow(BaseModel):
         if self.status == "ok":
             missing = [
                 name
-                for name in ("forward_ms", "backward_input_ms", "backward_weight_ms",
-                             "backward_ms", "activation_bytes")
+                for name in ("forward_ms", "backward_input_ms", "backward_weight_ms", "backward_ms", "activation_bytes")
                 if getattr(self, name) is None
             ]
             if missing:

@@ -49,20 +49,25 @@ def plan_figures(model: CostModel, layout: Layout, global_batch: int, seq: int) 
     costs = chunk_costs(model, layout, seq)
     timing = pipeline_timing(costs, layout.schedule, layout.pp, layout.vpp, layout.num_microbatches, timeline=True)
     stage_chunk = compile_schedule(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp).info.stage_chunk
-    compute = [_compute_bar(entry, stage_chunk[entry.action.stage_index], layout, costs)
-               for entry in timing.timeline]
+    compute = [_compute_bar(entry, stage_chunk[entry.action.stage_index], layout, costs) for entry in timing.timeline]
     bars = compute + _transfers(timing.timeline, costs.p2p_s) + _idle(compute, layout.pp)
     bars += _tail(model, layout, costs, timing.finish_s, prediction)
     curves = tuple(_activation_curve(timing.timeline, stage_chunk, costs, r) for r in range(layout.pp))
-    return PlanFigures(prediction=prediction, bars=tuple(bars), activation_curves=curves,
-                       memory_limit_bytes=model.cluster.memory_limit_bytes)
+    return PlanFigures(
+        prediction=prediction,
+        bars=tuple(bars),
+        activation_curves=curves,
+        memory_limit_bytes=model.cluster.memory_limit_bytes,
+    )
 
 
 def _compute_bar(entry, chunk: int, layout: Layout, costs: ChunkCosts) -> Bar:
     stage, kind, micro = entry.action
     start, end = layout.stage_layers[entry.rank][chunk]
-    label = (f"{kind.value} micro-batch {micro}, stage {stage} (chunk {chunk}, layers {start}-{end - 1}, "
-             f"recompute {layout.recompute[entry.rank]})")
+    label = (
+        f"{kind.value} micro-batch {micro}, stage {stage} (chunk {chunk}, layers {start}-{end - 1}, "
+        f"recompute {layout.recompute[entry.rank]})"
+    )
     return Bar(rank=entry.rank, kind=kind.value, start_s=entry.start_s, end_s=entry.end_s, label=label)
 
 
@@ -71,8 +76,11 @@ def _transfers(timeline, p2p_s: float) -> list[Bar]:
     sender's action ends for `p2p_s` (the simulator's lag on that dependency)."""
     if p2p_s <= 0:
         return []
-    done = {(e.action.stage_index, "F" if e.action.computation_type == F else "B", e.action.microbatch_index): e
-            for e in timeline if e.action.computation_type in (F, I, B)}
+    done = {
+        (e.action.stage_index, "F" if e.action.computation_type == F else "B", e.action.microbatch_index): e
+        for e in timeline
+        if e.action.computation_type in (F, I, B)
+    }
     last_stage = max(e.action.stage_index for e in timeline)
     bars = []
     for e in timeline:
@@ -86,8 +94,15 @@ def _transfers(timeline, p2p_s: float) -> list[Bar]:
         else:
             continue
         if source.rank != e.rank:
-            bars.append(Bar(rank=e.rank, kind="recv", start_s=source.end_s, end_s=source.end_s + p2p_s,
-                            label=f"recv {what} of micro-batch {micro} from rank {source.rank}"))
+            bars.append(
+                Bar(
+                    rank=e.rank,
+                    kind="recv",
+                    start_s=source.end_s,
+                    end_s=source.end_s + p2p_s,
+                    label=f"recv {what} of micro-batch {micro} from rank {source.rank}",
+                )
+            )
     return bars
 
 
@@ -107,15 +122,31 @@ def _tail(model: CostModel, layout: Layout, costs: ChunkCosts, finish_s, predict
     """Each rank's exposed data-parallel communication after its last action, then the
     synchronised tail every rank runs until the step ends."""
     exposed = exposed_dp_times(model, layout, costs)
-    bars = [Bar(rank=r, kind="dp", start_s=finish_s[r], end_s=finish_s[r] + exposed[r],
-                label="exposed data-parallel gradient reduction / parameter gather")
-            for r in range(layout.pp) if exposed[r] > 0]
+    bars = [
+        Bar(
+            rank=r,
+            kind="dp",
+            start_s=finish_s[r],
+            end_s=finish_s[r] + exposed[r],
+            label="exposed data-parallel gradient reduction / parameter gather",
+        )
+        for r in range(layout.pp)
+        if exposed[r] > 0
+    ]
     breakdown = prediction.time_breakdown_s
     tail = sum(breakdown.get(k, 0.0) for k in ("loss_scale_check", "grad_norm", "optimizer"))
     if tail > 0:
         begin = prediction.step_time_s - tail
-        bars += [Bar(rank=r, kind="step", start_s=begin, end_s=prediction.step_time_s,
-                     label="loss-scale check, gradient norm and optimizer step") for r in range(layout.pp)]
+        bars += [
+            Bar(
+                rank=r,
+                kind="step",
+                start_s=begin,
+                end_s=prediction.step_time_s,
+                label="loss-scale check, gradient norm and optimizer step",
+            )
+            for r in range(layout.pp)
+        ]
     return bars
 
 
@@ -158,11 +189,17 @@ class TrainingBudget:
     """gpu_hours x price per GPU-hour; None without a price."""
 
 
-def training_budget(tokens: float, global_batch: int, seq: int, step_time_s: float, num_gpus: int,
-                    gpu_hour_price: float | None = None) -> TrainingBudget:
+def training_budget(
+    tokens: float, global_batch: int, seq: int, step_time_s: float, num_gpus: int, gpu_hour_price: float | None = None
+) -> TrainingBudget:
     """Days, GPU-hours and cost of training `tokens` tokens at one step per `step_time_s`."""
     steps = tokens / (global_batch * seq)
     seconds = steps * step_time_s
     gpu_hours = seconds / 3600.0 * num_gpus
-    return TrainingBudget(tokens=tokens, steps=steps, days=seconds / SECONDS_PER_DAY, gpu_hours=gpu_hours,
-                          cost=None if gpu_hour_price is None else gpu_hours * gpu_hour_price)
+    return TrainingBudget(
+        tokens=tokens,
+        steps=steps,
+        days=seconds / SECONDS_PER_DAY,
+        gpu_hours=gpu_hours,
+        cost=None if gpu_hour_price is None else gpu_hours * gpu_hour_price,
+    )

@@ -54,14 +54,17 @@ class Table:
 
 def table_html(table: Table) -> str:
     """The table as an HTML <table>, every cell escaped."""
+
     def cls(column: str) -> str:
         return ' class="text"' if column in table.text_columns else ""
 
     head = "".join(f"<th{cls(c)}>{escape(c)}</th>" for c in table.header)
     body = "".join(
         ("<tr class='best'>" if i == table.highlight else "<tr>")
-        + "".join(f"<td{cls(c)}>{escape(v)}</td>" for c, v in zip(table.header, row)) + "</tr>"
-        for i, row in enumerate(table.rows))
+        + "".join(f"<td{cls(c)}>{escape(v)}</td>" for c, v in zip(table.header, row))
+        + "</tr>"
+        for i, row in enumerate(table.rows)
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -74,7 +77,7 @@ def page(title: str, sections: list[tuple[str, str]], figures: dict) -> str:
     body = "".join(f"<h2>{escape(heading)}</h2>\n{inner}\n" for heading, inner in sections)
     payload = "{" + ",".join(f"{json.dumps(key)}: {figure_json(fig)}" for key, fig in figures.items()) + "}"
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(title)}</title><style>{STYLE}</style>"
         f"<!-- plotly.js {plotly.__version__} (MIT), inlined so the page works offline -->"
         f"<script>{get_plotlyjs()}</script></head>\n<body>\n<h1>{escape(title)}</h1>\n{body}"

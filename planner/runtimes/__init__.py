@@ -27,8 +27,10 @@ def resolve(text: str) -> RuntimeVersion:
         return versions[0]
     found = next((v for v in versions if v.version == version), None)
     if found is None:
-        raise PlannerError(f"unknown version '{version}' of {name}: choose one of "
-                           f"{', '.join(v.version for v in versions)} (see `planner runtimes`)")
+        raise PlannerError(
+            f"unknown version '{version}' of {name}: choose one of "
+            f"{', '.join(v.version for v in versions)} (see `planner runtimes`)"
+        )
     return found
 
 

@@ -79,5 +79,3 @@ class RuntimeVersion:
             if rule.dimension == dimension and value not in rule.allowed and (pipelined or not rule.pipelined_only):
                 return rule.why
         return None
-
-

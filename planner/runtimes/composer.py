@@ -12,11 +12,18 @@ RUNTIME = "composer"
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="2023",
+        runtime=RUNTIME,
+        version="2023",
         summary="composer's FSDP1 (flat gradient concatenated each micro-batch), bf16 gradient reduction, "
-                "foreach AdamW, llm-foundry's Triton FlashAttention",
-        costs={"tp_backward_overlap": "none", "grad_reduce_bytes": 2, "optimizer_kernels": "foreach",
-               "fsdp1_grad_cat": True, "wgrad_accumulation": "none"},
+        "foreach AdamW, llm-foundry's Triton FlashAttention",
+        costs={
+            "tp_backward_overlap": "none",
+            "grad_reduce_bytes": 2,
+            "optimizer_kernels": "foreach",
+            "fsdp1_grad_cat": True,
+            "wgrad_accumulation": "none",
+        },
         attention="triton_fa1",
-        sources=("llm-foundry scripts/train/benchmarking/README.md (2023)",)),
+        sources=("llm-foundry scripts/train/benchmarking/README.md (2023)",),
+    ),
 )

@@ -13,11 +13,17 @@ RUNTIME = "hai-llm"
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="2024",
+        runtime=RUNTIME,
+        version="2024",
         summary="DeepSeek-V3's framework: DualPipe's two parameter copies, recompute of norms, MLA "
-                "up-projections and SwiGLU, FP8 activation caching",
-        costs={"tp_backward_overlap": "none", "wgrad_accumulation": "none", "parameter_copies": 2,
-               "recompute_modules": ("layernorm", "mla_up_proj", "moe_act"),
-               "activation_storage": "deepseek_fp8"},
-        sources=("arXiv 2412.19437 sections 3.2.1, 3.2.3, 3.3.3",)),
+        "up-projections and SwiGLU, FP8 activation caching",
+        costs={
+            "tp_backward_overlap": "none",
+            "wgrad_accumulation": "none",
+            "parameter_copies": 2,
+            "recompute_modules": ("layernorm", "mla_up_proj", "moe_act"),
+            "activation_storage": "deepseek_fp8",
+        },
+        sources=("arXiv 2412.19437 sections 3.2.1, 3.2.3, 3.3.3",),
+    ),
 )

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planner.schedule.actions import F, Action
+from planner.schedule.actions import Action, F
 from planner.schedule.generators import interleave_rounds
 from planner.schedule.validate import OrderInfo
 

@@ -12,9 +12,11 @@ RUNTIME = "meta"
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="2024",
+        runtime=RUNTIME,
+        version="2024",
         summary="Llama 3's framework: all-gather context parallelism (exposed), TP backward collectives "
-                "exposed (not public), fresh gradients per micro-batch",
+        "exposed (not public), fresh gradients per micro-batch",
         costs={"tp_backward_overlap": "none", "wgrad_accumulation": "none", "cp_comm": "all_gather"},
-        sources=("arXiv 2407.21783 section 3.3.2",)),
+        sources=("arXiv 2407.21783 section 3.3.2",),
+    ),
 )

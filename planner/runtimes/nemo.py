@@ -12,11 +12,19 @@ RUNTIME = "nemo"
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="2024",
+        runtime=RUNTIME,
+        version="2024",
         summary="NeMo 1.x/2.0 over megatron-core: bf16 gradient reduction, the loss op by op in fp32, "
-                "RoPE unfused, blocking pipeline sends",
-        costs={"grad_reduce_bytes": 2, "loss_passes": "vocab_parallel_fp32", "rope_fusion": False,
-               "p2p_mode": "blocking"},
-        sources=("Nemotron-4 340B technical report, arXiv 2406.11704",
-                 "NeMo examples/nlp/language_modeling/conf/megatron_gpt_config.yaml (2024)")),
+        "RoPE unfused, blocking pipeline sends",
+        costs={
+            "grad_reduce_bytes": 2,
+            "loss_passes": "vocab_parallel_fp32",
+            "rope_fusion": False,
+            "p2p_mode": "blocking",
+        },
+        sources=(
+            "Nemotron-4 340B technical report, arXiv 2406.11704",
+            "NeMo examples/nlp/language_modeling/conf/megatron_gpt_config.yaml (2024)",
+        ),
+    ),
 )

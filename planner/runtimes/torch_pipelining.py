@@ -13,15 +13,18 @@ RUNTIME = "torch"
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="2.13",
+        runtime=RUNTIME,
+        version="2.13",
         summary="torch 2.13's pipelining schedules with DTensor TP: backward collectives exposed, non-reentrant "
-                "checkpoint with early stop, sends overlapping compute",
+        "checkpoint with early stop, sends overlapping compute",
         costs={"tp_backward_overlap": "none", "recompute_early_stop": True, "wgrad_accumulation": "none"},
         rules=(Rule(dimension="cp", allowed=(1,), why="context parallelism is not in the exported script"),),
         exporter="torch",
-        unsupported={**FOREIGN_ATTENTION,
-                     ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, "
-                                                   "not DeepEP's kernels",
-                     ("moe_ep_overlap", True): NO_COMBINED_1F1B},
-        sources=("torch 2.13 torch/distributed/pipelining/schedules.py", "torch/utils/checkpoint.py")),
+        unsupported={
+            **FOREIGN_ATTENTION,
+            ("moe_dispatcher", "deepep"): "sends tokens with torch.distributed.all_to_all_single, not DeepEP's kernels",
+            ("moe_ep_overlap", True): NO_COMBINED_1F1B,
+        },
+        sources=("torch 2.13 torch/distributed/pipelining/schedules.py", "torch/utils/checkpoint.py"),
+    ),
 )

@@ -13,30 +13,55 @@ from planner.runtimes.common import FOREIGN_ATTENTION, NO_COMBINED_1F1B
 RUNTIME = "torchtitan"
 
 RULES = (
-    Rule(dimension="per_rank_recompute", allowed=(False,),
-         why="torchtitan applies one activation-checkpointing setting to every stage"),
+    Rule(
+        dimension="per_rank_recompute",
+        allowed=(False,),
+        why="torchtitan applies one activation-checkpointing setting to every stage",
+    ),
 )
 
 VERSIONS = (
     RuntimeVersion(
-        runtime=RUNTIME, version="0.3",
+        runtime=RUNTIME,
+        version="0.3",
         summary="torchtitan 0.3: FSDP2, per-op selective checkpointing, eager SwiGLU, DTensor TP (backward "
-                "collectives exposed, sequence-dim copies), fresh gradients per micro-batch",
-        costs={"selective_policy": "every_other_matmul", "eager_swiglu": True, "fsdp2": True,
-               "tp_backward_overlap": "none", "sp_seq_dim_copies": True, "wgrad_accumulation": "none"},
-        rules=RULES, exporter="torchtitan",
-        unsupported={**FOREIGN_ATTENTION,
-                     ("moe_ep_overlap", True): NO_COMBINED_1F1B + "; its 0.3 ep_overlap is an experimental "
-                                                                 "graph-compiler pass, not that schedule"},
-        sources=("torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, "
-                 "torchtitan/models/llama3/infra/parallelize.py",)),
-    RuntimeVersion(
-        runtime=RUNTIME, version="2024",
-        summary="torchtitan of 2024 (its Llama 3 8B benchmarks): eager blocks (op-by-op elementwise traffic), "
-                "torch's foreach AdamW, the eager fp32 loss, separate q/k/v projections",
-        costs={"selective_policy": "every_other_matmul", "optimizer_kernels": "foreach", "sac_fused_qkv": False,
-               "fsdp2": True, "cross_entropy": "eager_fp32", "tp_backward_overlap": "none",
-               "wgrad_accumulation": "none", "elementwise_traffic": 3.3},
+        "collectives exposed, sequence-dim copies), fresh gradients per micro-batch",
+        costs={
+            "selective_policy": "every_other_matmul",
+            "eager_swiglu": True,
+            "fsdp2": True,
+            "tp_backward_overlap": "none",
+            "sp_seq_dim_copies": True,
+            "wgrad_accumulation": "none",
+        },
         rules=RULES,
-        sources=("torchtitan docs/performance.md (2024)", "torchtitan train_configs/llama3_8b.toml (2024)")),
+        exporter="torchtitan",
+        unsupported={
+            **FOREIGN_ATTENTION,
+            ("moe_ep_overlap", True): NO_COMBINED_1F1B + "; its 0.3 ep_overlap is an experimental "
+            "graph-compiler pass, not that schedule",
+        },
+        sources=(
+            "torchtitan 0.3.0 torchtitan/distributed/activation_checkpoint.py, "
+            "torchtitan/models/llama3/infra/parallelize.py",
+        ),
+    ),
+    RuntimeVersion(
+        runtime=RUNTIME,
+        version="2024",
+        summary="torchtitan of 2024 (its Llama 3 8B benchmarks): eager blocks (op-by-op elementwise traffic), "
+        "torch's foreach AdamW, the eager fp32 loss, separate q/k/v projections",
+        costs={
+            "selective_policy": "every_other_matmul",
+            "optimizer_kernels": "foreach",
+            "sac_fused_qkv": False,
+            "fsdp2": True,
+            "cross_entropy": "eager_fp32",
+            "tp_backward_overlap": "none",
+            "wgrad_accumulation": "none",
+            "elementwise_traffic": 3.3,
+        },
+        rules=RULES,
+        sources=("torchtitan docs/performance.md (2024)", "torchtitan train_configs/llama3_8b.toml (2024)"),
+    ),
 )

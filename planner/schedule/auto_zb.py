@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import F, I, W, Action, PipelineOrder
+from planner.schedule.actions import Action, F, I, PipelineOrder, W
 from planner.schedule.costs import StageCosts
 from planner.schedule.generators import zb_h1, zb_h2
 from planner.schedule.simulate import compile_order, simulate
@@ -50,7 +50,6 @@ class HeuristicKnobs:
     """When F and I could both start now, run I (otherwise F and I alternate)."""
 
 
-
 def stage_times(costs: StageCosts) -> list[tuple[float, float, float]]:
     """(F, I, W) seconds per rank of a one-chunk cost table, straggler slowdown applied."""
     if costs.vpp != 1:
@@ -60,8 +59,13 @@ def stage_times(costs: StageCosts) -> list[tuple[float, float, float]]:
     out = []
     for r in range(costs.num_ranks):
         factor = costs.slowdown[r] if costs.slowdown is not None else 1.0
-        out.append((costs.forward_s[r][0] * factor, costs.backward_input_s[r][0] * factor,
-                    costs.backward_weight_s[r][0] * factor))
+        out.append(
+            (
+                costs.forward_s[r][0] * factor,
+                costs.backward_input_s[r][0] * factor,
+                costs.backward_weight_s[r][0] * factor,
+            )
+        )
     return out
 
 
@@ -93,8 +97,9 @@ class _Greedy:
         self.actions: list[list[Action]] = [[] for _ in range(pp)]
         # shortest time from the end of F(s, j) to I(s, j) being ready: the rest of the
         # micro-batch's forward and backward through the later ranks, with its transfers
-        self.round_trip = [sum(f + i for f, i, _ in self.times[s + 1:]) + 2 * self.p2p * (pp - 1 - s)
-                           for s in range(pp)]
+        self.round_trip = [
+            sum(f + i for f, i, _ in self.times[s + 1 :]) + 2 * self.p2p * (pp - 1 - s) for s in range(pp)
+        ]
 
     def _ready(self, s: int) -> tuple[float, float]:
         """Earliest start of the next F and the next I of rank s as known now (inf: unknown)."""

@@ -19,7 +19,7 @@ tie.
 
 from __future__ import annotations
 
-from planner.schedule.actions import B, F, Action, PipelineOrder
+from planner.schedule.actions import Action, B, F, PipelineOrder
 from planner.schedule.generators import one_f_one_b
 
 

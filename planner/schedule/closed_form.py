@@ -94,8 +94,9 @@ def zb_h1_idle_time(pp: int, forward: float, backward_input: float, backward_wei
     return (pp - 1) * (forward + backward_input - backward_weight)
 
 
-def inflight_closed_form(name: str, pp: int, num_microbatches: int, vpp: int,
-                         segments: int = 1) -> tuple[int, ...] | None:
+def inflight_closed_form(
+    name: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1
+) -> tuple[int, ...] | None:
     """Most micro-batch x chunk activations each rank holds at once (F start to the end of its
     B or W), where a closed form is known; None otherwise (then count on the order).
 

@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from planner.errors import ScheduleError
 from planner.schedule.actions import (
-    B, COMPUTE_TYPES, F, I, RECV_B, RECV_F, SEND_B, SEND_F, W, Action, PipelineOrder,
+    COMPUTE_TYPES,
+    RECV_B,
+    RECV_F,
+    SEND_B,
+    SEND_F,
+    Action,
+    B,
+    F,
+    I,
+    PipelineOrder,
+    W,
 )
 from planner.schedule.validate import OrderInfo, check_order
 
@@ -71,8 +81,12 @@ def check_send_recv(order: PipelineOrder) -> None:
     compute = compute_only(order)
     info = check_order(compute)
     position = {a: (r, i) for r, acts in order.items() for i, a in enumerate(acts)}
-    consumer = {(a.stage_index, _direction(a.computation_type), a.microbatch_index): a
-                for acts in compute.values() for a in acts if a.computation_type != W}
+    consumer = {
+        (a.stage_index, _direction(a.computation_type), a.microbatch_index): a
+        for acts in compute.values()
+        for a in acts
+        if a.computation_type != W
+    }
     comm_count = sum(1 for acts in order.values() for a in acts if a.computation_type not in COMPUTE_TYPES)
     expected = 0
     for acts in compute.values():

@@ -77,18 +77,17 @@ class StageCosts:
             if table is not None:
                 _check_table(name, table, num_ranks, vpp)
         self._check_nested("weight_grad_bytes", "held until W", "activation_bytes", "held until I")
-        self._check_nested("retained_bytes", "held until the step ends",
-                           "weight_grad_bytes" if self.weight_grad_bytes is not None else "activation_bytes",
-                           "held until the backward ends")
+        self._check_nested(
+            "retained_bytes",
+            "held until the step ends",
+            "weight_grad_bytes" if self.weight_grad_bytes is not None else "activation_bytes",
+            "held until the backward ends",
+        )
         for name in ("p2p_s", "send_hold_forward_s", "send_hold_backward_s"):
             if getattr(self, name) < 0:
                 raise ScheduleError(f"StageCosts.{name} must be >= 0, got {getattr(self, name)}")
-        if self.slowdown is not None and (
-            len(self.slowdown) != num_ranks or any(x <= 0 for x in self.slowdown)
-        ):
-            raise ScheduleError(
-                f"StageCosts.slowdown needs {num_ranks} positive factors, got {self.slowdown}"
-            )
+        if self.slowdown is not None and (len(self.slowdown) != num_ranks or any(x <= 0 for x in self.slowdown)):
+            raise ScheduleError(f"StageCosts.slowdown needs {num_ranks} positive factors, got {self.slowdown}")
         if self.unit_scale is not None and any(x < 0 for x in self.unit_scale):
             raise ScheduleError(f"StageCosts.unit_scale factors must be >= 0, got {self.unit_scale}")
 
@@ -100,9 +99,7 @@ class StageCosts:
         if self.activation_bytes is None:
             raise ScheduleError(f"StageCosts.{inner} needs activation_bytes too")
         if any(part > whole for part, whole in zip(_flat(table), _flat(getattr(self, outer)))):
-            raise ScheduleError(
-                f"StageCosts.{inner} ({inner_what}) cannot exceed {outer} ({outer_what}) on any chunk"
-            )
+            raise ScheduleError(f"StageCosts.{inner} ({inner_what}) cannot exceed {outer} ({outer_what}) on any chunk")
 
     @property
     def num_ranks(self) -> int:
@@ -115,9 +112,7 @@ class StageCosts:
         return len(self.forward_s[0]) if self.forward_s else 0
 
     @classmethod
-    def uniform(
-        cls, pp: int, vpp: int, f: float, i: float, w: float, p2p: float = 0.0
-    ) -> StageCosts:
+    def uniform(cls, pp: int, vpp: int, f: float, i: float, w: float, p2p: float = 0.0) -> StageCosts:
         """Every chunk of every rank costs forward `f`, input-grad `i`, weight-grad `w` seconds."""
         if pp < 1 or vpp < 1:
             raise ScheduleError(f"StageCosts.uniform needs pp >= 1 and vpp >= 1, got pp={pp}, vpp={vpp}")
@@ -125,5 +120,4 @@ class StageCosts:
         def table(x: float) -> Table:
             return tuple((float(x),) * vpp for _ in range(pp))
 
-        return cls(forward_s=table(f), backward_input_s=table(i), backward_weight_s=table(w),
-                   p2p_s=float(p2p))
+        return cls(forward_s=table(f), backward_input_s=table(i), backward_weight_s=table(w), p2p_s=float(p2p))

@@ -55,9 +55,16 @@ class Exchanges:
     or its trailing calls): the action's reported end includes those calls, like a hold."""
 
 
-def place_exchanges(program: ExchangeProgram, order: Mapping[int, Sequence[Action]], info: OrderInfo,
-                    offset: list[int], forward: list[bool], dep: list[int], remote: bytearray,
-                    position: list[int]) -> Exchanges:
+def place_exchanges(
+    program: ExchangeProgram,
+    order: Mapping[int, Sequence[Action]],
+    info: OrderInfo,
+    offset: list[int],
+    forward: list[bool],
+    dep: list[int],
+    remote: bytearray,
+    position: list[int],
+) -> Exchanges:
     """Place `program`'s exchange calls among each rank's actions, pair each send with its
     receive, and order actions and calls topologically (see `Exchanges`); ScheduleError if the
     blocking calls deadlock. An action's output is sent in the first call after it, its input
@@ -148,8 +155,9 @@ def place_exchanges(program: ExchangeProgram, order: Mapping[int, Sequence[Actio
             if needs[u] == 0:
                 ready.append(u)
     if len(topo) < count:
-        raise ScheduleError(f"the {program.name} exchange calls deadlock on this order; it cannot run "
-                            "with blocking sends and receives")
+        raise ScheduleError(
+            f"the {program.name} exchange calls deadlock on this order; it cannot run with blocking sends and receives"
+        )
     index = [0] * count
     for k, i in enumerate(topo):
         index[i] = k

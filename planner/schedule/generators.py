@@ -9,7 +9,7 @@ chimera.py and seq1f1b.py; `registry.generate` picks a schedule's generator by n
 
 from __future__ import annotations
 
-from planner.schedule.actions import B, F, I, W, Action, ActionType, PipelineOrder
+from planner.schedule.actions import Action, ActionType, B, F, I, PipelineOrder, W
 
 
 def interleave_rounds(pp: int, num_microbatches: int) -> tuple[int, int]:
@@ -28,8 +28,7 @@ def gpipe(pp: int, num_microbatches: int) -> PipelineOrder:
     Backwards run in micro-batch order 0..M-1, as torch's ScheduleGPipe does.
     """
     return {
-        r: [Action(r, F, m) for m in range(num_microbatches)]
-        + [Action(r, B, m) for m in range(num_microbatches)]
+        r: [Action(r, F, m) for m in range(num_microbatches)] + [Action(r, B, m) for m in range(num_microbatches)]
         for r in range(pp)
     }
 
@@ -91,7 +90,7 @@ def _warmup_then_steady(
         out.append(backwards[k])
         if split_backward and k >= weight_delay:
             out.append(weights[k - weight_delay])
-    out += weights[max(0, total - weight_delay):]
+    out += weights[max(0, total - weight_delay) :]
     return out
 
 
@@ -103,8 +102,13 @@ def one_f_one_b(pp: int, num_microbatches: int) -> PipelineOrder:
     """
     return {
         r: _warmup_then_steady(
-            r, pp, num_microbatches, 1,
-            warmup=min(pp - 1 - r, num_microbatches), per_round=num_microbatches, split_backward=False,
+            r,
+            pp,
+            num_microbatches,
+            1,
+            warmup=min(pp - 1 - r, num_microbatches),
+            per_round=num_microbatches,
+            split_backward=False,
         )
         for r in range(pp)
     }
@@ -119,9 +123,13 @@ def interleaved_1f1b(pp: int, num_microbatches: int, vpp: int) -> PipelineOrder:
     _, per_round = interleave_rounds(pp, num_microbatches)
     return {
         r: _warmup_then_steady(
-            r, pp, num_microbatches, vpp,
+            r,
+            pp,
+            num_microbatches,
+            vpp,
             warmup=min((vpp - 1) * per_round + 2 * (pp - 1 - r), vpp * num_microbatches),
-            per_round=per_round, split_backward=False,
+            per_round=per_round,
+            split_backward=False,
         )
         for r in range(pp)
     }
@@ -140,9 +148,14 @@ def zb_h1(pp: int, num_microbatches: int, vpp: int = 1) -> PipelineOrder:
     _, per_round = interleave_rounds(pp, num_microbatches)
     return {
         r: _warmup_then_steady(
-            r, pp, num_microbatches, vpp,
+            r,
+            pp,
+            num_microbatches,
+            vpp,
             warmup=min((vpp - 1) * per_round + (pp - 1 - r), vpp * num_microbatches),
-            per_round=per_round, split_backward=True, weight_delay=r,
+            per_round=per_round,
+            split_backward=True,
+            weight_delay=r,
         )
         for r in range(pp)
     }

@@ -84,47 +84,117 @@ class ScheduleInfo:
 SCHEDULES: dict[str, ScheduleInfo] = {
     info.name: info
     for info in (
-        ScheduleInfo(name="gpipe", generator=lambda pp, m, vpp, k: gpipe(pp, m),
-                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
-                     torch_name="GPipe", source="Huang et al. 2019, GPipe (fill-drain)"),
-        ScheduleInfo(name="1f1b", generator=lambda pp, m, vpp, k: one_f_one_b(pp, m),
-                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1,
-                     torch_name="1F1B", source="Fan et al. 2021, DAPPLE / PipeDream-flush"),
-        ScheduleInfo(name="interleaved_1f1b", generator=lambda pp, m, vpp, k: interleaved_1f1b(pp, m, vpp),
-                     placement="loop", split_backward=False, min_vpp=2,
-                     max_vpp=None, torch_name="Interleaved1F1B",
-                     source="Narayanan et al. 2021, Megatron-LM interleaved schedule"),
-        ScheduleInfo(name="looped_bfs", generator=lambda pp, m, vpp, k: looped_bfs(pp, m, vpp),
-                     placement="loop", split_backward=False, min_vpp=1,
-                     max_vpp=None, torch_name="LoopedBFS",
-                     source="Lamy-Poirier 2023, Breadth-First Pipeline Parallelism"),
-        ScheduleInfo(name="zb_h1", generator=lambda pp, m, vpp, k: zb_h1(pp, m, vpp),
-                     placement="loop", split_backward=True, min_vpp=1, max_vpp=None,
-                     torch_name="InterleavedZeroBubble",
-                     source="Qi et al. 2024, Zero Bubble PP, ZB-H1 (V=1); torch's interleaved ZB1P (V>=2)"),
-        ScheduleInfo(name="zb_h2", generator=lambda pp, m, vpp, k: zb_h2(pp, m),
-                     placement="loop", split_backward=True, min_vpp=1, max_vpp=1,
-                     torch_name=None, source="Qi et al. 2024, Zero Bubble PP, ZB-H2"),
-        ScheduleInfo(name="zbv", generator=lambda pp, m, vpp, k: zbv(pp, m),
-                     placement="v", split_backward=True, min_vpp=2, max_vpp=2,
-                     torch_name="ZBVZeroBubble", source="Qi et al. 2024, Zero Bubble PP, ZB-V"),
-        ScheduleInfo(name="dualpipev", generator=lambda pp, m, vpp, k: dualpipev(pp, m),
-                     placement="v", split_backward=True, min_vpp=2, max_vpp=2, paired=True,
-                     torch_name="DualPipeV", source="DeepSeek-AI 2024, DualPipe (V variant)"),
-        ScheduleInfo(name="chimera", generator=lambda pp, m, vpp, k: chimera(pp, m),
-                     placement="v", split_backward=False, min_vpp=2, max_vpp=2, bidirectional=True,
-                     torch_name=None, searched_by_default=False,
-                     source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)",
-                     simulated_only="two pipelines in opposite directions, each rank holding two weight "
-                                    "replicas (torch's schedule CSV would chain stage P-1 into stage P as "
-                                    "one V pipeline)"),
-        ScheduleInfo(name="seq1f1b", generator=lambda pp, m, vpp, k: seq1f1b(pp, m, k),
-                     placement="loop", split_backward=False, min_vpp=1, max_vpp=1, segmented=True,
-                     torch_name=None, searched_by_default=False,
-                     source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488",
-                     simulated_only="sequence segments as the pipelined unit, attending to earlier "
-                                    "segments' keys and values (torch's schedule CSV would run each "
-                                    "segment as a whole micro-batch)"),
+        ScheduleInfo(
+            name="gpipe",
+            generator=lambda pp, m, vpp, k: gpipe(pp, m),
+            placement="loop",
+            split_backward=False,
+            min_vpp=1,
+            max_vpp=1,
+            torch_name="GPipe",
+            source="Huang et al. 2019, GPipe (fill-drain)",
+        ),
+        ScheduleInfo(
+            name="1f1b",
+            generator=lambda pp, m, vpp, k: one_f_one_b(pp, m),
+            placement="loop",
+            split_backward=False,
+            min_vpp=1,
+            max_vpp=1,
+            torch_name="1F1B",
+            source="Fan et al. 2021, DAPPLE / PipeDream-flush",
+        ),
+        ScheduleInfo(
+            name="interleaved_1f1b",
+            generator=lambda pp, m, vpp, k: interleaved_1f1b(pp, m, vpp),
+            placement="loop",
+            split_backward=False,
+            min_vpp=2,
+            max_vpp=None,
+            torch_name="Interleaved1F1B",
+            source="Narayanan et al. 2021, Megatron-LM interleaved schedule",
+        ),
+        ScheduleInfo(
+            name="looped_bfs",
+            generator=lambda pp, m, vpp, k: looped_bfs(pp, m, vpp),
+            placement="loop",
+            split_backward=False,
+            min_vpp=1,
+            max_vpp=None,
+            torch_name="LoopedBFS",
+            source="Lamy-Poirier 2023, Breadth-First Pipeline Parallelism",
+        ),
+        ScheduleInfo(
+            name="zb_h1",
+            generator=lambda pp, m, vpp, k: zb_h1(pp, m, vpp),
+            placement="loop",
+            split_backward=True,
+            min_vpp=1,
+            max_vpp=None,
+            torch_name="InterleavedZeroBubble",
+            source="Qi et al. 2024, Zero Bubble PP, ZB-H1 (V=1); torch's interleaved ZB1P (V>=2)",
+        ),
+        ScheduleInfo(
+            name="zb_h2",
+            generator=lambda pp, m, vpp, k: zb_h2(pp, m),
+            placement="loop",
+            split_backward=True,
+            min_vpp=1,
+            max_vpp=1,
+            torch_name=None,
+            source="Qi et al. 2024, Zero Bubble PP, ZB-H2",
+        ),
+        ScheduleInfo(
+            name="zbv",
+            generator=lambda pp, m, vpp, k: zbv(pp, m),
+            placement="v",
+            split_backward=True,
+            min_vpp=2,
+            max_vpp=2,
+            torch_name="ZBVZeroBubble",
+            source="Qi et al. 2024, Zero Bubble PP, ZB-V",
+        ),
+        ScheduleInfo(
+            name="dualpipev",
+            generator=lambda pp, m, vpp, k: dualpipev(pp, m),
+            placement="v",
+            split_backward=True,
+            min_vpp=2,
+            max_vpp=2,
+            paired=True,
+            torch_name="DualPipeV",
+            source="DeepSeek-AI 2024, DualPipe (V variant)",
+        ),
+        ScheduleInfo(
+            name="chimera",
+            generator=lambda pp, m, vpp, k: chimera(pp, m),
+            placement="v",
+            split_backward=False,
+            min_vpp=2,
+            max_vpp=2,
+            bidirectional=True,
+            torch_name=None,
+            searched_by_default=False,
+            source="Li & Hoefler 2021, Chimera (two 1F1B pipelines in opposite directions)",
+            simulated_only="two pipelines in opposite directions, each rank holding two weight "
+            "replicas (torch's schedule CSV would chain stage P-1 into stage P as "
+            "one V pipeline)",
+        ),
+        ScheduleInfo(
+            name="seq1f1b",
+            generator=lambda pp, m, vpp, k: seq1f1b(pp, m, k),
+            placement="loop",
+            split_backward=False,
+            min_vpp=1,
+            max_vpp=1,
+            segmented=True,
+            torch_name=None,
+            searched_by_default=False,
+            source="Sun et al. 2024, Seq1F1B (1F1B over sequence segments), arXiv 2406.03488",
+            simulated_only="sequence segments as the pipelined unit, attending to earlier "
+            "segments' keys and values (torch's schedule CSV would run each "
+            "segment as a whole micro-batch)",
+        ),
     )
 }
 
@@ -143,9 +213,7 @@ def schedule_info(name: str) -> ScheduleInfo:
     try:
         return SCHEDULES[name]
     except KeyError:
-        raise ScheduleError(
-            f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}"
-        ) from None
+        raise ScheduleError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}") from None
 
 
 @lru_cache(maxsize=4096)
@@ -185,9 +253,7 @@ def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: i
             f"pipeline shape must be positive: got stages={pp}, microbatches={num_microbatches}, vpp={vpp}"
         )
     if not info.allows_vpp(vpp):
-        raise ScheduleError(
-            f"schedule {name} needs vpp {info.vpp_text()} (chunks per rank), got vpp={vpp}"
-        )
+        raise ScheduleError(f"schedule {name} needs vpp {info.vpp_text()} (chunks per rank), got vpp={vpp}")
     if name == "1f1b" and num_microbatches < pp:
         raise ScheduleError(
             f"1f1b needs at least as many micro-batches as stages (as torch's Schedule1F1B): "

@@ -19,16 +19,24 @@ from planner.schedule.simulate import SimResult, TimelineEntry
 
 KIND_NAMES = {"F": "forward", "B": "backward (full)", "I": "backward, input grad", "W": "backward, weight grad"}
 _TERMINAL_STYLE = {
-    ("F", 0): "white on blue", ("F", 1): "black on bright_blue",
-    ("B", 0): "white on green", ("B", 1): "black on bright_green",
-    ("I", 0): "black on cyan", ("I", 1): "black on bright_cyan",
-    ("W", 0): "white on magenta", ("W", 1): "black on bright_magenta",
+    ("F", 0): "white on blue",
+    ("F", 1): "black on bright_blue",
+    ("B", 0): "white on green",
+    ("B", 1): "black on bright_green",
+    ("I", 0): "black on cyan",
+    ("I", 1): "black on bright_cyan",
+    ("W", 0): "white on magenta",
+    ("W", 1): "black on bright_magenta",
 }
 _SVG_FILL = {
-    ("F", 0): "#3b6fd8", ("F", 1): "#8fb0ee",
-    ("B", 0): "#2e9d57", ("B", 1): "#8fd3a6",
-    ("I", 0): "#19a6b8", ("I", 1): "#8bd8e2",
-    ("W", 0): "#b0449d", ("W", 1): "#dea3d4",
+    ("F", 0): "#3b6fd8",
+    ("F", 1): "#8fb0ee",
+    ("B", 0): "#2e9d57",
+    ("B", 1): "#8fd3a6",
+    ("I", 0): "#19a6b8",
+    ("I", 1): "#8bd8e2",
+    ("W", 0): "#b0449d",
+    ("W", 1): "#dea3d4",
 }
 
 
@@ -58,8 +66,7 @@ def _nice_step(span: float, ticks: int) -> float:
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def timeline_renderable(result: SimResult, *, width: int = 100, time_scale: float = 1e3,
-                        unit: str = "ms") -> Group:
+def timeline_renderable(result: SimResult, *, width: int = 100, time_scale: float = 1e3, unit: str = "ms") -> Group:
     """The timeline as rich Text rows scaled to `width` characters (labels included).
 
     Each character covers step_time/width of time and shows the action running at its
@@ -114,8 +121,9 @@ def timeline_renderable(result: SimResult, *, width: int = 100, time_scale: floa
     return Group(*lines, axis, legend)
 
 
-def timeline_svg(result: SimResult, *, title: str = "", time_scale: float = 1e3, unit: str = "ms",
-                 width_px: int = 1000) -> str:
+def timeline_svg(
+    result: SimResult, *, title: str = "", time_scale: float = 1e3, unit: str = "ms", width_px: int = 1000
+) -> str:
     """A standalone SVG of the timeline: legend, one row per rank, time axis in `unit`.
 
     Blocks carry their micro-batch number when at least 14 px wide and a <title> tooltip
@@ -155,15 +163,17 @@ def timeline_svg(result: SimResult, *, title: str = "", time_scale: float = 1e3,
         for entry, chunk in row:
             kind = entry.action.computation_type.value
             bx, bw = left + entry.start_s * scale, (entry.end_s - entry.start_s) * scale
-            tip = (f"{entry.action}: {entry.start_s * time_scale:.4g}-{entry.end_s * time_scale:.4g} {unit}")
+            tip = f"{entry.action}: {entry.start_s * time_scale:.4g}-{entry.end_s * time_scale:.4g} {unit}"
             out.append(
                 f'<g><title>{escape(tip)}</title><rect x="{bx:.2f}" y="{y}" width="{bw:.2f}" height="{row_h}" '
                 f'fill="{_SVG_FILL[(kind, chunk)]}" stroke="white" stroke-width="0.5"/>'
             )
             if bw >= 14:
                 color = "white" if chunk == 0 else "black"
-                out.append(f'<text x="{bx + bw / 2:.2f}" y="{y + row_h / 2 + 4}" text-anchor="middle" '
-                           f'fill="{color}">{entry.action.microbatch_index}</text>')
+                out.append(
+                    f'<text x="{bx + bw / 2:.2f}" y="{y + row_h / 2 + 4}" text-anchor="middle" '
+                    f'fill="{color}">{entry.action.microbatch_index}</text>'
+                )
             out.append("</g>")
     axis_y = top + len(rows) * (row_h + gap) + 4
     out.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" stroke="#333"/>')

@@ -24,7 +24,7 @@ per-segment factors on a segment's mean cost.
 from __future__ import annotations
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import B, F, Action, PipelineOrder
+from planner.schedule.actions import Action, B, F, PipelineOrder
 
 
 def seq1f1b(pp: int, num_microbatches: int, segments: int) -> PipelineOrder:

@@ -56,7 +56,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import B, F, I, W, Action, PipelineOrder
+from planner.schedule.actions import Action, B, F, I, PipelineOrder, W
 from planner.schedule.costs import StageCosts
 from planner.schedule.exchanges import ExchangeProgram, Exchanges, place_exchanges
 from planner.schedule.registry import generate
@@ -152,7 +152,7 @@ def _inflight_peaks(codes: list[int], offset: list[int]) -> tuple[tuple[int, ...
     until_w, until_i = [], []
     for r in range(len(offset) - 1):
         held = held_i = peak = peak_i = 0
-        for code in codes[offset[r]:offset[r + 1]]:
+        for code in codes[offset[r] : offset[r + 1]]:
             if code == 0:
                 held += 1
                 held_i += 1
@@ -172,8 +172,9 @@ def _inflight_peaks(codes: list[int], offset: list[int]) -> tuple[tuple[int, ...
     return tuple(until_w), tuple(until_i)
 
 
-def _deadlock_message(order: PipelineOrder, flat: list[Action], offset: list[int],
-                      ptr: list[int], dep: list[int], rank_of: list[int]) -> str:
+def _deadlock_message(
+    order: PipelineOrder, flat: list[Action], offset: list[int], ptr: list[int], dep: list[int], rank_of: list[int]
+) -> str:
     stuck = []
     for r in sorted(order):
         if ptr[r] < len(order[r]):
@@ -181,13 +182,15 @@ def _deadlock_message(order: PipelineOrder, flat: list[Action], offset: list[int
             d = dep[g]
             stuck.append(f"rank {r} waits at {flat[g]} for {flat[d]} (rank {rank_of[d]})")
     return (
-        "schedule deadlocks: " + "; ".join(stuck)
+        "schedule deadlocks: "
+        + "; ".join(stuck)
         + ". Reorder so that every rank's next action has its input produced first."
     )
 
 
-def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo,
-                  pipeline_starts: frozenset[int]) -> list[int]:
+def _dependencies(
+    flat: list[Action], tables: list[list[int]], info: OrderInfo, pipeline_starts: frozenset[int]
+) -> list[int]:
     """Index in `flat` of each action's cross-stage input: F(s-1, m) for F(s, m), the
     backward (B or I) of (s+1, m) for a backward of (s, m); -1 for none (first-stage F,
     last-stage backward, W: their inputs are earlier on the same rank). A stage in
@@ -206,8 +209,11 @@ def _dependencies(flat: list[Action], tables: list[list[int]], info: OrderInfo,
     return dep
 
 
-def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipeline_starts: frozenset[int] = frozenset(),
-                  exchanges: ExchangeProgram | None = None) -> CompiledSchedule:
+def compile_order(
+    order: PipelineOrder | Mapping[int, Sequence[Action]],
+    pipeline_starts: frozenset[int] = frozenset(),
+    exchanges: ExchangeProgram | None = None,
+) -> CompiledSchedule:
     """Validate `order` (validate.check_order), resolve dependencies, find a topological
     execution order; ScheduleError if invalid or deadlocked (naming each stuck rank).
     `pipeline_starts`: stages other than 0 that start a pipeline of their own (see
@@ -253,8 +259,7 @@ def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipelin
     for p, g in enumerate(topo):
         position[g] = p
     stage_chunk = info.stage_chunk
-    slot_of = [(r * vpp + stage_chunk[stage]) * 4 + code
-               for r, (stage, _, _), code in zip(rank_of, flat, codes)]
+    slot_of = [(r * vpp + stage_chunk[stage]) * 4 + code for r, (stage, _, _), code in zip(rank_of, flat, codes)]
     slot_counts = [0] * (num_ranks * vpp * 4)
     for k in slot_of:
         slot_counts[k] += 1
@@ -272,20 +277,23 @@ def compile_order(order: PipelineOrder | Mapping[int, Sequence[Action]], pipelin
         remote=array("b", [remote[g] for g in topo]),
         slot=array("i", [slot_of[g] for g in topo]),
         slot_counts=tuple(slot_counts),
-        rank_positions=tuple(array("i", position[offset[r]:offset[r + 1]]) for r in range(num_ranks)),
+        rank_positions=tuple(array("i", position[offset[r] : offset[r + 1]]) for r in range(num_ranks)),
         peak_inflight=until_w,
         peak_inflight_freed_at_input_grad=until_i,
         unit=array("i", [flat[g][2] for g in topo]),
         sends=array("b", [sends[g] for g in topo]),
-        exchanges=(place_exchanges(exchanges, order, info, offset, [code == 0 for code in codes], dep, remote,
-                                   position)
-                   if exchanges is not None and num_ranks > 1 else None),
+        exchanges=(
+            place_exchanges(exchanges, order, info, offset, [code == 0 for code in codes], dep, remote, position)
+            if exchanges is not None and num_ranks > 1
+            else None
+        ),
     )
 
 
 @lru_cache(maxsize=128)
-def generated_order(name: str, pp: int, num_microbatches: int, vpp: int = 1,
-                    segments: int = 1) -> Mapping[int, tuple[Action, ...]]:
+def generated_order(
+    name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1
+) -> Mapping[int, tuple[Action, ...]]:
     """`generate`'s order of schedule `name` for (P, M, V, segments), read-only and cached:
     the search derives both a shape's held counts and its compiled form from it."""
     order = generate(name, pp, num_microbatches, vpp, segments)
@@ -293,8 +301,9 @@ def generated_order(name: str, pp: int, num_microbatches: int, vpp: int = 1,
 
 
 @lru_cache(maxsize=128)
-def compile_schedule(name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1,
-                     exchanges: ExchangeProgram | None = None) -> CompiledSchedule:
+def compile_schedule(
+    name: str, pp: int, num_microbatches: int, vpp: int = 1, segments: int = 1, exchanges: ExchangeProgram | None = None
+) -> CompiledSchedule:
     """Generate schedule `name` for (P, M, V, segments) and compile it (with the runtime's
     blocking `exchanges`, if any: `compile_order`); cached (search loops re-cost it, a 405B
     search over a hundred shapes)."""
@@ -314,8 +323,7 @@ def _slot_durations(costs: StageCosts) -> list[float]:
     return out
 
 
-def _scaled_durations(compiled: CompiledSchedule, slot_dur: list[float],
-                      scale: tuple[float, ...]) -> list[float]:
+def _scaled_durations(compiled: CompiledSchedule, slot_dur: list[float], scale: tuple[float, ...]) -> list[float]:
     """Each position's duration with its micro-batch's factor on F and I (B: on its I part)."""
     if len(scale) < compiled.info.num_microbatches:
         raise ScheduleError(
@@ -359,7 +367,9 @@ def _peak_bytes(compiled: CompiledSchedule, costs: StageCosts) -> tuple[float, .
     return tuple(peaks)
 
 
-def peak_held_counts(order: PipelineOrder | Mapping[int, Sequence[Action]], vpp: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def peak_held_counts(
+    order: PipelineOrder | Mapping[int, Sequence[Action]], vpp: int
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """Per rank, the per-chunk counts of micro-batches held (F started, backward not ended)
     at the moments its activations can peak, without the dominated ones: the rank's peak
     bytes are the largest dot product of one of these with its per-chunk activation bytes.
@@ -375,7 +385,7 @@ def peak_held_counts(order: PipelineOrder | Mapping[int, Sequence[Action]], vpp:
             if kind == F:
                 held[chunk_of[stage]] += 1
                 rising = True
-            elif kind == W or kind == B:
+            elif kind in (W, B):
                 if rising:
                     tops.add(tuple(held))
                     rising = False
@@ -390,9 +400,7 @@ def peak_held_counts(order: PipelineOrder | Mapping[int, Sequence[Action]], vpp:
     return tuple(result)
 
 
-def simulate(
-    schedule: PipelineOrder | CompiledSchedule, costs: StageCosts, *, timeline: bool = False
-) -> SimResult:
+def simulate(schedule: PipelineOrder | CompiledSchedule, costs: StageCosts, *, timeline: bool = False) -> SimResult:
     """Simulate one step of `schedule` (an order or a compiled one) on `costs`.
 
     Returns the makespan, the paper's bubble fraction, per-rank busy/idle, in-flight and
@@ -474,8 +482,9 @@ def _run(compiled: CompiledSchedule, durs: list[float], p2p: float, num_ranks: i
     return end
 
 
-def _rendezvous(program: Exchanges, durs: list[float], costs: StageCosts,
-                num_ranks: int) -> tuple[list[float], list[float], list[float]]:
+def _rendezvous(
+    program: Exchanges, durs: list[float], costs: StageCosts, num_ranks: int
+) -> tuple[list[float], list[float], list[float]]:
     """Run actions and blocking exchange calls: a call ends at the latest post among itself and
     its peer calls plus the hold of its directions. Returns each position's end (with its
     trailing calls), its duration from its start to that end, and each rank's transfer seconds
@@ -487,8 +496,9 @@ def _rendezvous(program: Exchanges, durs: list[float], costs: StageCosts,
     start = [0.0] * len(durs)
     free = [0.0] * num_ranks
     blocked = [0.0] * num_ranks
-    for r, a, waits, way, counted in zip(program.rank, program.action, program.waits,
-                                         program.direction, program.after_start):
+    for r, a, waits, way, counted in zip(
+        program.rank, program.action, program.waits, program.direction, program.after_start
+    ):
         s = free[r]
         if a >= 0:
             start[a] = s
@@ -507,8 +517,9 @@ def _rendezvous(program: Exchanges, durs: list[float], costs: StageCosts,
     return end, [e - s for e, s in zip(end, start)], blocked
 
 
-def _with_send_holds(compiled: CompiledSchedule, durs: list[float], costs: StageCosts,
-                     blocked: list[float]) -> list[float]:
+def _with_send_holds(
+    compiled: CompiledSchedule, durs: list[float], costs: StageCosts, blocked: list[float]
+) -> list[float]:
     """Durations with each sending action's blocking hold added; `blocked` gets each rank's total."""
     hold = (costs.send_hold_forward_s, costs.send_hold_backward_s, 0.0, costs.send_hold_backward_s)
     out = []
@@ -519,4 +530,3 @@ def _with_send_holds(compiled: CompiledSchedule, durs: list[float], costs: Stage
             d += h
         out.append(d)
     return out
-

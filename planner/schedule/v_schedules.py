@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from functools import lru_cache
 
-from planner.schedule.actions import B, F, I, W, Action, ActionType, PipelineOrder
+from planner.schedule.actions import Action, ActionType, B, F, I, PipelineOrder, W
 
 
 class _RankBuilder:

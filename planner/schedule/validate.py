@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import B, F, I, W, Action, PipelineOrder
+from planner.schedule.actions import Action, B, F, I, PipelineOrder, W
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,14 +104,26 @@ def index_order(order: PipelineOrder) -> tuple[OrderInfo, list[list[int]]]:
         for chunk, stage in enumerate(stages):
             stage_chunk[stage] = chunk
     info = OrderInfo(
-        num_ranks=len(ranks), num_stages=num_stages, num_microbatches=num_mb, vpp=len(per_rank[0]),
-        stage_rank=tuple(stage_rank[s] for s in range(num_stages)), stage_chunk=tuple(stage_chunk),
+        num_ranks=len(ranks),
+        num_stages=num_stages,
+        num_microbatches=num_mb,
+        vpp=len(per_rank[0]),
+        stage_rank=tuple(stage_rank[s] for s in range(num_stages)),
+        stage_chunk=tuple(stage_chunk),
     )
     return info, tables
 
 
-def _explain(order: PipelineOrder, stage_rank: dict[int, int], stage: int, mb: int,
-             f_pos: int, i_pos: int, w_pos: int, b_pos: int) -> None:
+def _explain(
+    order: PipelineOrder,
+    stage_rank: dict[int, int],
+    stage: int,
+    mb: int,
+    f_pos: int,
+    i_pos: int,
+    w_pos: int,
+    b_pos: int,
+) -> None:
     """Raise the ScheduleError that says what is wrong with (stage, mb)'s actions."""
     r = stage_rank[stage]
     if f_pos < 0:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.errors import ScheduleError
-from planner.schedule.actions import F, I, W, Action, PipelineOrder
+from planner.schedule.actions import Action, F, I, PipelineOrder, W
 from planner.schedule.auto_zb import auto_zero_bubble, check_problem, stage_times
 from planner.schedule.costs import StageCosts
 from planner.schedule.simulate import simulate
@@ -39,14 +39,14 @@ _PAIRS = ((0, 1), (0, 2), (1, 2))
 Key = tuple[int, int, int]
 
 
-def _variable(prob: pulp.LpProblem, name: str, low: float, up: float,
-              cat: str = "Continuous") -> pulp.LpVariable:
+def _variable(prob: pulp.LpProblem, name: str, low: float, up: float, cat: str = "Continuous") -> pulp.LpVariable:
     """A variable of `prob` (pulp 3.3's `add_variable`; the bare constructor is deprecated)."""
     return prob.add_variable(name, low, up, cat=cat)
 
 
-def _windows(times: list[tuple[float, float, float]], m: int, p2p: float,
-             horizon: float) -> tuple[dict[Key, float], dict[Key, float]]:
+def _windows(
+    times: list[tuple[float, float, float]], m: int, p2p: float, horizon: float
+) -> tuple[dict[Key, float], dict[Key, float]]:
     """Earliest and latest start of every (rank, kind, micro-batch) pass within `horizon`."""
     pp = len(times)
     early: dict[Key, float] = {}
@@ -95,8 +95,9 @@ def optimal_schedule(
     horizon = simulate(incumbent, costs).step_time_s * (1 + 1e-9) + 1e-9  # slack for rounding
     early, late = _windows(times, m, p2p, horizon)
     prob = pulp.LpProblem("zero_bubble", pulp.LpMinimize)
-    start = {key: _variable(prob, "t_%d_%d_%d" % key, early[key], max(early[key], late[key]))
-             for key in early}
+    start = {
+        key: _variable(prob, f"t_{key[0]}_{key[1]}_{key[2]}", early[key], max(early[key], late[key])) for key in early
+    }
     makespan = _variable(prob, "makespan", 0.0, horizon)
     prob += makespan
 
@@ -127,7 +128,8 @@ def optimal_schedule(
                         first = 0
                     else:
                         first = binaries[(s, late_kind, j, early_kind, k)] = _variable(
-                            prob, "y_%d_%d%d_%d%d" % (s, late_kind, j, early_kind, k), 0, 1, pulp.LpBinary)
+                            prob, f"y_{s}_{late_kind}{j}_{early_kind}{k}", 0, 1, pulp.LpBinary
+                        )
                         prob += start[b] >= end(*a) - max(m_ab, 0.0) * (1 - first)
                         prob += start[a] >= end(*b) - m_ba * first
                     if (late_kind, early_kind) == (0, 2):
@@ -150,15 +152,17 @@ def optimal_schedule(
     return order
 
 
-
-def _warm_start(incumbent: PipelineOrder, costs: StageCosts, start: dict[Key, pulp.LpVariable],
-                binaries: dict[tuple[int, int, int, int, int], pulp.LpVariable],
-                makespan: pulp.LpVariable) -> None:
+def _warm_start(
+    incumbent: PipelineOrder,
+    costs: StageCosts,
+    start: dict[Key, pulp.LpVariable],
+    binaries: dict[tuple[int, int, int, int, int], pulp.LpVariable],
+    makespan: pulp.LpVariable,
+) -> None:
     """Set the MILP's initial values to the heuristic's ASAP schedule."""
     result = simulate(incumbent, costs, timeline=True)
     code = {F: 0, I: 1, W: 2}
-    begin = {(e.rank, code[e.action.computation_type], e.action.microbatch_index): e.start_s
-             for e in result.timeline}
+    begin = {(e.rank, code[e.action.computation_type], e.action.microbatch_index): e.start_s for e in result.timeline}
     for key, var in start.items():
         var.setInitialValue(min(max(begin[key], var.lowBound), var.upBound))
     for (s, ka, j, kb, k), var in binaries.items():

@@ -31,8 +31,9 @@ cuts (first chunk gets ceil(n / V)) and even cuts (stage sizes within one layer 
 other, so the first chunk has at least half of n / V) satisfy it."""
 
 
-def work_bound(work_s: float, first_chunk_share: float, num_microbatches: int, pp: int,
-               empty_first_stage: bool = False) -> float:
+def work_bound(
+    work_s: float, first_chunk_share: float, num_microbatches: int, pp: int, empty_first_stage: bool = False
+) -> float:
     """Least step time over every way of spreading `work_s` (one micro-batch, all ranks) over
     `pp` ranks, when each rank's first chunk holds at least `first_chunk_share` of its work
     (all but rank 0 when its first stage holds only the embedding)."""
@@ -56,8 +57,13 @@ def round_trip_bound(forward_s: float, backward_s: float, num_units: int, stages
     return forward_s + backward_s + (num_units - 1) * max(forward_s, backward_s) / stages
 
 
-def layout_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
-                 after_s: list[float] | None = None, bidirectional: bool = False) -> float:
+def layout_bound(
+    costs: ChunkCosts,
+    num_microbatches: int,
+    split_backward: bool,
+    after_s: list[float] | None = None,
+    bidirectional: bool = False,
+) -> float:
     """The chain bound of one layout (cut points known), pipeline part only. With `after_s`,
     also each rank's end plus what it runs after its last action (its exposed DP
     communication): rank r ends no earlier than sum_{k<r} f_k + M x_r (the forward chain; the
@@ -102,8 +108,13 @@ def _bidirectional_bound(costs: ChunkCosts, per_direction: int, after_s: list[fl
     return best
 
 
-def sequencing_bound(costs: ChunkCosts, num_microbatches: int, split_backward: bool,
-                     v_shaped: bool = False, after_s: list[float] | None = None) -> float:
+def sequencing_bound(
+    costs: ChunkCosts,
+    num_microbatches: int,
+    split_backward: bool,
+    v_shaped: bool = False,
+    after_s: list[float] | None = None,
+) -> float:
     """A lower bound of the pipeline's end (with `after_s`, of each rank's end plus what it runs
     after its last action) under any order of the actions, cut points known; at least the
     chain bound of `layout_bound` and much closer to the simulated step when M is small
@@ -162,13 +173,15 @@ def sequencing_bound(costs: ChunkCosts, num_microbatches: int, split_backward: b
         for s in reversed(mine):
             work += f[s] + b[s] + w[s]
             both += f[s] + b[s]
-            best = max(best, head_f[s] + m * work + own_after[rank],
-                       head_f[s] + m * both + tail_b[s] + first_after)
+            best = max(best, head_f[s] + m * work + own_after[rank], head_f[s] + m * both + tail_b[s] + first_after)
         for a, low in enumerate(mine):
             forwards = backwards = 0.0
             for high in mine[a:]:
                 forwards += f[high]
                 backwards += b[high]
-                best = max(best, head_f[low] + m * forwards + tail_f[high] + first_after,
-                           head_b[high] + m * backwards + tail_b[low] + first_after)
+                best = max(
+                    best,
+                    head_f[low] + m * forwards + tail_f[high] + first_after,
+                    head_b[high] + m * backwards + tail_b[low] + first_after,
+                )
     return best

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 
 from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, DUALPIPEV_PAIRING, CostModel, LayerCosts
@@ -74,11 +74,15 @@ class Parts:
     def __post_init__(self) -> None:
         kinds = self.kinds(0)
         object.__setattr__(self, "layer_params", sum(n * b.param_count for n, b in zip(self.counts, kinds)))
-        object.__setattr__(self, "layer_expert_params",
-                           sum(n * b.expert_param_count for n, b in zip(self.counts, kinds)))
+        object.__setattr__(
+            self, "layer_expert_params", sum(n * b.expert_param_count for n, b in zip(self.counts, kinds))
+        )
         object.__setattr__(self, "step_terms", {})
-        object.__setattr__(self, "least_saved", tuple(
-            min(b.activation_bytes for b in blocks) for blocks in (self.blocks, self.dense) if blocks))
+        object.__setattr__(
+            self,
+            "least_saved",
+            tuple(min(b.activation_bytes for b in blocks) for blocks in (self.blocks, self.dense) if blocks),
+        )
 
     def kinds(self, mode: int) -> tuple[LayerCosts, ...]:
         """The block of each kind in mode `mode`: the main block, then the dense one if any."""
@@ -87,15 +91,23 @@ class Parts:
 
 def shard_of(candidate: Candidate, seq: int) -> Shard:
     """The micro-batch shape one GPU of the candidate sees."""
-    return Shard(mbs=candidate.mbs, seq=seq, tp=candidate.tp, cp=candidate.cp,
-                 sequence_parallel=candidate.sequence_parallel, ep=candidate.ep, etp=candidate.etp)
+    return Shard(
+        mbs=candidate.mbs,
+        seq=seq,
+        tp=candidate.tp,
+        cp=candidate.cp,
+        sequence_parallel=candidate.sequence_parallel,
+        ep=candidate.ep,
+        etp=candidate.etp,
+    )
 
 
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
     """The candidate's layer costs (cached: candidates share a few shapes), per sequence
     segment under seq1f1b."""
-    return _parts(model, shard_of(candidate, seq), candidate.modes, candidate_pairing(model, candidate),
-                  candidate.segments)
+    return _parts(
+        model, shard_of(candidate, seq), candidate.modes, candidate_pairing(model, candidate), candidate.segments
+    )
 
 
 def candidate_pairing(model: CostModel, candidate: Candidate) -> bool | str:
@@ -112,6 +124,7 @@ def _parts(model: CostModel, shard: Shard, modes: tuple[str, ...], paired: bool 
     """Under combined 1F1B each mode but `full` is costed paired: predict pairs a layout's
     layers (all but Megatron's warm-up and cool-down passes, which cost more) unless one of its
     ranks recomputes in full, so the paired costs are the least any layout of these modes gets."""
+
     def costs(kind: str, mode: str = "none", pair: bool | str = False) -> LayerCosts:
         if pair is True and mode == "full":
             pair = False
@@ -151,7 +164,7 @@ def _forward_share(costs: LayerCosts) -> float:
     return (costs.forward_s + costs.comm_forward_s) / total if total > 0 else 1.0
 
 
-@lru_cache(maxsize=None)
+@cache
 def _state_bytes_per_param(zero_stage: int, shards: int) -> float:
     s = memory.state_bytes_per_param(zero_stage, shards)
     return s.weights + s.grads + s.optimizer
@@ -212,23 +225,38 @@ def memory_floor(model: CostModel, candidate: Candidate, parts: Parts, inflight:
     layers of two kinds it holds for the main kind's layers alone (the others only add) and
     for all layers at the lesser kind's bytes; the larger of the two is the floor."""
     kinds = [parts.blocks] + ([parts.dense] if parts.dense else [])
-    per_kind = [(n, block_state_bytes(candidate, blocks[0]), saved)
-                for n, blocks, saved in zip(parts.counts, kinds, parts.least_saved)]
-    options = [per_kind[0]] if len(per_kind) == 1 else [
-        per_kind[0], (model.spec.num_layers, min(k[1] for k in per_kind), min(k[2] for k in per_kind))]
+    per_kind = [
+        (n, block_state_bytes(candidate, blocks[0]), saved)
+        for n, blocks, saved in zip(parts.counts, kinds, parts.least_saved)
+    ]
+    options = (
+        [per_kind[0]]
+        if len(per_kind) == 1
+        else [per_kind[0], (model.spec.num_layers, min(k[1] for k in per_kind), min(k[2] for k in per_kind))]
+    )
     state = state_bytes(candidate)
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
     fixed = _fixed_state_per_rank(model, candidate, parts, last, state)
     copies = replicas(candidate)  # chimera: every layer on two ranks
-    tensors = max(_relaxed_peak(candidate, inflight, fixed, last, copies * option[0], *option[1:])
-                  for option in options if option[0])
+    tensors = max(
+        _relaxed_peak(candidate, inflight, fixed, last, copies * option[0], *option[1:])
+        for option in options
+        if option[0]
+    )
     outside_layers = total_params(model, parts) - parts.layer_params
     tensors = max(tensors, copies * (outside_layers * state + layers_state_bytes(candidate, parts)) / candidate.pp)
     return (1 + memory.FRAGMENTATION) * tensors + outside_tensor_bytes(model, candidate)
 
 
-def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: list[float], last: int,
-                  layers: int, layer_state: float, least_saved: float) -> float:
+def _relaxed_peak(
+    candidate: Candidate,
+    inflight: tuple[int, ...],
+    fixed_state: list[float],
+    last: int,
+    layers: int,
+    layer_state: float,
+    least_saved: float,
+) -> float:
     """The continuous relaxation of `memory_floor` for `layers` layers (over all ranks) of
     `layer_state` state and `least_saved` activation bytes each, beside each rank's `fixed_state`."""
     vpp = candidate.vpp
@@ -244,8 +272,9 @@ def _relaxed_peak(candidate: Candidate, inflight: tuple[int, ...], fixed_state: 
     return (layers + weighted_sum) / inverse_sum
 
 
-def layout_memory_floor(model: CostModel, candidate: Candidate, parts: Parts,
-                        inflight: tuple[int, ...]) -> Callable[[Layout], float]:
+def layout_memory_floor(
+    model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...]
+) -> Callable[[Layout], float]:
     """For layouts cut from `candidate`: the bytes the most loaded GPU needs at least, each
     rank's state and its in-flight count times its smallest chunk's activations."""
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
@@ -289,11 +318,10 @@ def outside_tensor_bytes(model: CostModel, candidate: Candidate, rank: int | Non
     workspace, CUDA context, NCCL buffers), as `planner.predict` counts them; without `rank`,
     the least over the ranks."""
     last = head_rank(candidate.schedule, candidate.pp, candidate.vpp)
-    embedding_group = (rank is not None and model.spec.tie_embeddings and last != 0
-                       and rank in (0, last))
+    embedding_group = rank is not None and model.spec.tie_embeddings and last != 0 and rank in (0, last)
     return memory.CUBLAS_WORKSPACE_BYTES + memory.outside_allocator_bytes(
-        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group,
-        model.options.memory.cuda_context_bytes)
+        candidate.tp, candidate.cp, candidate.dp, candidate.pp, embedding_group, model.options.memory.cuda_context_bytes
+    )
 
 
 def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidate: Candidate) -> float:
@@ -314,8 +342,7 @@ def _fixed_params(model: CostModel, parts: Parts, rank: int, last: int, candidat
     return params
 
 
-def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, last: int,
-                          state: float) -> list[float]:
+def _fixed_state_per_rank(model: CostModel, candidate: Candidate, parts: Parts, last: int, state: float) -> list[float]:
     """Per rank, training-state bytes outside its transformer layers at `state` bytes per
     parameter (the MTP modules' routed experts shard over EDP; chimera's on its two end ranks)."""
     fixed = [0.0] * candidate.pp
@@ -353,8 +380,9 @@ def round_trip_floor(model: CostModel, candidate: Candidate, parts: Parts) -> fl
     split = SCHEDULES[candidate.schedule].split_backward
     backward = input_grad if split else weight_grad
     units = candidate.num_microbatches * candidate.segments
-    return (round_trip_bound(forward, backward, units, candidate.pp * candidate.vpp)
-            + _optimizer_floor(model, candidate, parts, None))
+    return round_trip_bound(forward, backward, units, candidate.pp * candidate.vpp) + _optimizer_floor(
+        model, candidate, parts, None
+    )
 
 
 def _step_terms(model: CostModel, parts: Parts, mode: int | None) -> tuple:
@@ -370,13 +398,17 @@ def _step_terms(model: CostModel, parts: Parts, mode: int | None) -> tuple:
         least_share = min(_forward_share(x) for m in modes for x in (*parts.kinds(m), parts.embedding))
         experts = parts.layer_expert_params + (parts.mtp[0].expert_param_count if parts.mtp else 0.0)
         options = [[parts.kinds(m)[k] for m in modes] for k in range(len(parts.kinds(0)))]
-        counts = list(parts.counts[:len(options)])
+        counts = list(parts.counts[: len(options)])
         options += [[parts.embedding], [parts.head]] + ([[parts.mtp[m] for m in modes]] if parts.mtp else [])
         counts += [1] * (len(options) - len(counts))
-        trip = tuple(sum(n * min(part(x) for x in blocks) for n, blocks in zip(counts, options)) for part in (
-            lambda x: x.forward_s + x.comm_forward_s,
-            lambda x: x.backward_input_s + x.comm_backward_s,
-            lambda x: x.backward_input_s + x.backward_weight_s + x.comm_backward_s))
+        trip = tuple(
+            sum(n * min(part(x) for x in blocks) for n, blocks in zip(counts, options))
+            for part in (
+                lambda x: x.forward_s + x.comm_forward_s,
+                lambda x: x.backward_input_s + x.comm_backward_s,
+                lambda x: x.backward_input_s + x.backward_weight_s + x.comm_backward_s,
+            )
+        )
         terms = parts.step_terms[mode] = (work, least_share, total_params(model, parts), experts, trip)
     return terms
 
@@ -386,12 +418,14 @@ def _optimizer_floor(model: CostModel, candidate: Candidate, parts: Parts, mode:
     _, _, params, experts, _ = _step_terms(model, parts, mode)
     edp = _expert_dp_shards(candidate) if experts else 1
     owned_like = dp_equivalent_params(candidate.zero_stage, candidate.dp * candidate.cp, edp, params, experts)
-    return optimizer_time(model, candidate.zero_stage, candidate.dp * candidate.cp,
-                          replicas(candidate) * owned_like / candidate.pp)
+    return optimizer_time(
+        model, candidate.zero_stage, candidate.dp * candidate.cp, replicas(candidate) * owned_like / candidate.pp
+    )
 
 
-def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...],
-               limit_bytes: float) -> RankCosts:
+def rank_costs(
+    model: CostModel, candidate: Candidate, parts: Parts, inflight: tuple[int, ...], limit_bytes: float
+) -> RankCosts:
     """The cut solvers' input: per rank and mode, fixed and per-layer time and bytes (under
     chimera per pair of ranks r and P-1-r, which hold the same two model stages). Layers of
     two kinds (an MoE model's dense-MLP blocks) are listed per kind for contiguous ranks
@@ -412,35 +446,59 @@ def rank_costs(model: CostModel, candidate: Candidate, parts: Parts, inflight: t
         fixed_state = fixed_states[rank]
         held = (max(inflight[rank], inflight[pp - 1 - rank]) if two else inflight[rank]) / vpp
         fixed_s.append(sum(total_s(p) for p in fixed) + (total_s(parts.mtp[0]) if mtp else 0.0))
-        fixed_bytes.append(tuple(
-            grow * (fixed_state + held * (sum(p.activation_bytes for p in fixed)
-                                          + (parts.mtp[m].activation_bytes if mtp else 0.0))
-                    + max([b.peak_extra_bytes for b in parts.kinds(m)] + [p.peak_extra_bytes for p in fixed]
-                          + ([parts.mtp[m].peak_extra_bytes] if mtp else [])))
-            + outside_tensor_bytes(model, candidate, rank)
-            for m in modes
-        ))
-        kind_bytes.append(tuple(
-            tuple(grow * (block_state_bytes(candidate, parts.kinds(m)[k]) + held * parts.kinds(m)[k].activation_bytes)
-                  for m in modes)
-            for k in range(len(parts.kinds(0)))
-        ))
+        fixed_bytes.append(
+            tuple(
+                grow
+                * (
+                    fixed_state
+                    + held * (sum(p.activation_bytes for p in fixed) + (parts.mtp[m].activation_bytes if mtp else 0.0))
+                    + max(
+                        [b.peak_extra_bytes for b in parts.kinds(m)]
+                        + [p.peak_extra_bytes for p in fixed]
+                        + ([parts.mtp[m].peak_extra_bytes] if mtp else [])
+                    )
+                )
+                + outside_tensor_bytes(model, candidate, rank)
+                for m in modes
+            )
+        )
+        kind_bytes.append(
+            tuple(
+                tuple(
+                    grow * (block_state_bytes(candidate, parts.kinds(m)[k]) + held * parts.kinds(m)[k].activation_bytes)
+                    for m in modes
+                )
+                for k in range(len(parts.kinds(0)))
+            )
+        )
     kind_s = tuple(tuple(total_s(parts.kinds(m)[k]) for m in modes) for k in range(len(parts.kinds(0))))
     counts = parts.counts
     if len(kind_s) == 1 or not counts[0] or not counts[1]:
         main = 0 if counts[0] else 1
-        return RankCosts(modes=candidate.modes, fixed_s=tuple(fixed_s), fixed_bytes=tuple(fixed_bytes),
-                         layer_s=kind_s[main], layer_bytes=tuple(per_rank[main] for per_rank in kind_bytes),
-                         limit_bytes=limit_bytes, min_layers=vpp)
+        return RankCosts(
+            modes=candidate.modes,
+            fixed_s=tuple(fixed_s),
+            fixed_bytes=tuple(fixed_bytes),
+            layer_s=kind_s[main],
+            layer_bytes=tuple(per_rank[main] for per_rank in kind_bytes),
+            limit_bytes=limit_bytes,
+            min_layers=vpp,
+        )
     layers = model.spec.num_layers
     mean_s = tuple(sum(n * t[m] for n, t in zip(counts, kind_s)) / layers for m in modes)
     most_bytes = tuple(tuple(max(per_kind[m] for per_kind in per_rank) for m in modes) for per_rank in kind_bytes)
     sequence = vpp == 1 and not SCHEDULES[candidate.schedule].v_shaped
     return RankCosts(
-        modes=candidate.modes, fixed_s=tuple(fixed_s), fixed_bytes=tuple(fixed_bytes),
-        layer_s=mean_s, layer_bytes=most_bytes, limit_bytes=limit_bytes, min_layers=vpp,
+        modes=candidate.modes,
+        fixed_s=tuple(fixed_s),
+        fixed_bytes=tuple(fixed_bytes),
+        layer_s=mean_s,
+        layer_bytes=most_bytes,
+        limit_bytes=limit_bytes,
+        min_layers=vpp,
         layer_kinds=tuple(int(kind == DENSE_BLOCK) for kind in model.block_kinds) if sequence else (),
-        kind_s=kind_s if sequence else (), kind_bytes=tuple(kind_bytes) if sequence else (),
+        kind_s=kind_s if sequence else (),
+        kind_bytes=tuple(kind_bytes) if sequence else (),
     )
 
 
@@ -480,8 +538,9 @@ def even_layouts(candidate: Candidate, num_layers: int) -> list[Layout]:
 
 
 @lru_cache(maxsize=4096)
-def held_counts(schedule: str, pp: int, num_microbatches: int, vpp: int,
-                segments: int = 1) -> tuple[tuple[tuple[int, ...], ...], ...]:
+def held_counts(
+    schedule: str, pp: int, num_microbatches: int, vpp: int, segments: int = 1
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
     """`peak_held_counts` of a schedule shape, cached across candidates."""
     return peak_held_counts(generated_order(schedule, pp, num_microbatches, vpp, segments), vpp)
 
@@ -498,8 +557,7 @@ def _inflight(schedule: str, pp: int, num_microbatches: int, vpp: int, segments:
 def inflight_of(candidate: Candidate) -> tuple[int, ...]:
     """Most micro-batch x chunk activations (seq1f1b: segment x chunk) each rank holds at
     once under the candidate's schedule."""
-    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp,
-                     candidate.segments)
+    return _inflight(candidate.schedule, candidate.pp, candidate.num_microbatches, candidate.vpp, candidate.segments)
 
 
 def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float | None:
@@ -522,8 +580,7 @@ def excess_memory(model: CostModel, layout: Layout, costs: ChunkCosts) -> float 
         return None
     held = held_counts(layout.schedule, layout.pp, layout.num_microbatches, layout.vpp, layout.segments)
     exact = tuple(
-        max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r])
-        for r in range(layout.pp)
+        max(sum(n * b for n, b in zip(v, costs.activation_bytes[r])) for v in held[r]) for r in range(layout.pp)
     )
     need = max(m.total for m in layout_memory(model, layout, costs, exact))
     return need if need > limit else None

@@ -61,24 +61,34 @@ class Alternative:
 def layout_text(layout: Layout) -> str:
     """A layout on one line: 'tp8 pp16 dp128 cp1 1f1b V1 mbs1 M16 recompute full'."""
     modes = sorted(set(layout.recompute))
-    return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.schedule} V{layout.vpp} "
-            f"{f'k{layout.segments} ' if layout.segments > 1 else ''}"
-            f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
-            f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}"
-            f"{f' ep{layout.ep} etp{layout.expert_tp}' if layout.etp is not None else ''}")
+    return (
+        f"tp{layout.tp} pp{layout.pp} dp{layout.dp} cp{layout.cp} {layout.schedule} V{layout.vpp} "
+        f"{f'k{layout.segments} ' if layout.segments > 1 else ''}"
+        f"mbs{layout.mbs} M{layout.num_microbatches} recompute {'/'.join(modes)}"
+        f"{' sp' if layout.sequence_parallel else ''} zero{layout.zero_stage}"
+        f"{f' ep{layout.ep} etp{layout.expert_tp}' if layout.etp is not None else ''}"
+    )
 
 
 def layout_choices(layout: Layout) -> dict[str, str | None]:
     """Each choice of a layout as a word of `layout_text` (sequence parallelism off: 'no sp';
     None: not a choice of this layout)."""
-    return {"tp": f"tp{layout.tp}", "pp": f"pp{layout.pp}", "dp": f"dp{layout.dp}", "cp": f"cp{layout.cp}",
-            "schedule": layout.schedule, "V": f"V{layout.vpp}",
-            "segments": f"k{layout.segments}" if layout.segments > 1 else None,
-            "mbs": f"mbs{layout.mbs}", "M": f"M{layout.num_microbatches}",
-            "recompute": f"recompute {'/'.join(sorted(set(layout.recompute)))}",
-            "sp": "sp" if layout.sequence_parallel else "no sp", "zero": f"zero{layout.zero_stage}",
-            "ep": f"ep{layout.ep}" if layout.etp is not None else None,
-            "etp": f"etp{layout.expert_tp}" if layout.etp is not None else None}
+    return {
+        "tp": f"tp{layout.tp}",
+        "pp": f"pp{layout.pp}",
+        "dp": f"dp{layout.dp}",
+        "cp": f"cp{layout.cp}",
+        "schedule": layout.schedule,
+        "V": f"V{layout.vpp}",
+        "segments": f"k{layout.segments}" if layout.segments > 1 else None,
+        "mbs": f"mbs{layout.mbs}",
+        "M": f"M{layout.num_microbatches}",
+        "recompute": f"recompute {'/'.join(sorted(set(layout.recompute)))}",
+        "sp": "sp" if layout.sequence_parallel else "no sp",
+        "zero": f"zero{layout.zero_stage}",
+        "ep": f"ep{layout.ep}" if layout.etp is not None else None,
+        "etp": f"etp{layout.expert_tp}" if layout.etp is not None else None,
+    }
 
 
 def layout_changes(best: Layout, other: Layout) -> str:
@@ -87,8 +97,9 @@ def layout_changes(best: Layout, other: Layout) -> str:
     return " ".join(word for name, word in layout_choices(other).items() if word and word != before[name])
 
 
-def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, space: SearchSpace,
-                 accept: Accept | None = None) -> list[Alternative]:
+def alternatives(
+    model: CostModel, best: Found, global_batch: int, seq: int, space: SearchSpace, accept: Accept | None = None
+) -> list[Alternative]:
     """The best plan with each single change, and why each is slower or does not fit."""
     layout = best.layout
     pinned = _pinned(layout, space)
@@ -98,15 +109,20 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             changes.append((f"tp {tp}", replace(pinned, tp=(tp,))))
     for pp in (layout.pp // 2, layout.pp * 2):
         if pp >= 1 and (space.pp is None or pp in space.pp):
-            changes.append((f"pp {pp}", replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp,
-                                                segments=space.segments)))
+            changes.append(
+                (
+                    f"pp {pp}",
+                    replace(pinned, pp=(pp,), schedules=space.schedules, vpp=space.vpp, segments=space.segments),
+                )
+            )
     for mbs in (layout.mbs // 2, layout.mbs * 2):
         if mbs >= 1 and (space.mbs is None or mbs in space.mbs):
             changes.append((f"mbs {mbs}", replace(pinned, mbs=(mbs,))))
     for name in space.schedules or DEFAULT_SCHEDULES:
         if name != layout.schedule and layout.pp > 1:
-            changes.append((f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp,
-                                                        segments=space.segments)))
+            changes.append(
+                (f"schedule {name}", replace(pinned, schedules=(name,), vpp=space.vpp, segments=space.segments))
+            )
     if layout.segments > 1:  # seq1f1b: half and twice the sequence segments
         for k in (layout.segments // 2, layout.segments * 2):
             if k >= 1 and (space.segments is None or k in space.segments):
@@ -116,11 +132,16 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             changes.append((f"V {vpp}", replace(pinned, vpp=(vpp,))))
     for mode in space.recompute:
         if set(layout.recompute) != {mode}:
-            changes.append((f"recompute {mode} everywhere",
-                            replace(pinned, recompute=(mode,), per_rank_recompute=False)))
+            changes.append(
+                (f"recompute {mode} everywhere", replace(pinned, recompute=(mode,), per_rank_recompute=False))
+            )
     if layout.tp > 1:
-        changes.append((f"sequence parallel {'off' if layout.sequence_parallel else 'on'}",
-                        replace(pinned, sequence_parallel=(not layout.sequence_parallel,))))
+        changes.append(
+            (
+                f"sequence parallel {'off' if layout.sequence_parallel else 'on'}",
+                replace(pinned, sequence_parallel=(not layout.sequence_parallel,)),
+            )
+        )
     for zero in space.zero:
         if zero != layout.zero_stage:
             changes.append((f"zero {zero}", replace(pinned, zero=(zero,))))
@@ -141,8 +162,14 @@ def alternatives(model: CostModel, best: Found, global_batch: int, seq: int, spa
             result.append(Alternative(change, found.plans[0], _slower_because(model.spec, best, found.plans[0])))
         elif found.smallest_need_bytes < float("inf"):
             over = found.smallest_need_bytes - limit
-            result.append(Alternative(change, None, f"out of memory: needs {found.smallest_need_bytes / GiB:.1f} GiB, "
-                                                    f"{over / GiB:.1f} GiB over the limit"))
+            result.append(
+                Alternative(
+                    change,
+                    None,
+                    f"out of memory: needs {found.smallest_need_bytes / GiB:.1f} GiB, "
+                    f"{over / GiB:.1f} GiB over the limit",
+                )
+            )
     return result
 
 
@@ -153,21 +180,31 @@ def _moe_mechanisms(model: CostModel, layout: Layout) -> list[tuple[str, CostMod
         return []
     options, moe = model.options, model.options.moe
     dispatcher = "alltoall" if moe.moe_dispatcher == "deepep" else "deepep"
-    changed = [(f"dispatcher {dispatcher}", options.with_fields(moe_dispatcher=dispatcher)),
-               (f"EP overlap {'off' if moe.moe_ep_overlap else 'on'}",
-                options.with_fields(moe_ep_overlap=not moe.moe_ep_overlap))]
-    return [(change, CostModel(model.spec, model.cluster, other, model.source, model.network))
-            for change, other in changed]
+    changed = [
+        (f"dispatcher {dispatcher}", options.with_fields(moe_dispatcher=dispatcher)),
+        (
+            f"EP overlap {'off' if moe.moe_ep_overlap else 'on'}",
+            options.with_fields(moe_ep_overlap=not moe.moe_ep_overlap),
+        ),
+    ]
+    return [
+        (change, CostModel(model.spec, model.cluster, other, model.source, model.network)) for change, other in changed
+    ]
 
 
-def _mechanism_alternative(change: str, other: CostModel, best: Found, global_batch: int, seq: int,
-                           pinned: SearchSpace, accept: Accept | None) -> Alternative:
+def _mechanism_alternative(
+    change: str, other: CostModel, best: Found, global_batch: int, seq: int, pinned: SearchSpace, accept: Accept | None
+) -> Alternative:
     """The best plan's dimensions priced with another MoE mechanism: how much faster or slower,
     and by how much its exposed all-to-all moves (or why Megatron would not run the overlap)."""
     layout = best.layout
     if other.options.moe.moe_ep_overlap and not runs_combined_1f1b(other.options, other.spec, layout):
-        return Alternative(change, None, "Megatron runs no combined 1F1B on this layout: it needs EP > 1, "
-                                         "no pipeline or interleaved 1F1B, no full recompute, at most one MTP layer")
+        return Alternative(
+            change,
+            None,
+            "Megatron runs no combined 1F1B on this layout: it needs EP > 1, "
+            "no pipeline or interleaved 1F1B, no full recompute, at most one MTP layer",
+        )
     found = search(other, global_batch, seq, pinned, top=1, accept=accept)
     if not found.plans:
         return Alternative(change, None, "nothing fits")
@@ -178,18 +215,27 @@ def _mechanism_alternative(change: str, other: CostModel, best: Found, global_ba
     return Alternative(change, found.plans[0], f"{pace}: MoE all-to-all {moved:+.3f} s")
 
 
-def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, seq: int, space: SearchSpace,
-                   accept: Accept | None = None) -> str:
+def what_would_fit(
+    model: CostModel,
+    result: SearchResult,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    accept: Accept | None = None,
+) -> str:
     """One paragraph for an infeasible request: the smallest need found and what fits instead."""
     cluster = model.cluster
     limit = cluster.memory_limit_bytes
     need = result.smallest_need_bytes
     where = result.smallest_need
-    lines = [f"no layout of {model.spec.name} on {cluster.num_gpus} x {cluster.gpu.name} fits in "
-             f"{limit / GiB:.1f} GiB per GPU"]
+    lines = [
+        f"no layout of {model.spec.name} on {cluster.num_gpus} x {cluster.gpu.name} fits in "
+        f"{limit / GiB:.1f} GiB per GPU"
+    ]
     if need < float("inf"):
         shown = layout_text(where) if isinstance(where, Layout) else "its weight and optimizer state alone"
         lines.append(f"the smallest need found is {need / GiB:.1f} GiB ({shown})")
+
     def fits(text: str, other_model: CostModel, other_space: SearchSpace) -> str | None:
         found = search(other_model, global_batch, seq, other_space, top=1, accept=accept)
         if not found.plans:
@@ -199,25 +245,38 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
 
     tries: list[tuple[str, CostModel, SearchSpace]] = []
     if set(space.recompute) != set(RECOMPUTE_MODES) or not space.per_rank_recompute:
-        tries.append((planner_command("plan", f"--recompute {','.join(RECOMPUTE_MODES)}", "--per-rank-recompute"),
-                      model, replace(space, recompute=RECOMPUTE_MODES, per_rank_recompute=True)))
+        tries.append(
+            (
+                planner_command("plan", f"--recompute {','.join(RECOMPUTE_MODES)}", "--per-rank-recompute"),
+                model,
+                replace(space, recompute=RECOMPUTE_MODES, per_rank_recompute=True),
+            )
+        )
     if 3 not in space.zero:
-        tries.append((planner_command("plan", "--zero 1,2,3") + " (ZeRO-3 shards weights, gradients and optimizer "
-                      "state)", model, replace(space, zero=(1, 2, 3))))
+        tries.append(
+            (
+                planner_command("plan", "--zero 1,2,3") + " (ZeRO-3 shards weights, gradients and optimizer state)",
+                model,
+                replace(space, zero=(1, 2, 3)),
+            )
+        )
     if space.mbs != (1,):
         tries.append((planner_command("plan", "--mbs 1"), model, replace(space, mbs=(1,))))
     helps = [h for h in (fits(*t) for t in tries) if h]
     for factor in (2, 4, 8):  # only the smallest cluster that fits is worth naming
         num_gpus = cluster.num_gpus * factor
         bigger = CostModel(model.spec, cluster.model_copy(update={"num_gpus": num_gpus}), model.options, model.source)
-        if (h := fits(f"{factor}x the GPUs, {planner_command('plan', f'--gpus {num_gpus}')}", bigger, space)):
+        if h := fits(f"{factor}x the GPUs, {planner_command('plan', f'--gpus {num_gpus}')}", bigger, space):
             helps.append(h)
             break
     for name in LARGER_GPUS:
         gpu = resolve_gpu(name)
         if gpu.memory_gib * GiB > limit and cluster.memory_limit_gib is None:
-            h = fits(f"{planner_command('plan', f'--gpu {name}')} ({gpu.memory_gib:.0f} GiB)",
-                     CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), options_for_gpu(model.options, gpu)), space)
+            h = fits(
+                f"{planner_command('plan', f'--gpu {name}')} ({gpu.memory_gib:.0f} GiB)",
+                CostModel(model.spec, Cluster.of(gpu, cluster.num_gpus), options_for_gpu(model.options, gpu)),
+                space,
+            )
             helps += [h] if h else []
     if helps:
         lines.append("what would fit: " + "; ".join(helps))
@@ -226,17 +285,24 @@ def what_would_fit(model: CostModel, result: SearchResult, global_batch: int, se
     return "; ".join(lines)
 
 
-def nearest_layouts(model: CostModel, global_batch: int, seq: int, space: SearchSpace,
-                    accept_for: Callable[[Cluster], Accept | None] = lambda cluster: None) -> str:
+def nearest_layouts(
+    model: CostModel,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    accept_for: Callable[[Cluster], Accept | None] = lambda cluster: None,
+) -> str:
     """The message for a request with no layout at all: why, the nearest GPU counts below
     and above that have layouts (with their best predicted tokens/s), and the nearest global
     batches that have layouts on the requested GPUs. `accept_for` gives a cluster's runtime check."""
     spec, cluster = model.spec, model.cluster
     restricted = any(getattr(space, f) is not None for f in ("tp", "pp", "cp", "vpp", "mbs", "schedules"))
-    lines = [f"no layout of {spec.name} on {cluster.num_gpus} GPUs with global batch {global_batch}"
-             f"{' within the restrictions given' if restricted else ''}: a layout needs tp x pp x dp x cp = "
-             f"the GPUs, tp dividing the {spec.num_attention_heads} heads, pp at most the {spec.num_layers} "
-             "layers and dp x mbs dividing the global batch"]
+    lines = [
+        f"no layout of {spec.name} on {cluster.num_gpus} GPUs with global batch {global_batch}"
+        f"{' within the restrictions given' if restricted else ''}: a layout needs tp x pp x dp x cp = "
+        f"the GPUs, tp dividing the {spec.num_attention_heads} heads, pp at most the {spec.num_layers} "
+        "layers and dp x mbs dividing the global batch"
+    ]
     counts = []
     for side in (_counts_below(cluster), _counts_above(cluster)):
         if (found := _nearest_count(model, global_batch, seq, space, accept_for, side)) is not None:
@@ -245,11 +311,15 @@ def nearest_layouts(model: CostModel, global_batch: int, seq: int, space: Search
         lines.append("nearest GPU counts with layouts: " + "; ".join(counts))
     batches = _nearest_batches(spec, cluster, global_batch, seq, space)
     if batches:
-        lines.append(f"nearest global batches with layouts on {cluster.num_gpus} GPUs: " + "; ".join(
-            f"{b} {planner_command('plan', f'--global-batch {b}')}" for b in batches))
+        lines.append(
+            f"nearest global batches with layouts on {cluster.num_gpus} GPUs: "
+            + "; ".join(f"{b} {planner_command('plan', f'--global-batch {b}')}" for b in batches)
+        )
     if not counts and not batches:
-        lines.append(f"no GPU count from 1 to {2 * cluster.num_gpus} and no global batch has one either"
-                     f"{': loosen the restrictions' if restricted else ''}")
+        lines.append(
+            f"no GPU count from 1 to {2 * cluster.num_gpus} and no global batch has one either"
+            f"{': loosen the restrictions' if restricted else ''}"
+        )
     return "\n  ".join(lines)
 
 
@@ -280,8 +350,14 @@ def _counts_above(cluster: Cluster) -> Iterator[Cluster]:
         yield _resized(cluster, count)
 
 
-def _nearest_count(model: CostModel, global_batch: int, seq: int, space: SearchSpace,
-                   accept_for: Callable[[Cluster], Accept | None], clusters: Iterator[Cluster]) -> str | None:
+def _nearest_count(
+    model: CostModel,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    accept_for: Callable[[Cluster], Accept | None],
+    clusters: Iterator[Cluster],
+) -> str | None:
     """The nearest of `clusters` with layouts, preferring one whose best plan fits in memory
     (searched for at most NEIGHBOUR_SEARCHES counts), as text with the command to type."""
     first = None
@@ -291,8 +367,14 @@ def _nearest_count(model: CostModel, global_batch: int, seq: int, space: SearchS
             continue
         command = planner_command("plan", f"--gpus {cluster.num_gpus}")
         first = first or f"{cluster.num_gpus} {command} (none fits in memory)"
-        result = search(CostModel(model.spec, cluster, model.options, model.source), global_batch, seq, space,
-                        top=1, accept=accept_for(cluster))
+        result = search(
+            CostModel(model.spec, cluster, model.options, model.source),
+            global_batch,
+            seq,
+            space,
+            top=1,
+            accept=accept_for(cluster),
+        )
         if result.plans:
             p = result.plans[0].prediction
             return f"{cluster.num_gpus} {command} (best {p.tokens_per_s:,.0f} tokens/s, MFU {p.mfu:.1%})"
@@ -317,10 +399,20 @@ def _nearest_batches(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: 
 
 def _pinned(layout: Layout, space: SearchSpace) -> SearchSpace:
     """A space holding exactly the layout's choices (recompute left to the space)."""
-    return replace(space, tp=(layout.tp,), pp=(layout.pp,), cp=(layout.cp,), vpp=(layout.vpp,), mbs=(layout.mbs,),
-                   schedules=(layout.schedule,), sequence_parallel=(layout.sequence_parallel,),
-                   zero=(layout.zero_stage,), ep=(layout.ep,),
-                   etp=(layout.etp,) if layout.etp is not None else space.etp, segments=(layout.segments,))
+    return replace(
+        space,
+        tp=(layout.tp,),
+        pp=(layout.pp,),
+        cp=(layout.cp,),
+        vpp=(layout.vpp,),
+        mbs=(layout.mbs,),
+        schedules=(layout.schedule,),
+        sequence_parallel=(layout.sequence_parallel,),
+        zero=(layout.zero_stage,),
+        ep=(layout.ep,),
+        etp=(layout.etp,) if layout.etp is not None else space.etp,
+        segments=(layout.segments,),
+    )
 
 
 def step_parts(prediction: Prediction) -> dict[str, float]:

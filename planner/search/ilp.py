@@ -27,8 +27,11 @@ def ilp_cuts(costs: RankCosts, num_layers: int, time_limit_s: float = 30.0) -> C
     problem = pulp.LpProblem("stage_cuts", pulp.LpMinimize)
     bottleneck = problem.add_variable("T", lowBound=0)
     pick = {(r, m): problem.add_variable(f"x_{r}_{m}", cat=pulp.LpBinary) for r in ranks for m in modes}
-    count = {(r, m): problem.add_variable(f"n_{r}_{m}", lowBound=0, upBound=num_layers, cat=pulp.LpInteger)
-             for r in ranks for m in modes}
+    count = {
+        (r, m): problem.add_variable(f"n_{r}_{m}", lowBound=0, upBound=num_layers, cat=pulp.LpInteger)
+        for r in ranks
+        for m in modes
+    }
     problem += bottleneck
     problem += pulp.lpSum(count.values()) == num_layers
     scale = max(costs.limit_bytes, 1.0)  # bytes in units of the limit keep the rows well scaled
@@ -38,10 +41,13 @@ def ilp_cuts(costs: RankCosts, num_layers: int, time_limit_s: float = 30.0) -> C
             problem += count[r, m] <= num_layers * pick[r, m]
             problem += count[r, m] >= costs.min_layers * pick[r, m]
         problem += costs.fixed_s[r] + pulp.lpSum(costs.layer_s[m] * count[r, m] for m in modes) <= bottleneck
-        problem += pulp.lpSum(
-            (costs.fixed_bytes[r][m] / scale) * pick[r, m] + (costs.layer_bytes[r][m] / scale) * count[r, m]
-            for m in modes
-        ) <= costs.limit_bytes / scale
+        problem += (
+            pulp.lpSum(
+                (costs.fixed_bytes[r][m] / scale) * pick[r, m] + (costs.layer_bytes[r][m] / scale) * count[r, m]
+                for m in modes
+            )
+            <= costs.limit_bytes / scale
+        )
     status = problem.solve(mip_solver(time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
         return None

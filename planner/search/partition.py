@@ -156,8 +156,9 @@ def _bracket(costs: RankCosts, memory: list[list[int]], unbounded: list[int], nu
     most layers the memory allows it (`unbounded`), in a mode that holds them."""
     fastest = min(costs.layer_s)
     ranks = costs.num_ranks
-    below = max(max(costs.fixed_s) + costs.min_layers * fastest,
-                (sum(costs.fixed_s) + num_layers * fastest) / ranks) * (1 - 1e-9)
+    below = max(
+        max(costs.fixed_s) + costs.min_layers * fastest, (sum(costs.fixed_s) + num_layers * fastest) / ranks
+    ) * (1 - 1e-9)
     near = below + fastest
     if fastest > 0 and _caps(costs, memory, num_layers, near) is not None:
         return below, near
@@ -171,7 +172,7 @@ def _bracket(costs: RankCosts, memory: list[list[int]], unbounded: list[int], nu
 def _values_between(costs: RankCosts, num_layers: int, lo: float, hi: float) -> list[float]:
     """The candidate bottlenecks e_r + n t_m in (lo, hi], and hi itself."""
     values = [hi]
-    for r, fixed in enumerate(costs.fixed_s):
+    for _r, fixed in enumerate(costs.fixed_s):
         for t in costs.layer_s:
             if t <= 0:
                 continue
@@ -241,8 +242,7 @@ def dp_cuts(
         layers.append(j - i)
         chosen.append(modes[m])
         j = i
-    return Cuts(layers=tuple(reversed(layers)), modes=tuple(reversed(chosen)),
-                bottleneck_s=best[ranks - 1][num_layers])
+    return Cuts(layers=tuple(reversed(layers)), modes=tuple(reversed(chosen)), bottleneck_s=best[ranks - 1][num_layers])
 
 
 def exact_cuts(costs: RankCosts, num_layers: int) -> Cuts | None:
@@ -269,13 +269,15 @@ def sequence_cuts(costs: RankCosts) -> Cuts | None:
         return None
     # prefix sums per mode of the layers' time, and per rank and mode of their bytes
     time_before = [list(itertools.accumulate((costs.kind_s[k][m] for k in kinds), initial=0.0)) for m in modes]
-    bytes_before = [[list(itertools.accumulate((per_rank[k][m] for k in kinds), initial=0.0)) for m in modes]
-                    for per_rank in costs.kind_bytes]
+    bytes_before = [
+        [list(itertools.accumulate((per_rank[k][m] for k in kinds), initial=0.0)) for m in modes]
+        for per_rank in costs.kind_bytes
+    ]
     room = [[costs.limit_bytes - costs.fixed_bytes[r][m] for m in modes] for r in range(ranks)]
 
     def fits(rank: int, mode: int, start: int, end: int, target: float) -> bool:
         t, b = time_before[mode], bytes_before[rank][mode]
-        return (costs.fixed_s[rank] + t[end] - t[start] <= target and b[end] - b[start] <= room[rank][mode])
+        return costs.fixed_s[rank] + t[end] - t[start] <= target and b[end] - b[start] <= room[rank][mode]
 
     def fastest(rank: int, start: int, end: int, target: float) -> int:
         fitting = [m for m in modes if fits(rank, m, start, end, target)]
@@ -324,8 +326,7 @@ def sequence_cuts(costs: RankCosts) -> Cuts | None:
         bounds = [num_layers]
         for rank in range(ranks - 1, -1, -1):
             end = bounds[-1]
-            start = next(i for i in range(end - least, -1, -1)
-                         if reach[rank][i] and fastest(rank, i, end, target) >= 0)
+            start = next(i for i in range(end - least, -1, -1) if reach[rank][i] and fastest(rank, i, end, target) >= 0)
             bounds.append(start)
         return bounds[::-1]
 

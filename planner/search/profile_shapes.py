@@ -38,8 +38,11 @@ from planner.profile.schema import ShapeKey
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster, ModelSpec
 
-_PARAMS = {"embedding": memory.embedding_param_count, "transformer": memory.transformer_param_count,
-           "head": memory.head_param_count}
+_PARAMS = {
+    "embedding": memory.embedding_param_count,
+    "transformer": memory.transformer_param_count,
+    "head": memory.head_param_count,
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,8 +66,15 @@ class ShapePlan:
     """Transformer shards under CP with fewer local tokens than one sequence, described."""
 
 
-def plan_shapes(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace,
-                kinds: tuple[str, ...] = LAYER_KINDS, dtype: str = "bf16") -> ShapePlan:
+def plan_shapes(
+    spec: ModelSpec,
+    cluster: Cluster,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    kinds: tuple[str, ...] = LAYER_KINDS,
+    dtype: str = "bf16",
+) -> ShapePlan:
     """Every profile row the search of this request can ask for (see the module docstring)."""
     keys: set[ShapeKey] = set()
     unmeasurable: set[tuple[int, int, int]] = set()
@@ -86,8 +96,14 @@ def plan_shapes(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, 
     source = AnalyticSource(spec, AnalyticCompute(cluster.gpu, dtype))
     shapes = [_planned(spec, source, key) for key in keys if key.kind in kinds]
     shapes.sort(key=lambda s: (-s.estimate_s, -s.param_count, s.key))
-    notes = tuple(f"transformer tp={tp} mbs={mbs} seq={seq} cp={cp} ({mbs * seq // cp} tokens attending to {seq})"
-                  for tp, mbs, cp in sorted(unmeasurable)) if "transformer" in kinds else ()
+    notes = (
+        tuple(
+            f"transformer tp={tp} mbs={mbs} seq={seq} cp={cp} ({mbs * seq // cp} tokens attending to {seq})"
+            for tp, mbs, cp in sorted(unmeasurable)
+        )
+        if "transformer" in kinds
+        else ()
+    )
     return ShapePlan(shapes=tuple(shapes), unmeasurable=notes)
 
 
@@ -100,5 +116,6 @@ def cheapest(shapes: tuple[PlannedShape, ...], count: int) -> tuple[PlannedShape
 def _planned(spec: ModelSpec, source: AnalyticSource, key: ShapeKey) -> PlannedShape:
     times = source.layer_times(key.kind, Shard(mbs=key.mbs, seq=key.seq, tp=key.tp))
     recompute = times.forward_s if key.recompute == "full" else 0.0
-    return PlannedShape(key=key, estimate_s=times.forward_s + times.backward_s + recompute,
-                        param_count=_PARAMS[key.kind](spec, key.tp))
+    return PlannedShape(
+        key=key, estimate_s=times.forward_s + times.backward_s + recompute, param_count=_PARAMS[key.kind](spec, key.tp)
+    )

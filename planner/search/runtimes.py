@@ -45,14 +45,17 @@ def restrict(space: SearchSpace, runtime: str) -> SearchSpace:
     if named is not None:  # no runtime runs chimera or seq1f1b (every exporter refuses them)
         runnable = tuple(name for name in named if SCHEDULES[name].simulated_only is None)
         if not runnable:
-            raise PlannerError(f"{version.runtime} runs none of the schedules {', '.join(named)}: no runtime the "
-                               "planner exports to runs them; plan for no runtime to compare them")
+            raise PlannerError(
+                f"{version.runtime} runs none of the schedules {', '.join(named)}: no runtime the "
+                "planner exports to runs them; plan for no runtime to compare them"
+            )
         changes["schedules"] = runnable
     return replace(space, **changes)
 
 
-def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
-                  options: CostOptions | None = None):
+def runtime_check(
+    runtime: str, spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, options: CostOptions | None = None
+):
     """A search `accept` callback: None when the exporter of `runtime` (NAME[@VERSION]) takes
     the layout (as priced under `options`: its precision and MoE mechanisms), else its reason
     (less its advice to re-plan for the runtime, which is what the search is doing). None
@@ -74,8 +77,9 @@ def runtime_check(runtime: str, spec: ModelSpec, cluster: Cluster, global_batch:
 
 def with_runtimes(document: PlanFile) -> PlanFile:
     """The plan file with each plan's `runtimes`: those whose exporter takes it as it is."""
-    plans = [entry.model_copy(update={"runtimes": runs_on(document, index)})
-             for index, entry in enumerate(document.plans)]
+    plans = [
+        entry.model_copy(update={"runtimes": runs_on(document, index)}) for index, entry in enumerate(document.plans)
+    ]
     return document.model_copy(update={"plans": plans})
 
 
@@ -86,8 +90,17 @@ def model_refusal(spec: ModelSpec, runtime: str) -> str | None:
     exporter = resolve(runtime).exporter
     if exporter is None:
         return None
-    entry = PlanEntry(tp=1, pp=1, dp=1, mbs=1, num_microbatches=1, global_batch=1, seq=128, schedule="1f1b",
-                      stage_layers=[(0, spec.num_layers)])
+    entry = PlanEntry(
+        tp=1,
+        pp=1,
+        dp=1,
+        mbs=1,
+        num_microbatches=1,
+        global_batch=1,
+        seq=128,
+        schedule="1f1b",
+        stage_layers=[(0, spec.num_layers)],
+    )
     return refusal(PlanFile(plans=[entry], model=spec), exporter)
 
 

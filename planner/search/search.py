@@ -155,8 +155,16 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, top: int,
-            accept: Accept | None, cut_solver: str, progress: Progress | None) -> SearchResult:
+def _search(
+    model: CostModel,
+    global_batch: int,
+    seq: int,
+    space: SearchSpace,
+    top: int,
+    accept: Accept | None,
+    cut_solver: str,
+    progress: Progress | None,
+) -> SearchResult:
     started = time.perf_counter()
     run = _Run(model, global_batch, seq, top, accept, cut_solver)
     stats = run.result.stats
@@ -193,8 +201,7 @@ def _search(model: CostModel, global_batch: int, seq: int, space: SearchSpace, t
 class _Run:
     """The state of one search: the best plans so far and what was seen."""
 
-    def __init__(self, model: CostModel, global_batch: int, seq: int, top: int,
-                 accept: Accept | None, cut_solver: str):
+    def __init__(self, model: CostModel, global_batch: int, seq: int, top: int, accept: Accept | None, cut_solver: str):
         if cut_solver not in CUT_SOLVERS:
             raise ValueError(f"cut_solver must be one of {CUT_SOLVERS}, got {cut_solver!r}")
         self.model, self.global_batch, self.seq, self.top = model, global_batch, seq, top
@@ -269,9 +276,10 @@ class _Run:
             self.result.runtime_rejections[reason] = self.result.runtime_rejections.get(reason, 0) + 1
             return peak
         stats.fitted += 1
-        bisect.insort(self.best, (prediction.step_time_s, index, Found(layout, prediction)),
-                      key=lambda item: (item[0], item[1]))
-        del self.best[self.top:]
+        bisect.insort(
+            self.best, (prediction.step_time_s, index, Found(layout, prediction)), key=lambda item: (item[0], item[1])
+        )
+        del self.best[self.top :]
         return peak
 
     def note_need(self, need: float, where: Layout | Candidate) -> None:
@@ -301,8 +309,10 @@ class _LayoutBounds:
         chimera's replica gradient sync)."""
         if self._after is None:
             model, layout, costs = self.model, self.layout, self.costs
-            self._after = [dp + sync for dp, sync in zip(exposed_dp_times(model, layout, costs),
-                                                         replica_sync_times(model, layout, costs))]
+            self._after = [
+                dp + sync
+                for dp, sync in zip(exposed_dp_times(model, layout, costs), replica_sync_times(model, layout, costs))
+            ]
         return self._after
 
     def chain(self, threshold: float = float("inf")) -> float:
@@ -317,8 +327,9 @@ class _LayoutBounds:
         without_dp = layout_bound(costs, layout.num_microbatches, split, bidirectional=bidirectional) + self.tail
         if without_dp >= threshold:
             return without_dp
-        return layout_bound(costs, layout.num_microbatches, split, self.after(),
-                            bidirectional=bidirectional) + self.tail
+        return (
+            layout_bound(costs, layout.num_microbatches, split, self.after(), bidirectional=bidirectional) + self.tail
+        )
 
     def sequencing(self) -> float:
         """`sequencing_bound` with each rank's exposed DP communication, plus the step's
@@ -327,8 +338,13 @@ class _LayoutBounds:
         layout = self.layout
         if layout.schedule == "chimera" and layout.pp > 1:
             return self.chain()
-        bound = sequencing_bound(self.costs, layout.num_microbatches, SCHEDULES[layout.schedule].split_backward,
-                                 SCHEDULES[layout.schedule].v_shaped, self.after())
+        bound = sequencing_bound(
+            self.costs,
+            layout.num_microbatches,
+            SCHEDULES[layout.schedule].split_backward,
+            SCHEDULES[layout.schedule].v_shaped,
+            self.after(),
+        )
         return (bound + self.tail) * (1 - ROUNDING_MARGIN)
 
 

@@ -112,8 +112,9 @@ def meshes(spec: ModelSpec, cluster: Cluster, seq: int, space: SearchSpace) -> I
                 yield tp, pp, gpus // (tp * cp * pp), cp
 
 
-def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
-               space: SearchSpace) -> Iterator[Candidate]:
+def candidates(
+    spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int, space: SearchSpace
+) -> Iterator[Candidate]:
     """Every candidate of the space for this job."""
     mode_sets = [space.recompute] if space.per_rank_recompute else [(m,) for m in space.recompute]
     for tp, pp, dp, cp in meshes(spec, cluster, seq, space):
@@ -124,17 +125,35 @@ def candidates(spec: ModelSpec, cluster: Cluster, global_batch: int, seq: int,
             m = global_batch // (dp * mbs)
             experts = expert_shapes(spec, tp, cp, dp, space)
             for schedule, vpp, k in schedule_shapes(spec, pp, m, space, seq, cp):
-                ends = [e for e in (False, True) if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
-                        and (pp > 1 or not e) and not (e and schedule == "chimera")]
+                ends = [
+                    e
+                    for e in (False, True)
+                    if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
+                    and (pp > 1 or not e)
+                    and not (e and schedule == "chimera")
+                ]
                 for sp in sorted({bool(v) and tp > 1 for v in sp_values}, reverse=True):
                     for zero in space.zero:
                         for modes in mode_sets:
                             for empty_ends in ends:
                                 for ep, etp in experts:
-                                    yield Candidate(tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs,
-                                                    num_microbatches=m, schedule=schedule, sequence_parallel=sp,
-                                                    zero_stage=zero, modes=modes, empty_ends=empty_ends,
-                                                    ep=ep, etp=etp, segments=k)
+                                    yield Candidate(
+                                        tp=tp,
+                                        pp=pp,
+                                        dp=dp,
+                                        cp=cp,
+                                        vpp=vpp,
+                                        mbs=mbs,
+                                        num_microbatches=m,
+                                        schedule=schedule,
+                                        sequence_parallel=sp,
+                                        zero_stage=zero,
+                                        modes=modes,
+                                        empty_ends=empty_ends,
+                                        ep=ep,
+                                        etp=etp,
+                                        segments=k,
+                                    )
 
 
 def expert_shapes(spec: ModelSpec, tp: int, cp: int, dp: int, space: SearchSpace) -> list[tuple[int, int | None]]:
@@ -159,8 +178,9 @@ def _powers_of_two(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length()) if n % (1 << i) == 0]
 
 
-def schedule_shapes(spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace,
-                    seq: int, cp: int = 1) -> list[tuple[str, int, int]]:
+def schedule_shapes(
+    spec: ModelSpec, pp: int, num_microbatches: int, space: SearchSpace, seq: int, cp: int = 1
+) -> list[tuple[str, int, int]]:
     """(schedule, vpp, segments) defined for this pipeline shape within the space."""
     names = space.schedules or DEFAULT_SCHEDULES
     if pp == 1:

@@ -33,8 +33,14 @@ REQUESTS = [
 
 def _clear_caches() -> None:
     compile_schedule.cache_clear()
-    for cached in (generated_order, v_schedules._zbv_padded, costing.held_counts, costing._inflight,
-                   registry.head_rank, costing._expert_shards):
+    for cached in (
+        generated_order,
+        v_schedules._zbv_padded,
+        costing.held_counts,
+        costing._inflight,
+        registry.head_rank,
+        costing._expert_shards,
+    ):
         cached.cache_clear()
 
 
@@ -51,15 +57,25 @@ def run(repeats: int) -> list[dict]:
             times.append(time.perf_counter() - started)
         top = result.plans[0]
         s = result.stats
-        rows.append({
-            "request": f"{name} {gpus} x h100, batch {batch} x seq {seq}",
-            "seconds": round(min(times), 2), "median_s": round(statistics.median(times), 2), "target_s": target,
-            "candidates": s.candidates, "pruned_memory": s.pruned_memory, "pruned_bound": s.pruned_bound,
-            "layouts_over_memory": s.out_of_memory, "simulated": s.simulated,
-            "best": f"tp{top.layout.tp} pp{top.layout.pp} dp{top.layout.dp} {top.layout.schedule} "
-                    f"V{top.layout.vpp} mbs{top.layout.mbs}{f' ep{top.layout.ep}' if top.layout.ep > 1 else ''}",
-            "best_mfu": round(top.prediction.mfu, 4),
-        })
+        rows.append(
+            {
+                "request": f"{name} {gpus} x h100, batch {batch} x seq {seq}",
+                "seconds": round(min(times), 2),
+                "median_s": round(statistics.median(times), 2),
+                "target_s": target,
+                "candidates": s.candidates,
+                "pruned_memory": s.pruned_memory,
+                "pruned_bound": s.pruned_bound,
+                "solved": s.solved,
+                "layouts": s.layouts,
+                "layouts_over_memory": s.out_of_memory,
+                "layouts_pruned_bound": s.layouts_pruned_bound,
+                "simulated": s.simulated,
+                "best": f"tp{top.layout.tp} pp{top.layout.pp} dp{top.layout.dp} {top.layout.schedule} "
+                f"V{top.layout.vpp} mbs{top.layout.mbs}{f' ep{top.layout.ep}' if top.layout.ep > 1 else ''}",
+                "best_mfu": round(top.prediction.mfu, 4),
+            }
+        )
     return rows
 
 
@@ -73,11 +89,14 @@ def main() -> None:
         print(json.dumps(rows, indent=2))
         return
     for row in rows:
-        print(f"{row['request']}: {row['seconds']:.2f} s best, {row['median_s']:.2f} s median "
-              f"(target {row['target_s']:.0f} s), "
-              f"{row['candidates']:,} candidates: {row['pruned_memory']:,} over memory by state, "
-              f"{row['pruned_bound']:,} cut by the bound, {row['layouts_over_memory']:,} layouts over memory, "
-              f"{row['simulated']:,} simulated; best {row['best']} MFU {row['best_mfu']:.1%}")
+        print(
+            f"{row['request']}: {row['seconds']:.2f} s best, {row['median_s']:.2f} s median "
+            f"(target {row['target_s']:.0f} s), "
+            f"{row['candidates']:,} candidates: {row['pruned_memory']:,} over memory by state, "
+            f"{row['pruned_bound']:,} cut by the bound, {row['solved']:,} solved into {row['layouts']:,} layouts: "
+            f"{row['layouts_over_memory']:,} over memory, {row['layouts_pruned_bound']:,} cut by the bound, "
+            f"{row['simulated']:,} simulated; best {row['best']} MFU {row['best_mfu']:.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -29,16 +29,22 @@ def main() -> None:
     for pp, m in ((4, 8), (8, 16), (8, 32), (16, 32), (16, 64), (32, 128)):
         chim, chim_act = _bubble("chimera", pp, m, 2)
         one, one_act = _bubble("1f1b", pp, m)
-        print(f"{pp:>3} {m:>4} {chim:>8.4f} {chimera_paper_bubble(pp, m):>8.4f} {one:>8.4f} {chim / one:>6.3f} "
-              f"{max(chim_act):>9} {max(one_act):>9}")
+        print(
+            f"{pp:>3} {m:>4} {chim:>8.4f} {chimera_paper_bubble(pp, m):>8.4f} {one:>8.4f} {chim / one:>6.3f} "
+            f"{max(chim_act):>9} {max(one_act):>9}"
+        )
     print("\nSeq1F1B vs 1F1B (equal segments; activations in micro-batches' worth on the first stage)")
-    print(f"{'P':>3} {'M':>4} {'k':>2} {'seq1f1b':>8} {'paper':>8} {'1f1b':>8} {'ratio':>6} {'act seq':>8} {'act 1f1b':>9}")
+    print(
+        f"{'P':>3} {'M':>4} {'k':>2} {'seq1f1b':>8} {'paper':>8} {'1f1b':>8} {'ratio':>6} {'act seq':>8} {'act 1f1b':>9}"
+    )
     for pp, m, k in ((4, 8, 2), (4, 8, 4), (8, 16, 2), (8, 16, 4), (8, 16, 8), (16, 32, 4)):
         seq, seq_act = _bubble("seq1f1b", pp, m, 1, k, f=1.0 / k, b=1.0 / k)
         one, one_act = _bubble("1f1b", pp, m)
         paper = (pp - 1) / (k * m + pp - 1)
-        print(f"{pp:>3} {m:>4} {k:>2} {seq:>8.4f} {paper:>8.4f} {one:>8.4f} {seq / one:>6.3f} "
-              f"{seq_act[0] / k:>8.3f} {one_act[0]:>9}")
+        print(
+            f"{pp:>3} {m:>4} {k:>2} {seq:>8.4f} {paper:>8.4f} {one:>8.4f} {seq / one:>6.3f} "
+            f"{seq_act[0] / k:>8.3f} {one_act[0]:>9}"
+        )
 
 
 if __name__ == "__main__":

@@ -32,9 +32,9 @@ def main() -> None:
     costs = StageCosts.uniform(pp, vpp, 1e-3, 1e-3, 1e-3, p2p=1e-4)
     print(f"P={pp} M={m} V={vpp}, best of {args.repeat}")
     for name in ("interleaved_1f1b", "zb_h1", "zbv"):
-        t_gen, order = _best(args.repeat, lambda: generate(name, pp, m, vpp))
-        t_compile, compiled = _best(args.repeat, lambda: compile_order(order))
-        t_sim, result = _best(args.repeat, lambda: simulate(compiled, costs))
+        t_gen, order = _best(args.repeat, lambda name=name: generate(name, pp, m, vpp))
+        t_compile, compiled = _best(args.repeat, lambda order=order: compile_order(order))
+        t_sim, result = _best(args.repeat, lambda compiled=compiled: simulate(compiled, costs))
         actions = sum(len(a) for a in order.values())
         cold = t_gen + t_compile + t_sim
         print(

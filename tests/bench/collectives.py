@@ -14,11 +14,10 @@ import argparse
 import json
 import sys
 
-from tests.cost.test_nccl_tests import TABLES, _predicted_busbw
-
 from planner.catalog import resolve_gpu
 from planner.cost.comm import Network, nccl
 from planner.spec import Cluster
+from tests.cost.test_nccl_tests import TABLES, _predicted_busbw
 
 
 def _algorithm(table: dict, nbytes: float) -> str:
@@ -41,9 +40,17 @@ def rows() -> list[dict]:
         peak = max(busbw for _, busbw in table["points"])
         for nbytes, busbw in table["points"]:
             predicted = _predicted_busbw(table, nbytes)
-            out.append({"table": table["name"], "bytes": nbytes, "published_busbw": busbw,
-                        "predicted_busbw": round(predicted, 2), "error": round(predicted / busbw - 1, 4),
-                        "bandwidth_regime": busbw >= 0.9 * peak, "algorithm": _algorithm(table, nbytes)})
+            out.append(
+                {
+                    "table": table["name"],
+                    "bytes": nbytes,
+                    "published_busbw": busbw,
+                    "predicted_busbw": round(predicted, 2),
+                    "error": round(predicted / busbw - 1, 4),
+                    "bandwidth_regime": busbw >= 0.9 * peak,
+                    "algorithm": _algorithm(table, nbytes),
+                }
+            )
     return out
 
 
@@ -60,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["table"] != table:
             table = r["table"]
             print(f"\n{table}\n{'bytes':>12} {'published':>10} {'predicted':>10} {'error':>8}  algorithm")
-        print(f"{r['bytes']:>12} {r['published_busbw']:>10.2f} {r['predicted_busbw']:>10.2f} "
-              f"{r['error']:>+8.1%}  {r['algorithm']}{'  (bandwidth regime)' if r['bandwidth_regime'] else ''}")
+        print(
+            f"{r['bytes']:>12} {r['published_busbw']:>10.2f} {r['predicted_busbw']:>10.2f} "
+            f"{r['error']:>+8.1%}  {r['algorithm']}{'  (bandwidth regime)' if r['bandwidth_regime'] else ''}"
+        )
     for regime, name in ((True, "bandwidth regime"), (False, "below it")):
         errors = [r["error"] for r in data if r["bandwidth_regime"] == regime]
         print(f"\n{name}: {len(errors)} points, error from {min(errors):+.1%} to {max(errors):+.1%}")

@@ -36,9 +36,11 @@ import torch.distributed as dist
 from torch import nn
 
 DP, EDP = 4, 2
-FILES = {"custom_fsdp/fully_sharded_data_parallel.py": "fully_sharded_data_parallel.py",
-         "custom_fsdp/param_and_grad_buffer.py": "param_and_grad_buffer.py",
-         "distributed_data_parallel_config.py": "distributed_data_parallel_config.py"}
+FILES = {
+    "custom_fsdp/fully_sharded_data_parallel.py": "fully_sharded_data_parallel.py",
+    "custom_fsdp/param_and_grad_buffer.py": "param_and_grad_buffer.py",
+    "distributed_data_parallel_config.py": "distributed_data_parallel_config.py",
+}
 RECORD: list[tuple[str, int, int, str]] = []
 
 
@@ -85,8 +87,10 @@ def load(checkout: Path) -> types.ModuleType:
     for source, name in FILES.items():
         text = (checkout / "megatron/core/distributed" / source).read_text()
         text = text.replace("megatron.core.distributed.custom_fsdp.", "megatron_fsdp_at_checkout.")
-        text = text.replace("megatron.core.distributed.distributed_data_parallel_config",
-                            "megatron_fsdp_at_checkout.distributed_data_parallel_config")
+        text = text.replace(
+            "megatron.core.distributed.distributed_data_parallel_config",
+            "megatron_fsdp_at_checkout.distributed_data_parallel_config",
+        )
         (package / name).write_text(text)
     sys.path.insert(0, str(package.parent))
     groups_config = importlib.import_module("megatron.core.process_groups_config")
@@ -154,13 +158,18 @@ def count(fsdp: types.ModuleType, layers: int, microbatches: int) -> collections
     """The step's collectives as (kind, group size, elements, dtype) -> calls."""
     config = types.SimpleNamespace(calculate_per_token_loss=False, init_model_with_meta_device=False)
     ddp = fsdp.DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=True, overlap_param_gather=True,
-        use_distributed_optimizer=True, data_parallel_sharding_strategy="optim_grads_params",
-        bucket_size=1280)
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=True,
+        overlap_param_gather=True,
+        use_distributed_optimizer=True,
+        data_parallel_sharding_strategy="optim_grads_params",
+        bucket_size=1280,
+    )
     groups = fsdp.GradCommProcessGroups()
     groups.dp, groups.expt_dp = dist.new_group(list(range(DP))), dist.new_group([0, 2])
-    model = fsdp.FullyShardedDataParallel(config, ddp, Model(layers), fsdp_unit_modules=[Unit],
-                                          device=torch.device("cpu"), grad_comm_pgs=groups)
+    model = fsdp.FullyShardedDataParallel(
+        config, ddp, Model(layers), fsdp_unit_modules=[Unit], device=torch.device("cpu"), grad_comm_pgs=groups
+    )
     x = torch.ones(4, requires_grad=True)
     RECORD.clear()
     with model.no_sync():
@@ -178,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     args = parser.parse_args(argv)
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=DP)
     fsdp = load(args.checkout)
     for (kind, size, elements, dtype), calls in sorted(count(fsdp, args.layers, args.microbatches).items()):

@@ -45,25 +45,57 @@ TOKENS, HIDDEN, FFN, TOPK = 256, 64, 32, 8
 
 EXTERNAL: dict[str, tuple[int, int, int, str]] = {
     # name: (Python-dispatched ops, C++-issued ops, host synchronisations, source)
-    "deepep.get_dispatch_layout": (0, 5, 0, "DeepEP aae9fa9 csrc/deep_ep.cpp:241-248: 4 torch::empty, "
-                                   "internode::get_dispatch_layout kernel"),
-    "deepep.dispatch": (0, 14, 1, "csrc/deep_ep.cpp:747-756 (4 torch::empty, notify_dispatch kernel), "
-                        ":771-790 (CPU busy-waits on moe_recv_counter: host sync), :797-818 (8 torch::empty), "
-                        ":831 internode::dispatch kernel"),
-    "deepep.dispatch_cached": (0, 3, 0, "csrc/deep_ep.cpp:737 cached_notify kernel, :797 recv_x, "
-                               ":831 internode::dispatch kernel (handle given: no counts to wait for)"),
+    "deepep.get_dispatch_layout": (
+        0,
+        5,
+        0,
+        "DeepEP aae9fa9 csrc/deep_ep.cpp:241-248: 4 torch::empty, internode::get_dispatch_layout kernel",
+    ),
+    "deepep.dispatch": (
+        0,
+        14,
+        1,
+        "csrc/deep_ep.cpp:747-756 (4 torch::empty, notify_dispatch kernel), "
+        ":771-790 (CPU busy-waits on moe_recv_counter: host sync), :797-818 (8 torch::empty), "
+        ":831 internode::dispatch kernel",
+    ),
+    "deepep.dispatch_cached": (
+        0,
+        3,
+        0,
+        "csrc/deep_ep.cpp:737 cached_notify kernel, :797 recv_x, "
+        ":831 internode::dispatch kernel (handle given: no counts to wait for)",
+    ),
     "deepep.combine": (0, 3, 0, "csrc/deep_ep.cpp:948 cached_notify kernel, :960 combined_x, :961 combine kernel"),
     "deepep.combine_weights": (0, 4, 0, "csrc/deep_ep.cpp:939 combined_topk_weights, :948, :960, :961"),
-    "te.permute_fwd": (7, 0, 0, "TE v2.3 pytorch/triton/permutation.py:85,88 (2 torch.empty), :90,100 (2 Triton "
-                       "kernels), :200,202 (2 torch.empty), :214 (_permute_kernel)"),
-    "te.permute_bwd": (3, 0, 0, "TE v2.3 permutation.py:319 -> triton/permutation.py:336,339 (2 torch.empty), "
-                       ":344 (_unpermute_kernel)"),
+    "te.permute_fwd": (
+        7,
+        0,
+        0,
+        "TE v2.3 pytorch/triton/permutation.py:85,88 (2 torch.empty), :90,100 (2 Triton "
+        "kernels), :200,202 (2 torch.empty), :214 (_permute_kernel)",
+    ),
+    "te.permute_bwd": (
+        3,
+        0,
+        0,
+        "TE v2.3 permutation.py:319 -> triton/permutation.py:336,339 (2 torch.empty), :344 (_unpermute_kernel)",
+    ),
     "te.unpermute_fwd": (2, 0, 0, "TE v2.3 permutation.py:365 -> triton/permutation.py:336, :344"),
     "te.unpermute_bwd": (2, 0, 0, "TE v2.3 permutation.py:451 -> triton/permutation.py:200, :214"),
-    "te.grouped_linear_fwd": (4, 0, 0, "TE v2.3 module/grouped_linear.py:93 (inp.view, torch.split: 2 views), "
-                              ":151 torch.empty, :229 out.view (a view)"),
-    "te.grouped_linear_bwd": (4, 0, 0, "TE v2.3 grouped_linear.py:252-253 (view, split), :295 torch.empty, "
-                              ":408 dgrad.view"),
+    "te.grouped_linear_fwd": (
+        4,
+        0,
+        0,
+        "TE v2.3 module/grouped_linear.py:93 (inp.view, torch.split: 2 views), "
+        ":151 torch.empty, :229 out.view (a view)",
+    ),
+    "te.grouped_linear_bwd": (
+        4,
+        0,
+        0,
+        "TE v2.3 grouped_linear.py:252-253 (view, split), :295 torch.empty, :408 dgrad.view",
+    ),
     "megatron.weighted_swiglu_fwd": (1, 0, 0, "Megatron 1e057005 fusions/fused_bias_swiglu.py: one fused kernel"),
     "megatron.weighted_swiglu_bwd": (1, 0, 0, "the fused backward: one kernel"),
 }
@@ -71,12 +103,20 @@ EXTERNAL: dict[str, tuple[int, int, int, str]] = {
 GroupedLinear adds C++-issued work counted in `PER_EXPERT_EXTERNAL`."""
 
 PER_EXPERT_EXTERNAL = {
-    "te.grouped_linear_fwd": (0, 1, "TE v2.3 csrc/extensions/gemm.cpp:340-397 -> common/gemm/cublaslt_gemm.cu:"
-                              "650-653: one nvte_cublas_gemm (cublasLtMatmulAlgoGetHeuristic :534 and "
-                              "cublasLtMatmul :542) per expert"),
-    "te.grouped_linear_bwd": (1, 2, "grouped_linear.py:307 dgrad and :336-345 wgrad grouped GEMMs: two GEMMs per "
-                              "expert from C++; :376 one torch.empty per expert (handle_custom_ddp_from_mcore, "
-                              "Megatron's weights carry grad_added_to_main_grad)"),
+    "te.grouped_linear_fwd": (
+        0,
+        1,
+        "TE v2.3 csrc/extensions/gemm.cpp:340-397 -> common/gemm/cublaslt_gemm.cu:"
+        "650-653: one nvte_cublas_gemm (cublasLtMatmulAlgoGetHeuristic :534 and "
+        "cublasLtMatmul :542) per expert",
+    ),
+    "te.grouped_linear_bwd": (
+        1,
+        2,
+        "grouped_linear.py:307 dgrad and :336-345 wgrad grouped GEMMs: two GEMMs per "
+        "expert from C++; :376 one torch.empty per expert (handle_custom_ddp_from_mcore, "
+        "Megatron's weights carry grad_added_to_main_grad)",
+    ),
 }
 """(Python-dispatched ops, C++-issued ops, source) per local expert and call."""
 
@@ -158,6 +198,7 @@ class _FakeBuffer:
             idx = torch.randint(0, self.local, topk_idx.shape) if self.local else topk_idx
             counts = torch.bincount(idx.flatten(), minlength=self.local).tolist()
             return torch.empty_like(x), idx, torch.rand(topk_weights.shape), counts
+
         recv_x, idx, weights, counts = _quiet(received)
         return recv_x, idx, weights, counts, ("handle", x.shape[0]), None
 
@@ -188,8 +229,11 @@ def _stub(name: str, forward, backward):
 
 def _permute_fwd(ctx, tokens, probs, routing_map, num_out_tokens):
     ctx.shapes = tokens.shape, probs.shape
-    return torch.empty(num_out_tokens, tokens.shape[1], dtype=tokens.dtype), torch.empty(num_out_tokens), \
-        torch.empty(1, dtype=torch.int64)
+    return (
+        torch.empty(num_out_tokens, tokens.shape[1], dtype=tokens.dtype),
+        torch.empty(num_out_tokens),
+        torch.empty(1, dtype=torch.int64),
+    )
 
 
 def _permute_bwd(ctx, grad, grad_probs, unused):
@@ -212,6 +256,8 @@ def _permute(tokens, probs, routing_map, num_out_tokens):
     """TE v2.3 moe_permute_with_probs (permutation.py:572-575): output, permuted probs, row-id map."""
     output, permuted_probs, row_id_map = Permute.apply(tokens, probs, routing_map, num_out_tokens)
     return output, permuted_probs, row_id_map
+
+
 Unpermute = _stub("te.unpermute", _unpermute_fwd, _unpermute_bwd)
 
 
@@ -260,8 +306,9 @@ def extract(commit: str = COMMIT) -> Path | None:
     if not MIRROR.exists():
         return None
     out = Path(tempfile.mkdtemp())
-    archive = subprocess.run(["git", "-C", str(MIRROR), "archive", commit, "megatron/core"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(MIRROR), "archive", commit, "megatron/core"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
     return out
 
@@ -276,11 +323,16 @@ def _megatron_at(root: Path | None):
     if root is not None:
         sys.path.insert(0, str(root))
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
     try:
         parallel_state = importlib.import_module("megatron.core.parallel_state")
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=TP, expert_model_parallel_size=EP,
-                                                 expert_tensor_parallel_size=1, create_gloo_process_groups=False)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=TP,
+            expert_model_parallel_size=EP,
+            expert_tensor_parallel_size=1,
+            create_gloo_process_groups=False,
+        )
         yield
         parallel_state.destroy_model_parallel()
     finally:
@@ -305,7 +357,8 @@ def _patch():
     experts = importlib.import_module("megatron.core.transformer.moe.experts")
     # fused_a2a.py:168-198, the wrappers HAVE_DEEP_EP defines
     dispatcher.fused_dispatch = lambda x, idx, probs, n, group, ev=None: fused_a2a.FusedDispatch.apply(
-        x.contiguous(), idx, probs, n, group, ev)
+        x.contiguous(), idx, probs, n, group, ev
+    )
     dispatcher.fused_combine = lambda x, group, handle, ev=None: fused_a2a.FusedCombine.apply(x, group, handle, ev)
     torch.cuda.current_device = lambda: "cpu"  # router.py:75 moves its weight to the current device
     utils.HAVE_TE = True
@@ -313,7 +366,8 @@ def _patch():
         setattr(utils, unused, _not_on_this_path)
     utils.fused_permute_with_probs = lambda t, p, m, num_out_tokens: _permute(t, p, m, num_out_tokens)
     utils.fused_unpermute = lambda x, row_map, merging_probs=None, restore_shape=None: Unpermute.apply(
-        x, row_map, restore_shape)
+        x, row_map, restore_shape
+    )
     experts.weighted_bias_swiglu_impl = lambda x, bias, probs, fp8_store=False: Swiglu.apply(x, probs)
     return fused_a2a
 
@@ -325,17 +379,39 @@ def build_layer(num_experts: int):
     from megatron.core.transformer.moe.moe_layer import MoELayer, MoESubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_config import TransformerConfig
+
     config = TransformerConfig(
-        num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, num_query_groups=4, ffn_hidden_size=FFN,
-        moe_ffn_hidden_size=FFN, num_moe_experts=num_experts, moe_router_topk=TOPK,
-        moe_router_load_balancing_type="aux_loss", moe_aux_loss_coeff=1e-3, moe_router_dtype="fp32",
-        moe_token_dispatcher_type="flex", moe_enable_deepep=True, moe_permute_fusion=True,
-        moe_grouped_gemm=True, gated_linear_unit=True, activation_func=torch.nn.functional.silu,
-        bias_activation_fusion=True, add_bias_linear=False, tensor_model_parallel_size=TP,
-        expert_model_parallel_size=EP, expert_tensor_parallel_size=1, sequence_parallel=True,
-        bf16=True, params_dtype=torch.bfloat16, use_cpu_initialization=True, qk_layernorm=True)
-    experts = ModuleSpec(module=TEGroupedMLP, submodules=MLPSubmodules(linear_fc1=GroupedLinear,
-                                                                       linear_fc2=GroupedLinear))
+        num_layers=1,
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_query_groups=4,
+        ffn_hidden_size=FFN,
+        moe_ffn_hidden_size=FFN,
+        num_moe_experts=num_experts,
+        moe_router_topk=TOPK,
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=1e-3,
+        moe_router_dtype="fp32",
+        moe_token_dispatcher_type="flex",
+        moe_enable_deepep=True,
+        moe_permute_fusion=True,
+        moe_grouped_gemm=True,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        bias_activation_fusion=True,
+        add_bias_linear=False,
+        tensor_model_parallel_size=TP,
+        expert_model_parallel_size=EP,
+        expert_tensor_parallel_size=1,
+        sequence_parallel=True,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        use_cpu_initialization=True,
+        qk_layernorm=True,
+    )
+    experts = ModuleSpec(
+        module=TEGroupedMLP, submodules=MLPSubmodules(linear_fc1=GroupedLinear, linear_fc2=GroupedLinear)
+    )
     layer = MoELayer(config, MoESubmodules(experts=experts, shared_experts=None))
     return layer.to(torch.bfloat16)
 
@@ -382,6 +458,7 @@ def dense_mlp() -> dict[str, int]:
     style), which the MoE layer replaces, counted as scripts/count_kernels.py counts the block."""
     from planner.catalog import resolve_model
     from planner.torch_blocks import BlockConfig, FeedForward
+
     torch.manual_seed(0)
     cfg = BlockConfig(**resolve_model("tiny-llama").block_fields(1, TRACE_SEQ))
     mlp = FeedForward(cfg).to(torch.bfloat16)

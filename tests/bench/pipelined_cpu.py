@@ -26,8 +26,12 @@ _VPP = {case.schedule: case.vpp for case in DEFAULT_CASES}
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--procs", type=int, default=2, help="pipeline ranks P (processes)")
-    parser.add_argument("--schedules", nargs="+", default=[c.schedule for c in DEFAULT_CASES],
-                        help="schedule names (V: 2 for interleaved_1f1b and zbv, else 1)")
+    parser.add_argument(
+        "--schedules",
+        nargs="+",
+        default=[c.schedule for c in DEFAULT_CASES],
+        help="schedule names (V: 2 for interleaved_1f1b and zbv, else 1)",
+    )
     parser.add_argument("--vpp", type=int, default=None, help="chunks per rank for every schedule")
     parser.add_argument("--layers", type=int, default=_DEFAULT.num_layers)
     parser.add_argument("--microbatches", type=int, default=_DEFAULT.num_microbatches)
@@ -39,19 +43,26 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    config = BenchConfig(num_layers=args.layers, num_microbatches=args.microbatches,
-                         threads=args.threads, rounds=args.rounds)
+    config = BenchConfig(
+        num_layers=args.layers, num_microbatches=args.microbatches, threads=args.threads, rounds=args.rounds
+    )
     cases = [Case(name, args.vpp or _VPP.get(name, 1)) for name in args.schedules]
     start = time.perf_counter()
     measurements = measure(args.procs, config, cases)
     rows = [compare(m) for m in measurements]
     print(format_table(rows))
-    print(f"({args.procs} processes x {args.threads} thread(s) on {torch.get_num_threads()}-thread host "
-          f"{platform.machine()}, torch {torch.__version__}; {time.perf_counter() - start:.0f} s)")
+    print(
+        f"({args.procs} processes x {args.threads} thread(s) on {torch.get_num_threads()}-thread host "
+        f"{platform.machine()}, torch {torch.__version__}; {time.perf_counter() - start:.0f} s)"
+    )
     if args.json:
-        record = {"config": asdict(config), "procs": args.procs, "torch": torch.__version__,
-                  "measurements": [asdict(m) for m in measurements],
-                  "comparisons": [{**asdict(r), "error": r.error} for r in rows]}
+        record = {
+            "config": asdict(config),
+            "procs": args.procs,
+            "torch": torch.__version__,
+            "measurements": [asdict(m) for m in measurements],
+            "comparisons": [{**asdict(r), "error": r.error} for r in rows],
+        }
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
 

@@ -52,13 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print one JSON object")
     output.add_argument("--markdown", action="store_true", help="print the README's accuracy block")
-    output.add_argument("--residuals", action="store_true",
-                        help="write planner/presets/residuals.json (the development set's step errors, "
-                             "behind every prediction's interval)")
-    output.add_argument("--commands", action="store_true",
-                        help="print the `planner evaluate` command that predicts each run, and nothing else")
-    output.add_argument("--sensitivity", action="store_true",
-                        help="print the errors with each global factor at the ends of its stated range")
+    output.add_argument(
+        "--residuals",
+        action="store_true",
+        help="write planner/presets/residuals.json (the development set's step errors, "
+        "behind every prediction's interval)",
+    )
+    output.add_argument(
+        "--commands",
+        action="store_true",
+        help="print the `planner evaluate` command that predicts each run, and nothing else",
+    )
+    output.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="print the errors with each global factor at the ends of its stated range",
+    )
     parser.add_argument("--file", type=Path, default=DATA, help="published runs TOML")
     args = parser.parse_args(argv)
     runs = load_runs(args.file)
@@ -81,34 +90,58 @@ def main(argv: list[str] | None = None) -> int:
     groups = by_source(results)
     held = [r for r in results if r.run.held_out]
     if args.json:
-        print(json.dumps({
-            "runs": [{**result_row(r), "command": command_text(evaluate_command(r.run))} for r in results],
-            "overall": asdict(summarize(results)),
-            # A file with no held_out-tagged row (the pre-registered set, held out as a whole) has none to summarise.
-            "held_out": asdict(summarize(held)) if held else None,
-            "by_source": {source: asdict(summarize(group)) for source, group in groups.items()},
-        }, indent=2))
+        print(
+            json.dumps(
+                {
+                    "runs": [{**result_row(r), "command": command_text(evaluate_command(r.run))} for r in results],
+                    "overall": asdict(summarize(results)),
+                    # A file with no held_out-tagged row (the pre-registered set, held out as a whole) has none to summarise.
+                    "held_out": asdict(summarize(held)) if held else None,
+                    "by_source": {source: asdict(summarize(group)) for source, group in groups.items()},
+                },
+                indent=2,
+            )
+        )
         return 0
     table = Table(title="planner vs published training runs (step error = predicted / published - 1)")
-    for column in ("run", "layout", "pub step s", "pred step s", "step error", "pub MFU", "pred MFU",
-                   "pred mem GiB", "source"):
+    for column in (
+        "run",
+        "layout",
+        "pub step s",
+        "pred step s",
+        "step error",
+        "pub MFU",
+        "pred MFU",
+        "pred mem GiB",
+        "source",
+    ):
         table.add_column(column, justify="left" if column in ("run", "layout", "source") else "right")
     for r in results:
         mem = f"{r.peak_memory_gib:.1f}/{r.gpu_memory_gib:.0f}"
         if r.run.memory_gib is not None:
             mem += f" (pub {r.run.memory_gib:.1f})"
         name = r.run.name + (" [held out]" if r.run.held_out else "")
-        table.add_row(name, layout_label(r.run), f"{r.published_step_time_s:.3g}",
-                      f"{r.predicted_step_time_s:.3g}", f"{r.step_error:+.1%}", f"{r.published_mfu:.3f}",
-                      f"{r.predicted_mfu:.3f}", mem, r.run.source_id)
+        table.add_row(
+            name,
+            layout_label(r.run),
+            f"{r.published_step_time_s:.3g}",
+            f"{r.predicted_step_time_s:.3g}",
+            f"{r.step_error:+.1%}",
+            f"{r.published_mfu:.3f}",
+            f"{r.predicted_mfu:.3f}",
+            mem,
+            r.run.source_id,
+        )
     console = Console(width=200)
     console.print(table)
     for source, group in [*groups.items(), ("held out", held), ("all", results)]:
         if not group:
             continue
         s = summarize(group)
-        console.print(f"{source:>20}: {s.runs:2d} runs, mean |step error| {s.mean_abs:5.1%}, "
-                      f"mean signed {s.mean_signed:+6.1%}, worst {s.max_abs:5.1%}")
+        console.print(
+            f"{source:>20}: {s.runs:2d} runs, mean |step error| {s.mean_abs:5.1%}, "
+            f"mean signed {s.mean_signed:+6.1%}, worst {s.max_abs:5.1%}"
+        )
     return 0
 
 

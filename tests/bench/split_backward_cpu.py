@@ -31,18 +31,23 @@ def main() -> None:
     keep_freed_cpu_memory()
     torch.set_num_threads(1)
     settings = Settings(device="cpu", dtype="fp32", warmup=2, repeats=11, block=args.block)
-    print(f"{'model':<11} {'kind':<12} {'fwd ms':>8} {'I ms':>8} {'W ms':>8} {'B ms':>8} "
-          f"{'(I+W)/B median':>15} {'range':>13}")
+    print(
+        f"{'model':<11} {'kind':<12} {'fwd ms':>8} {'I ms':>8} {'W ms':>8} {'B ms':>8} "
+        f"{'(I+W)/B median':>15} {'range':>13}"
+    )
     for model, kind in CASES:
         if kind == "transformer" and args.block == "torchtitan" and model != "tiny-llama":
             continue
-        rows = [measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"), settings)
-                for _ in range(args.rounds)]
+        rows = [
+            measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 512, "none"), settings) for _ in range(args.rounds)
+        ]
         ratios = [(r.backward_input_ms + r.backward_weight_ms) / r.backward_ms for r in rows]
         mid = rows[len(rows) // 2]
-        print(f"{model:<11} {kind:<12} {mid.forward_ms:>8.2f} {mid.backward_input_ms:>8.2f} "
-              f"{mid.backward_weight_ms:>8.2f} {mid.backward_ms:>8.2f} {statistics.median(ratios):>15.3f} "
-              f"{min(ratios):>6.3f}-{max(ratios):<6.3f}")
+        print(
+            f"{model:<11} {kind:<12} {mid.forward_ms:>8.2f} {mid.backward_input_ms:>8.2f} "
+            f"{mid.backward_weight_ms:>8.2f} {mid.backward_ms:>8.2f} {statistics.median(ratios):>15.3f} "
+            f"{min(ratios):>6.3f}-{max(ratios):<6.3f}"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,11 @@ def interleaved_errors() -> list[float]:
     """Predicted / published 1F1B-I ratio - 1 for each setup, under the current patches."""
     zero_bubble.predicted_samples_per_gpu_per_s.cache_clear()
     rows = zero_bubble.load_rows(ROWS)
-    return [r.predicted_ratio / r.published_ratio - 1 for r in zero_bubble.evaluate(rows, auto=False)
-            if r.row.schedule == "1F1B-I"]
+    return [
+        r.predicted_ratio / r.published_ratio - 1
+        for r in zero_bubble.evaluate(rows, auto=False)
+        if r.row.schedule == "1F1B-I"
+    ]
 
 
 def main() -> None:
@@ -39,15 +42,19 @@ def main() -> None:
     def unpaired(name, pp, m, vpp, segments, exchanges):
         return compile_schedule(name, pp, m, vpp, segments, None)
 
-    cases = [("as encoded (overlapped)", mode, compile_schedule),
-             ("blocking, a hold after each sender", blocking, unpaired),
-             ("blocking, paired Megatron calls", blocking, compile_schedule)]
+    cases = [
+        ("as encoded (overlapped)", mode, compile_schedule),
+        ("blocking, a hold after each sender", blocking, unpaired),
+        ("blocking, paired Megatron calls", blocking, compile_schedule),
+    ]
     try:
         for label, p2p, compiler in cases:
             predict.p2p_mode, pipeline.compile_schedule = p2p, compiler
             errors = interleaved_errors()
-            print(f"{label:36s} 1F1B-I ratios: {len(errors)}, mean signed {100 * sum(errors) / len(errors):+.1f}%, "
-                  f"range {100 * min(errors):+.1f} .. {100 * max(errors):+.1f}%")
+            print(
+                f"{label:36s} 1F1B-I ratios: {len(errors)}, mean signed {100 * sum(errors) / len(errors):+.1f}%, "
+                f"range {100 * min(errors):+.1f} .. {100 * max(errors):+.1f}%"
+            )
     finally:
         predict.p2p_mode, pipeline.compile_schedule = mode, compile_schedule
 

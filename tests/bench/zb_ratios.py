@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from planner.fidelity.zero_bubble import (
-    RatioResult,
     PassTimeResult,
+    RatioResult,
     baseline_errors,
     evaluate,
     load_pass_times,
@@ -34,13 +34,17 @@ DATA = Path(__file__).with_name("published_zb.toml")
 
 
 def _rows_table(results: list[RatioResult]) -> list[str]:
-    lines = ["| setup | GPUs | mbs x m | paper | planner (V) | published ratio | predicted | error | auto |",
-             "|---|---:|---:|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| setup | GPUs | mbs x m | paper | planner (V) | published ratio | predicted | error | auto |",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|",
+    ]
     for r in results:
         auto = "" if r.auto_ratio_error is None else f"{r.auto_ratio_error:+.1%}"
-        lines.append(f"| {r.row.setup} | {r.row.gpus} | {r.row.mbs} x {r.row.microbatches} | {r.row.schedule} | "
-                     f"{r.planner_schedule} ({r.vpp}) | {r.published_ratio:.3f} | {r.predicted_ratio:.3f} | "
-                     f"{r.ratio_error:+.1%} | {auto} |")
+        lines.append(
+            f"| {r.row.setup} | {r.row.gpus} | {r.row.mbs} x {r.row.microbatches} | {r.row.schedule} | "
+            f"{r.planner_schedule} ({r.vpp}) | {r.published_ratio:.3f} | {r.predicted_ratio:.3f} | "
+            f"{r.ratio_error:+.1%} | {auto} |"
+        )
     return lines
 
 
@@ -70,10 +74,14 @@ def _baseline_table(errors: dict[str, float]) -> list[str]:
 
 def _pass_table(results: list[PassTimeResult]) -> list[str]:
     lines = ["| setup | F (T_F) | I (T_B) | W (T_W) | p2p (T_comm) |", "|---|---:|---:|---:|---:|"]
-    lines += [f"| {r.setup} | {r.forward:+.1%} | {r.backward_input:+.1%} | {r.backward_weight:+.1%} | {r.comm:+.1%} |"
-              for r in results]
-    means = [sum(abs(getattr(r, f)) for r in results) / len(results)
-             for f in ("forward", "backward_input", "backward_weight", "comm")]
+    lines += [
+        f"| {r.setup} | {r.forward:+.1%} | {r.backward_input:+.1%} | {r.backward_weight:+.1%} | {r.comm:+.1%} |"
+        for r in results
+    ]
+    means = [
+        sum(abs(getattr(r, f)) for r in results) / len(results)
+        for f in ("forward", "backward_input", "backward_weight", "comm")
+    ]
     lines.append("| mean abs | " + " | ".join(f"{m:.1%}" for m in means) + " |")
     return lines
 
@@ -87,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.file)
     results = evaluate(rows, auto=not args.no_auto)
     passes = pass_time_errors(rows, load_pass_times(args.file))
-    blocks = [_summary_table(results), _rows_table(results), _baseline_table(baseline_errors(rows)),
-              _pass_table(passes)]
+    blocks = [
+        _summary_table(results),
+        _rows_table(results),
+        _baseline_table(baseline_errors(rows)),
+        _pass_table(passes),
+    ]
     if args.markdown:
         print("\n\n".join("\n".join(block) for block in blocks))
         return 0

@@ -9,16 +9,29 @@ from __future__ import annotations
 NOISE = (1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0)
 """Per-report factors after the warm-up one: their median is 1."""
 
-_COLORS = {"red": "\x1b[31m", "green": "\x1b[32m", "orange": "\x1b[33m", "turquoise": "\x1b[36m",
-           "blue": "\x1b[34m", "cyan": "\x1b[96m", "magenta": "\x1b[35m", "reset": "\x1b[39m"}
+_COLORS = {
+    "red": "\x1b[31m",
+    "green": "\x1b[32m",
+    "orange": "\x1b[33m",
+    "turquoise": "\x1b[36m",
+    "blue": "\x1b[34m",
+    "cyan": "\x1b[96m",
+    "magenta": "\x1b[35m",
+    "reset": "\x1b[39m",
+}
 
 
-def megatron_log(step_time_s: float, tflops_per_gpu: float, global_batch: int, peak_mib: dict[int, float],
-                 interval: int = 10, warmup_factor: float = 3.0) -> str:
+def megatron_log(
+    step_time_s: float,
+    tflops_per_gpu: float,
+    global_batch: int,
+    peak_mib: dict[int, float],
+    interval: int = 10,
+    warmup_factor: float = 3.0,
+) -> str:
     """Megatron-LM's progress lines every `interval` iterations (the first slowed by
     `warmup_factor`) and one memory line per rank in `peak_mib` after the first interval."""
-    lines = ["using world size: 8, data-parallel size: 8, tensor-model-parallel size: 1",
-             "training ..."]
+    lines = ["using world size: 8, data-parallel size: 8, tensor-model-parallel size: 1", "training ..."]
     factors = (warmup_factor, *NOISE)
     total = interval * len(factors)
     for i, factor in enumerate(factors, start=1):
@@ -40,8 +53,15 @@ def megatron_log(step_time_s: float, tflops_per_gpu: float, global_batch: int, p
     return "\n".join(lines) + "\n"
 
 
-def torchtitan_log(tokens_per_s_per_gpu: float, flops_per_token: float, peak_flops: float, reserved_gib: float,
-                   capacity_gib: float, log_freq: int = 10, warmup_factor: float = 3.0) -> str:
+def torchtitan_log(
+    tokens_per_s_per_gpu: float,
+    flops_per_token: float,
+    peak_flops: float,
+    reserved_gib: float,
+    capacity_gib: float,
+    log_freq: int = 10,
+    warmup_factor: float = 3.0,
+) -> str:
     """torchtitan's report at step 1 (slowed by `warmup_factor`) and every `log_freq` steps."""
     c = _COLORS
     lines = ["[rank0]:[titan] 2025-01-01 10:00:00,000 - root - INFO - Training starts at step 1"]

@@ -18,8 +18,26 @@ LOGS = Path(__file__).parents[1] / "data" / "logs"
 TITAN_LOG = LOGS / "torchtitan_pr1287_llama3_8b.log"
 # The layout of that log: Llama 3 8B at seq 8192 on H100 96 GB (from its own tflops/tps and
 # memory/percent), torchtitan's default llama3_8b.toml: FSDP on 8 GPUs, local batch 1, selective AC.
-TITAN_RUN = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-96gb", "--global-batch", "8", "--seq", "8192",
-             "--mbs", "1", "--zero", "3", "--recompute", "selective", "--runtime", "torchtitan"]
+TITAN_RUN = [
+    "--model",
+    "llama3-8b",
+    "--gpus",
+    "8",
+    "--gpu",
+    "h100-96gb",
+    "--global-batch",
+    "8",
+    "--seq",
+    "8192",
+    "--mbs",
+    "1",
+    "--zero",
+    "3",
+    "--recompute",
+    "selective",
+    "--runtime",
+    "torchtitan",
+]
 
 
 def _evaluate(cli, argv, *extra):
@@ -67,8 +85,24 @@ def test_calibrate_a_published_torchtitan_log(cli, tmp_path, titan_plan):
 def test_plan_and_sweep_use_the_calibration(cli, tmp_path, titan_plan):
     out = tmp_path / "calibration.json"
     assert cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(titan_plan), "-o", str(out))[0] == 0
-    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-96gb", "--global-batch", "8", "--seq", "8192",
-            "--tp", "1", "--pp", "1", "--mbs", "1"]
+    argv = [
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--gpu",
+        "h100-96gb",
+        "--global-batch",
+        "8",
+        "--seq",
+        "8192",
+        "--tp",
+        "1",
+        "--pp",
+        "1",
+        "--mbs",
+        "1",
+    ]
     code, plain, err = cli("plan", *argv, "--json")
     assert code == 0, err
     code, calibrated, err = cli("plan", *argv, "--calibration", str(out), "--json")
@@ -79,8 +113,24 @@ def test_plan_and_sweep_use_the_calibration(cli, tmp_path, titan_plan):
     assert after["plans"][0]["predicted"]["step_time_s"] > before["plans"][0]["predicted"]["step_time_s"]
     code, text, err = cli("plan", *argv, "--calibration", str(out))
     assert code == 0 and "calibrated from 1 run" in text
-    code, swept, err = cli("sweep", "--model", "llama3-8b", "--gpu", "h100-96gb", "--global-batch", "8",
-                           "--seq", "8192", "--vary", "gpus", "--values", "8", "--calibration", str(out), "--json")
+    code, swept, err = cli(
+        "sweep",
+        "--model",
+        "llama3-8b",
+        "--gpu",
+        "h100-96gb",
+        "--global-batch",
+        "8",
+        "--seq",
+        "8192",
+        "--vary",
+        "gpus",
+        "--values",
+        "8",
+        "--calibration",
+        str(out),
+        "--json",
+    )
     assert code == 0, err
     assert json.loads(swept)["cost_source"] == "analytic, calibrated from 1 run"
 
@@ -102,8 +152,20 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
     # file that sets exactly those factors, applied with evaluate --calibration).
     layouts = {
         "dp8": ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--global-batch", "64", "--seq", "8192"],
-        "tp16": ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "16", "--seq", "8192",
-                 "--tp", "16"],
+        "tp16": [
+            "--model",
+            "llama3-8b",
+            "--gpus",
+            "16",
+            "--gpu",
+            "h100",
+            "--global-batch",
+            "16",
+            "--seq",
+            "8192",
+            "--tp",
+            "16",
+        ],
     }
     truth = _truth_file(tmp_path, {"compute": 0.85, "comm": 0.6})
     args = []
@@ -114,8 +176,9 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
         log = tmp_path / f"{name}.log"
         gpus, tokens = int(argv[3]), int(argv[7]) * int(argv[9])
         tflops = model_flops_per_token(resolve_model("llama3-8b"), int(argv[9])) * tokens / true["step_time_s"] / gpus
-        log.write_text(megatron_log(true["step_time_s"], tflops / 1e12, int(argv[7]),
-                                    {0: max(true["memory_gb_per_stage"]) * 1024}))
+        log.write_text(
+            megatron_log(true["step_time_s"], tflops / 1e12, int(argv[7]), {0: max(true["memory_gb_per_stage"]) * 1024})
+        )
         args += ["--from-log", str(log), "--plan", str(plan_path)]
     code, out, err = cli("calibrate", *args, "--json")
     assert code == 0 and "warning" not in err, err
@@ -136,9 +199,20 @@ def _truth_file(tmp_path, factors):
 
     efficiency = apply(resolve_gpu("h100").efficiency, factors, "synthetic truth")
     path = tmp_path / "truth.json"
-    save(path, CalibrationFile(gpu="h100", cluster=ClusterEntry(gpu="h100", gpus_per_node=8, num_gpus=[8]),
-                               knobs=[], fields={}, efficiency=efficiency.model_dump(), residuals=[],
-                               rms_error_before_pct=0.0, rms_error_after_pct=0.0, runs=[]))
+    save(
+        path,
+        CalibrationFile(
+            gpu="h100",
+            cluster=ClusterEntry(gpu="h100", gpus_per_node=8, num_gpus=[8]),
+            knobs=[],
+            fields={},
+            efficiency=efficiency.model_dump(),
+            residuals=[],
+            rms_error_before_pct=0.0,
+            rms_error_after_pct=0.0,
+            runs=[],
+        ),
+    )
     return path
 
 
@@ -159,8 +233,9 @@ def test_user_errors(cli, tmp_path, titan_plan):
 
 def test_a_plan_that_is_not_the_logs_run(cli, tmp_path, titan_plan):
     # Megatron-LM prints the global batch it trains: the Mixtral excerpt's 128 is not the plan's 8.
-    code, _, err = cli("calibrate", "--from-log", str(LOGS / "megatron_issue756_mixtral_run2.log"),
-                       "--plan", str(titan_plan))
+    code, _, err = cli(
+        "calibrate", "--from-log", str(LOGS / "megatron_issue756_mixtral_run2.log"), "--plan", str(titan_plan)
+    )
     assert code == 2 and "the log trains global batch 128" in err
     # torchtitan's tflops / tps is the FLOPs per token of the model at its sequence length:
     # 57.9 GFLOP for Llama 3 8B at 8192, not the 51.5 GFLOP of seq 4096 (6 x 7.505e9 matmul weights
@@ -177,6 +252,15 @@ def test_a_plan_that_is_not_the_logs_run(cli, tmp_path, titan_plan):
 def test_runs_of_two_gpus_are_refused(cli, tmp_path, titan_plan):
     other = tmp_path / "h100.json"
     _evaluate(cli, [*TITAN_RUN[:5], "h100", *TITAN_RUN[6:]], "-o", str(other))
-    code, _, err = cli("calibrate", "--from-log", str(TITAN_LOG), "--plan", str(titan_plan),
-                       "--from-log", str(TITAN_LOG), "--plan", str(other))
+    code, _, err = cli(
+        "calibrate",
+        "--from-log",
+        str(TITAN_LOG),
+        "--plan",
+        str(titan_plan),
+        "--from-log",
+        str(TITAN_LOG),
+        "--plan",
+        str(other),
+    )
     assert code == 2 and "one GPU at a time" in err and "h100, h100-96gb" in err

@@ -34,11 +34,28 @@ PRIOR = resolve_gpu("h100").efficiency
 def _run(model: str, gpus: int, tp: int, mbs: int, global_batch: int, seq: int, zero: int = 1) -> Run:
     spec = resolve_model(model)
     dp = gpus // tp
-    layout = Layout(tp=tp, pp=1, dp=dp, mbs=mbs, num_microbatches=global_batch // (dp * mbs), schedule="1f1b",
-                    recompute=("none",), sequence_parallel=tp > 1, zero_stage=zero,
-                    stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
-    return Run(name=f"{model} tp{tp} x{gpus}", spec=spec, cluster=Cluster.of(resolve_gpu("h100"), gpus),
-               layout=layout, global_batch=global_batch, seq=seq, options=CostOptions(), measured_step_time_s=1.0)
+    layout = Layout(
+        tp=tp,
+        pp=1,
+        dp=dp,
+        mbs=mbs,
+        num_microbatches=global_batch // (dp * mbs),
+        schedule="1f1b",
+        recompute=("none",),
+        sequence_parallel=tp > 1,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
+    return Run(
+        name=f"{model} tp{tp} x{gpus}",
+        spec=spec,
+        cluster=Cluster.of(resolve_gpu("h100"), gpus),
+        layout=layout,
+        global_batch=global_batch,
+        seq=seq,
+        options=CostOptions(),
+        measured_step_time_s=1.0,
+    )
 
 
 COMPUTE_BOUND = _run("llama3-8b", 8, 1, 1, 64, 8192)
@@ -128,8 +145,11 @@ def test_knob_bounds_keep_every_field_within_its_physical_range():
 def test_select_counts_independent_observations():
     compute, comm, overhead = [-1.0, -0.3], [-0.5, -0.15], [0.0, 0.01]  # comm collinear with compute
     verdicts = select({"compute": compute, "comm": comm, "overhead": overhead}, 2)
-    assert [(name, fitted) for name, fitted, _, _ in verdicts] == [("compute", True), ("comm", False),
-                                                                  ("overhead", False)]
+    assert [(name, fitted) for name, fitted, _, _ in verdicts] == [
+        ("compute", True),
+        ("comm", False),
+        ("overhead", False),
+    ]
     assert verdicts[1][3] == pytest.approx(0.0, abs=1e-12)
     verdicts = select({"compute": compute, "comm": [0.0, -0.4], "overhead": [0.2, 0.0]}, 2)
     assert [fitted for _, fitted, _, _ in verdicts] == [True, True, False]
@@ -149,8 +169,12 @@ def test_synthetic_logs_recover_the_knob_through_the_parser(fmt):
     flops_per_token = model_flops_per_token(run.spec, run.seq)
     tps = _tokens(run) / (true.step_time_s * gpus)
     if fmt == "megatron":
-        text = megatron_log(true.step_time_s, flops_per_token * tps / 1e12, run.global_batch,
-                            {0: true.peak_memory_bytes / 2**20, 4: 0.95 * true.peak_memory_bytes / 2**20})
+        text = megatron_log(
+            true.step_time_s,
+            flops_per_token * tps / 1e12,
+            run.global_batch,
+            {0: true.peak_memory_bytes / 2**20, 4: 0.95 * true.peak_memory_bytes / 2**20},
+        )
     else:
         text = torchtitan_log(tps, flops_per_token, peak, true.peak_memory_bytes / GiB, run.cluster.gpu.memory_gib)
     measured = steady_state(parse_log(text))

@@ -44,7 +44,10 @@ def test_megatron_published_excerpt_with_timestamps_and_throughput():
     log = _log("megatron_issue756_mixtral_run1.log")
     assert log.format == "megatron"
     assert [(s.step, s.step_time_s, s.tflops_per_gpu) for s in log.steps] == [
-        (10, 9.4964, 137.5), (11, 10.0369, 130.1), (12, 10.1984, 128.1)]
+        (10, 9.4964, 137.5),
+        (11, 10.0369, 130.1),
+        (12, 10.1984, 128.1),
+    ]
     measured = steady_state(log)
     assert measured.steps_used == (11, 12)
     assert measured.step_time_s == pytest.approx((10.0369 + 10.1984) / 2)
@@ -70,16 +73,18 @@ def test_megatron_legacy_format_and_memory_line():
 
 
 def test_megatron_current_format_variants():
-    text = "\n".join([
-        "[default0]: [2025-05-27 15:23:07] iteration        1/    24000 | consumed samples:  1024 | "
-        "elapsed time per iteration (ms): 271607.0 | throughput per GPU (TFLOP/s/GPU): 40.4 |",
-        "[default0]: [2025-05-27 15:24:07] iteration        2/    24000 | consumed samples:  2048 | "
-        "elapsed time per iteration (ms): 5361.6/5402.3 | throughput per GPU (TFLOP/s/GPU): 243.6 |",
-        "[Rank 3] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: 2048.0 | "
-        "reserved: 3000.0 | max reserved: 3072.0",
-        "[Rank 0] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: 1024.0 | "
-        "reserved: 2000.0 | max reserved: 2048.0",
-    ])
+    text = "\n".join(
+        [
+            "[default0]: [2025-05-27 15:23:07] iteration        1/    24000 | consumed samples:  1024 | "
+            "elapsed time per iteration (ms): 271607.0 | throughput per GPU (TFLOP/s/GPU): 40.4 |",
+            "[default0]: [2025-05-27 15:24:07] iteration        2/    24000 | consumed samples:  2048 | "
+            "elapsed time per iteration (ms): 5361.6/5402.3 | throughput per GPU (TFLOP/s/GPU): 243.6 |",
+            "[Rank 3] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: 2048.0 | "
+            "reserved: 3000.0 | max reserved: 3072.0",
+            "[Rank 0] (after 2 iterations) memory (MB) | allocated: 100.5 | max allocated: 1024.0 | "
+            "reserved: 2000.0 | max reserved: 2048.0",
+        ]
+    )
     log = parse_log(text)
     assert [(s.step, s.step_time_s) for s in log.steps] == [(1, 271.607), (2, 5.3616)]  # the interval's own time
     assert sorted(m.rank for m in log.memory) == [0, 3]
@@ -88,10 +93,14 @@ def test_megatron_current_format_variants():
 
 
 def test_torchtitan_colour_codes_and_old_wps_field():
-    coloured = ("\x1b[31mstep:  1  \x1b[32mloss: 10.5000  \x1b[36mmemory: 12.00GiB(15.00%)  "
-                "\x1b[34mtps: 1,234  \x1b[96mtflops: 70.00  \x1b[35mmfu: 7.00%\x1b[39m")
-    old = ("2024-05-01 10:00:00,000 - root - INFO - step: 10  loss: 9.1234  memory: 12.50GiB(15.80%)  "
-           "wps: 2,000  mfu: 9.10%")
+    coloured = (
+        "\x1b[31mstep:  1  \x1b[32mloss: 10.5000  \x1b[36mmemory: 12.00GiB(15.00%)  "
+        "\x1b[34mtps: 1,234  \x1b[96mtflops: 70.00  \x1b[35mmfu: 7.00%\x1b[39m"
+    )
+    old = (
+        "2024-05-01 10:00:00,000 - root - INFO - step: 10  loss: 9.1234  memory: 12.50GiB(15.80%)  "
+        "wps: 2,000  mfu: 9.10%"
+    )
     log = parse_log(coloured + "\n" + old + "\n")
     assert [(s.step, s.tokens_per_s_per_gpu, s.mfu) for s in log.steps] == [(1, 1234, 0.07), (10, 2000, 0.091)]
     assert log.steps[1].tflops_per_gpu is None

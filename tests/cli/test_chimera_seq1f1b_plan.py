@@ -18,8 +18,9 @@ LLAMA_70B = ["--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--glob
 def test_the_70b_request_compares_chimera_seq1f1b_and_zbv(cli, tmp_path):
     """Each named schedule's best layout (what it sets differently) and why it lost to the best."""
     path = tmp_path / "p.json"
-    code, out, err = cli("plan", *LLAMA_70B, "--schedules", "chimera,seq1f1b,zbv", "--top", "1", "--explain",
-                         "-o", str(path))
+    code, out, err = cli(
+        "plan", *LLAMA_70B, "--schedules", "chimera,seq1f1b,zbv", "--top", "1", "--explain", "-o", str(path)
+    )
     assert code == 0, err
     assert "why not something else" in out
     best = parse_plan_file(path.read_text()).plans[0]
@@ -36,8 +37,9 @@ def test_the_70b_request_compares_chimera_seq1f1b_and_zbv(cli, tmp_path):
 def test_plans_carry_segments_and_run_on_no_runtime(cli, tmp_path):
     path = tmp_path / "plan.json"
     # top 6: the two schedules' best layouts are within 0.2 % of each other, their order is not the point
-    code, out, err = cli("plan", *BASE, "--schedules", "chimera,seq1f1b", "--pp", "2,4", "--top", "6", "--json",
-                         "-o", str(path))
+    code, out, err = cli(
+        "plan", *BASE, "--schedules", "chimera,seq1f1b", "--pp", "2,4", "--top", "6", "--json", "-o", str(path)
+    )
     assert code == 0, err
     plans = json.loads(out)["plans"]
     assert {p["schedule"] for p in plans} == {"chimera", "seq1f1b"}
@@ -75,6 +77,7 @@ def test_bad_segments_are_refused(cli):
 
 def test_evaluate_takes_segments_and_chimera(cli):
     """evaluate costs one seq1f1b layout per k (k = 1 is 1F1B's order) and a chimera one."""
+
     def step(*argv):
         code, out, err = cli("evaluate", *BASE, "--pp", "4", *argv, "--json")
         assert code == 0, err
@@ -85,8 +88,11 @@ def test_evaluate_takes_segments_and_chimera(cli):
     assert same["predicted"]["step_time_s"] == pytest.approx(one["predicted"]["step_time_s"], rel=1e-12)
     four = step("--schedule", "seq1f1b", "--segments", "4")
     assert four["segments"] == 4 and max(four["predicted"]["memory_gb_per_stage"]) < max(
-        one["predicted"]["memory_gb_per_stage"])
+        one["predicted"]["memory_gb_per_stage"]
+    )
     chim = step("--schedule", "chimera", "--vpp", "2")
-    assert chim["predicted"]["memory_breakdown_gb"]["weights"] > 1.9 * one["predicted"]["memory_breakdown_gb"]["weights"]
+    assert (
+        chim["predicted"]["memory_breakdown_gb"]["weights"] > 1.9 * one["predicted"]["memory_breakdown_gb"]["weights"]
+    )
     code, _, err = cli("evaluate", *BASE, "--pp", "4", "--schedule", "seq1f1b", "--segments", "3")
     assert code == 2 and "must divide into 3 segments" in err

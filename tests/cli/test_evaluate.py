@@ -11,7 +11,6 @@ from planner.plan import parse_plan_file
 BASE = ["--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "64", "--seq", "4096"]
 
 
-
 def _plan(cli, *argv):
     code, out, err = cli("evaluate", *BASE, *argv, "--json")
     assert code == 0, err
@@ -83,24 +82,39 @@ def test_plan_file_round_trips(cli, tmp_path):
 
 
 def test_oversized_layout_warns_that_it_runs_out_of_memory(cli):
-    code, _, err = cli("evaluate", "--model", "llama3-70b", "--gpus", "8", "--global-batch", "8",
-                        "--seq", "4096", "--tp", "8", "--json")
+    code, _, err = cli(
+        "evaluate",
+        "--model",
+        "llama3-70b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--seq",
+        "4096",
+        "--tp",
+        "8",
+        "--json",
+    )
     assert code == 0
     assert "runs out of memory" in err
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "no-such-model"], "no-such-model"),
-    (["--gpu", "z9000"], "z9000"),
-    (["--tp", "3"], "not divisible"),
-    (["--tp", "2", "--pp", "2", "--mbs", "3"], "global batch 64 is not divisible"),
-    (["--gpus", "24", "--tp", "3"], "does not divide"),
-    (["--pp", "4", "--vpp", "3", "--schedule", "zbv"], "zbv needs vpp 2"),
-    (["--pp", "2", "--stage-layers", "10,10"], "add up to"),
-    (["--recompute", "sometimes"], "unknown recompute mode"),
-    (["--pp", "2", "--recompute", "full,none,none"], "give 1 or 2"),
-    (["--pp", "64", "--gpus", "64"], "cannot fill"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "no-such-model"], "no-such-model"),
+        (["--gpu", "z9000"], "z9000"),
+        (["--tp", "3"], "not divisible"),
+        (["--tp", "2", "--pp", "2", "--mbs", "3"], "global batch 64 is not divisible"),
+        (["--gpus", "24", "--tp", "3"], "does not divide"),
+        (["--pp", "4", "--vpp", "3", "--schedule", "zbv"], "zbv needs vpp 2"),
+        (["--pp", "2", "--stage-layers", "10,10"], "add up to"),
+        (["--recompute", "sometimes"], "unknown recompute mode"),
+        (["--pp", "2", "--recompute", "full,none,none"], "give 1 or 2"),
+        (["--pp", "64", "--gpus", "64"], "cannot fill"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(cli, argv, message):
     args = [*BASE]
     for i in range(0, len(argv), 2):
@@ -117,8 +131,18 @@ def test_bad_input_is_one_line_and_exit_2(cli, argv, message):
 
 def test_config_file_that_fails_validation_names_the_field(cli, tmp_path):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": -5, "num_attention_heads": 8,
-                                  "num_hidden_layers": 2, "intermediate_size": 64, "vocab_size": 100}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": -5,
+                "num_attention_heads": 8,
+                "num_hidden_layers": 2,
+                "intermediate_size": 64,
+                "vocab_size": 100,
+            }
+        )
+    )
     code, _, err = cli("evaluate", *BASE, "--model", str(config))
     assert code == 2 and "hidden_size" in err
 

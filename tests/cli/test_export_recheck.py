@@ -27,12 +27,15 @@ def _edited(path, edit):
     return edited
 
 
-@pytest.mark.parametrize("edit, words", [
-    (lambda plan: plan.update(tp=3), "GPUs, but the cluster has 16"),
-    (lambda plan: plan.update(ep=2), "ep 2 needs a mixture-of-experts model"),
-    (lambda plan: plan.update(stage_layers=[[0, 10], [12, 32]]), "do not cover the layers contiguously"),
-    (lambda plan: plan.update(stage_layers=[[0, 10], [10, 30]]), "the model has 32 layers"),
-])
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda plan: plan.update(tp=3), "GPUs, but the cluster has 16"),
+        (lambda plan: plan.update(ep=2), "ep 2 needs a mixture-of-experts model"),
+        (lambda plan: plan.update(stage_layers=[[0, 10], [12, 32]]), "do not cover the layers contiguously"),
+        (lambda plan: plan.update(stage_layers=[[0, 10], [10, 30]]), "the model has 32 layers"),
+    ],
+)
 def test_a_hand_edit_that_breaks_a_rule_is_refused(cli, plan_json, tmp_path, edit, words):
     code, out, err = cli("export", str(_edited(plan_json, edit)), "--to", "megatron", "-o", str(tmp_path / "out"))
     assert code == 2 and out == ""

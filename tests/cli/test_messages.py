@@ -32,8 +32,10 @@ OTHER_PROGRAMS = {"--nproc-per-node": "torchrun", "--rotary-base": "Megatron-LM"
 
 def _options() -> dict[str, set[str]]:
     group = typer.main.get_command(app)
-    return {name: {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
-            for name, command in group.commands.items()}
+    return {
+        name: {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        for name, command in group.commands.items()
+    }
 
 
 OPTIONS = _options()
@@ -132,21 +134,37 @@ def _check_message(command: str, message: str) -> None:
 BASE = ["--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--seq", "4096"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", *BASE, "--tp", "0"],
-    ["plan", *BASE, "--tp", "two"],
-    ["plan", *BASE, "--cut-solver", "magic"],
-    ["plan", "--model", "llama3-8b", "--gpus", "12", "--global-batch", "64", "--seq", "4096"],
-    ["plan", "--model", "llama3-8b", "--gpus", "1000", "--global-batch", "64", "--seq", "4096"],
-    ["plan", "--model", "llama3-70b", "--gpus", "8", "--global-batch", "64", "--seq", "4096",
-     "--recompute", "none", "--mbs", "2,4"],
-    ["plan", *BASE, "--runtime", "deepspeed", "--tp", "2"],
-    ["evaluate", *BASE, "--recompute", "none,full"],
-    ["evaluate", *BASE, "--pp", "64"],
-    ["sweep", "--model", "llama3-8b", "--seq", "4096", "--vary", "gpus", "--values", "8"],
-    ["sweep", *BASE, "--vary", "heads", "--values", "8"],
-    ["sweep", *BASE, "--vary", "gpus", "--values", "0"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", *BASE, "--tp", "0"],
+        ["plan", *BASE, "--tp", "two"],
+        ["plan", *BASE, "--cut-solver", "magic"],
+        ["plan", "--model", "llama3-8b", "--gpus", "12", "--global-batch", "64", "--seq", "4096"],
+        ["plan", "--model", "llama3-8b", "--gpus", "1000", "--global-batch", "64", "--seq", "4096"],
+        [
+            "plan",
+            "--model",
+            "llama3-70b",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "64",
+            "--seq",
+            "4096",
+            "--recompute",
+            "none",
+            "--mbs",
+            "2,4",
+        ],
+        ["plan", *BASE, "--runtime", "deepspeed", "--tp", "2"],
+        ["evaluate", *BASE, "--recompute", "none,full"],
+        ["evaluate", *BASE, "--pp", "64"],
+        ["sweep", "--model", "llama3-8b", "--seq", "4096", "--vary", "gpus", "--values", "8"],
+        ["sweep", *BASE, "--vary", "heads", "--values", "8"],
+        ["sweep", *BASE, "--vary", "gpus", "--values", "0"],
+    ],
+)
 def test_cli_errors_name_options_that_exist(cli, argv):
     code, out, err = cli(*argv)
     assert code == 2 and err.startswith("error: "), err
@@ -160,8 +178,20 @@ def test_export_refusals_name_options_that_exist(tmp_path, capsys):
     from planner.plan import PlanEntry, PlanFile
 
     def make_plan(model, **fields):
-        entry = dict(tp=1, pp=2, dp=1, mbs=1, num_microbatches=4, global_batch=4, seq=64, schedule="1f1b",
-                     stage_layers=[[0, 2], [2, 4]]) | fields
+        entry = (
+            dict(
+                tp=1,
+                pp=2,
+                dp=1,
+                mbs=1,
+                num_microbatches=4,
+                global_batch=4,
+                seq=64,
+                schedule="1f1b",
+                stage_layers=[[0, 2], [2, 4]],
+            )
+            | fields
+        )
         entry["global_batch"] = entry["dp"] * entry["mbs"] * entry["num_microbatches"]
         return PlanFile(plans=[PlanEntry(**entry)], model=resolve_model(model))
 

@@ -25,9 +25,30 @@ def rows(out: str) -> dict[str, str]:
 
 
 def test_explain_prices_ep_etp_and_the_schedule(cli):
-    code, out, err = cli("plan", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100", "--global-batch", "256",
-                         "--seq", "4096", "--tp", "2", "--pp", "8", "--mbs", "2", "--schedules", "dualpipev,zbv,1f1b",
-                         "--top", "1", "--explain")
+    code, out, err = cli(
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "64",
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "256",
+        "--seq",
+        "4096",
+        "--tp",
+        "2",
+        "--pp",
+        "8",
+        "--mbs",
+        "2",
+        "--schedules",
+        "dualpipev,zbv,1f1b",
+        "--top",
+        "1",
+        "--explain",
+    )
     assert code == 0, err
     table = rows(out.split("why not something else")[1])
     best = re.search(r"best: (.*)\)", out).group(1)

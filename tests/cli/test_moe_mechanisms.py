@@ -8,7 +8,6 @@ import json
 import re
 
 import pytest
-
 from test_moe_explain import rows
 
 from planner.catalog import resolve_gpu, resolve_model
@@ -17,8 +16,24 @@ from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 # Qwen3-30B-A3B on 8 nodes of 8 H100s; EP 32 spans 4 nodes
 JOB = ("--model", "qwen3-30b-a3b", "--gpus", "64", "--gpu", "h100", "--global-batch", "256", "--seq", "4096")
 LAYOUT = ("--tp", "1", "--pp", "2", "--vpp", "2", "--mbs", "1", "--ep", "32", "--etp", "1")
-SPACE = ("--tp", "1", "--pp", "2", "--vpp", "2", "--schedules", "interleaved_1f1b", "--mbs", "1",
-         "--ep", "8,32", "--etp", "1", "--recompute", "selective")
+SPACE = (
+    "--tp",
+    "1",
+    "--pp",
+    "2",
+    "--vpp",
+    "2",
+    "--schedules",
+    "interleaved_1f1b",
+    "--mbs",
+    "1",
+    "--ep",
+    "8,32",
+    "--etp",
+    "1",
+    "--recompute",
+    "selective",
+)
 
 
 def _json(cli, *argv) -> dict:
@@ -57,8 +72,9 @@ def test_evaluate_records_no_overlap_where_megatron_does_not_run_it(cli):
 
 def test_plan_searches_with_the_options_and_its_plans_evaluate_the_same(cli, tmp_path):
     path = tmp_path / "plan.json"
-    document = _json(cli, "plan", *JOB, *SPACE, "--moe-dispatcher", "deepep", "--moe-ep-overlap",
-                     "--top", "2", "-o", str(path))
+    document = _json(
+        cli, "plan", *JOB, *SPACE, "--moe-dispatcher", "deepep", "--moe-ep-overlap", "--top", "2", "-o", str(path)
+    )
     plans = document["plans"]
     assert plans and all(p["moe_dispatcher"] == "deepep" and p["moe_ep_overlap"] for p in plans)
     assert document["request"]["options"]["moe_dispatcher"] == "deepep"
@@ -66,9 +82,30 @@ def test_plan_searches_with_the_options_and_its_plans_evaluate_the_same(cli, tmp
     best = plans[0]
     counts = [end - start for rank in best["stage_layers"] for start, end in rank]
     order = [counts[0], counts[2], counts[1], counts[3]]  # model order: rank 0 chunk 0, rank 1 chunk 0, ...
-    again = _json(cli, "evaluate", *JOB, "--tp", "1", "--pp", "2", "--vpp", "2", "--mbs", "1", "--ep", str(best["ep"]),
-                  "--etp", "1", "--recompute", "selective", "--stage-layers", ",".join(map(str, order)),
-                  "--moe-dispatcher", "deepep", "--moe-ep-overlap")["plans"][0]
+    again = _json(
+        cli,
+        "evaluate",
+        *JOB,
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--vpp",
+        "2",
+        "--mbs",
+        "1",
+        "--ep",
+        str(best["ep"]),
+        "--etp",
+        "1",
+        "--recompute",
+        "selective",
+        "--stage-layers",
+        ",".join(map(str, order)),
+        "--moe-dispatcher",
+        "deepep",
+        "--moe-ep-overlap",
+    )["plans"][0]
     assert again["predicted"]["step_time_s"] == pytest.approx(best["predicted"]["step_time_s"], rel=1e-9)
     without = _json(cli, "plan", *JOB, *SPACE, "--top", "1")["plans"][0]
     assert without["moe_dispatcher"] == "alltoall" and not without["moe_ep_overlap"]
@@ -80,9 +117,32 @@ def test_plan_searches_with_the_options_and_its_plans_evaluate_the_same(cli, tmp
 
 
 def test_sweep_prices_with_the_options(cli):
-    document = _json(cli, "sweep", *JOB[:2], "--gpu", "h100", "--global-batch", "256", "--seq", "4096",
-                     "--vary", "gpus", "--values", "32,64", "--tp", "1", "--pp", "2", "--schedules",
-                     "interleaved_1f1b", "--mbs", "1", "--moe-dispatcher", "deepep", "--moe-ep-overlap")
+    document = _json(
+        cli,
+        "sweep",
+        *JOB[:2],
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "256",
+        "--seq",
+        "4096",
+        "--vary",
+        "gpus",
+        "--values",
+        "32,64",
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--schedules",
+        "interleaved_1f1b",
+        "--mbs",
+        "1",
+        "--moe-dispatcher",
+        "deepep",
+        "--moe-ep-overlap",
+    )
     plans = [point["plan"] for point in document["points"]]
     assert all(p is not None for p in plans)
     assert all(p["moe_dispatcher"] == ("deepep" if p["ep"] > 1 else "alltoall") for p in plans)
@@ -99,8 +159,9 @@ def test_cost_shows_the_all_to_all_of_each_mechanism(cli):
     assert (paired["moe_dispatcher"], paired["moe_ep_overlap"], paired["ep"]) == ("deepep", True, 32)
     # the compute is the same whatever moves the tokens
     assert plain["layers"]["transformer"]["forward_ms"] == deepep["layers"]["transformer"]["forward_ms"]
-    one_rank = _json(cli, "cost", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--seq", "4096",
-                     "--moe-dispatcher", "deepep")
+    one_rank = _json(
+        cli, "cost", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--seq", "4096", "--moe-dispatcher", "deepep"
+    )
     assert one_rank["layers"]["transformer"]["moe_all_to_all_ms"] == 0 and one_rank["moe_dispatcher"] == "alltoall"
 
 
@@ -108,8 +169,24 @@ def test_cost_as_megatron_runs_it_counts_its_moe_layer_ops(cli):
     """`--runtime megatron` on DeepEP prices the MoE block at Megatron's own MoE-layer op count
     (kernel_counts.megatron_moe_block): at Qwen3-235B's TP 4 / EP 8 shard the forward is the
     host's, the count times the H100 preset's per-op times."""
-    job = ("cost", "--model", "qwen3-235b-a22b", "--gpu", "h100", "--tp", "4", "--sp", "--ep", "8", "--etp", "1",
-           "--seq", "4096", "--moe-dispatcher", "deepep")
+    job = (
+        "cost",
+        "--model",
+        "qwen3-235b-a22b",
+        "--gpu",
+        "h100",
+        "--tp",
+        "4",
+        "--sp",
+        "--ep",
+        "8",
+        "--etp",
+        "1",
+        "--seq",
+        "4096",
+        "--moe-dispatcher",
+        "deepep",
+    )
     default, megatron = _json(cli, *job), _json(cli, *job, "--runtime", "megatron")
     assert (default["runtime"], megatron["runtime"]) == (None, "megatron")
     spec, eff = resolve_model("qwen3-235b-a22b"), resolve_gpu("h100").efficiency
@@ -121,11 +198,15 @@ def test_cost_as_megatron_runs_it_counts_its_moe_layer_ops(cli):
     assert code == 2 and "--moe-dispatcher deepep: torch sends tokens" in err
 
 
-@pytest.mark.parametrize("command", [
-    ("plan", *JOB), ("evaluate", *JOB), ("sweep", *JOB[:2], "--global-batch", "256", "--seq", "4096", "--vary",
-                                          "gpus", "--values", "64"),
-    ("cost", "--model", "qwen3-30b-a3b", "--seq", "4096"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("plan", *JOB),
+        ("evaluate", *JOB),
+        ("sweep", *JOB[:2], "--global-batch", "256", "--seq", "4096", "--vary", "gpus", "--values", "64"),
+        ("cost", "--model", "qwen3-30b-a3b", "--seq", "4096"),
+    ],
+)
 def test_a_bad_dispatcher_is_one_error_line(cli, command):
     code, out, err = cli(*command, "--moe-dispatcher", "nccl")
     assert code == 2
@@ -133,11 +214,14 @@ def test_a_bad_dispatcher_is_one_error_line(cli, command):
     assert "--moe-dispatcher 'nccl'" in err and "alltoall, deepep" in err
 
 
-@pytest.mark.parametrize("runtime, options, words", [
-    ("torchtitan", ("--moe-ep-overlap",), "--moe-ep-overlap: torchtitan has no equivalent"),
-    ("torch", ("--moe-dispatcher", "deepep"), "--moe-dispatcher deepep: torch sends tokens"),
-    ("deepspeed", ("--moe-ep-overlap",), "--moe-ep-overlap: deepspeed has no equivalent"),
-])
+@pytest.mark.parametrize(
+    "runtime, options, words",
+    [
+        ("torchtitan", ("--moe-ep-overlap",), "--moe-ep-overlap: torchtitan has no equivalent"),
+        ("torch", ("--moe-dispatcher", "deepep"), "--moe-dispatcher deepep: torch sends tokens"),
+        ("deepspeed", ("--moe-ep-overlap",), "--moe-ep-overlap: deepspeed has no equivalent"),
+    ],
+)
 def test_a_runtime_without_the_mechanism_is_refused_up_front(cli, runtime, options, words):
     code, out, err = cli("plan", *JOB, "--runtime", runtime, *options)
     assert code == 2 and err.strip().startswith("error:") and len(err.strip().splitlines()) == 1
@@ -157,8 +241,10 @@ def test_a_dense_model_is_unchanged_by_the_moe_options(cli):
     moe = _json(cli, "evaluate", *job, *layout, "--moe-dispatcher", "deepep", "--moe-ep-overlap")["plans"][0]
     assert moe == plain and (moe["moe_dispatcher"], moe["moe_ep_overlap"]) == ("alltoall", False)
     space = ("--pp", "1,2", "--mbs", "1", "--top", "3")
-    searched = [_json(cli, "plan", *job, *space, *extra)["plans"] for extra in
-                ((), ("--moe-dispatcher", "deepep", "--moe-ep-overlap"))]
+    searched = [
+        _json(cli, "plan", *job, *space, *extra)["plans"]
+        for extra in ((), ("--moe-dispatcher", "deepep", "--moe-ep-overlap"))
+    ]
     assert searched[0] == searched[1]
     # nothing to refuse for a runtime without DeepEP: the dense plans do not use it
     code, out, err = cli("plan", *job, *space, "--runtime", "torch", "--moe-dispatcher", "deepep", "--json")
@@ -172,8 +258,25 @@ def test_explain_says_what_the_dispatcher_and_the_overlap_change(cli):
     table = rows(out.split("why not something else")[1])
     assert re.match(r"[\d.]+% faster: MoE all-to-all -[\d.]+ s", table["dispatcher deepep"])
     assert re.match(r"[\d.]+% faster: MoE all-to-all -[\d.]+ s", table["EP overlap on"])
-    code, out, err = cli("plan", *JOB, "--tp", "1", "--pp", "2", "--schedules", "1f1b", "--mbs", "1", "--ep", "32",
-                         "--etp", "1", "--top", "1", "--explain")
+    code, out, err = cli(
+        "plan",
+        *JOB,
+        "--tp",
+        "1",
+        "--pp",
+        "2",
+        "--schedules",
+        "1f1b",
+        "--mbs",
+        "1",
+        "--ep",
+        "32",
+        "--etp",
+        "1",
+        "--top",
+        "1",
+        "--explain",
+    )
     assert code == 0, err
     table = rows(out.split("why not something else")[1])
     assert "Megatron runs no combined 1F1B on this layout" in table["EP overlap on"]

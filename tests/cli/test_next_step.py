@@ -9,8 +9,7 @@ import re
 from planner.cli.report import RUNTIME_SHORT_NAMES
 from planner.plan import parse_plan_file
 
-README_REQUEST = ["--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024",
-                  "--seq", "8192"]
+README_REQUEST = ["--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024", "--seq", "8192"]
 COMMAND = re.compile(r"`planner (\w+) \.\.\. ([^`]*)`")
 
 
@@ -22,7 +21,7 @@ def _tables(out: str) -> list[list[dict[str, str]]]:
         if line.startswith("#  ") and lines[i + 1].startswith("─"):
             columns = re.split(r" {2,}", line.strip())
             rows = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row[:1].isdigit():
                     break
                 rows.append(dict(zip(columns, re.split(r" {2,}", row.strip()))))
@@ -61,8 +60,7 @@ def test_readme_request_says_where_each_plan_runs_and_export_follows_it(cli, tmp
     assert code == 0, err
     # and following the advice gives a plan that runtime runs
     runtime_path = tmp_path / "runtime.json"
-    code, out, err = cli("plan", *README_REQUEST, "--runtime", missing, "--top", "1", "-o", str(runtime_path),
-                         "--json")
+    code, out, err = cli("plan", *README_REQUEST, "--runtime", missing, "--top", "1", "-o", str(runtime_path), "--json")
     assert code == 0, err
     assert missing in json.loads(out)["plans"][0]["runtimes"]
     code, _, err = cli("export", str(runtime_path), "--to", missing, "-o", str(tmp_path / "followed"))
@@ -120,15 +118,27 @@ def test_no_layout_names_the_nearest_gpu_counts_and_batches(cli):
 
 
 def test_no_layout_within_restrictions_says_so(cli):
-    code, out, err = cli("plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--seq", "4096",
-                         "--tp", "3")
+    code, out, err = cli(
+        "plan", "--model", "llama3-8b", "--gpus", "16", "--global-batch", "64", "--seq", "4096", "--tp", "3"
+    )
     assert code == 2 and err.startswith("error: ") and "within the restrictions given" in err
     assert "loosen the restrictions" in err
 
 
 def test_a_runtime_that_cannot_run_the_model_is_refused_up_front(cli):
-    code, _, err = cli("plan", "--model", "mixtral-8x7b", "--gpus", "32", "--global-batch", "32", "--seq", "4096",
-                       "--runtime", "deepspeed")
+    code, _, err = cli(
+        "plan",
+        "--model",
+        "mixtral-8x7b",
+        "--gpus",
+        "32",
+        "--global-batch",
+        "32",
+        "--seq",
+        "4096",
+        "--runtime",
+        "deepspeed",
+    )
     assert code == 2 and err.startswith("error: deepspeed runs no layout of mixtral-8x7b")
     assert "mixture of experts" in err and len(err.strip().splitlines()) == 1
 
@@ -136,15 +146,42 @@ def test_a_runtime_that_cannot_run_the_model_is_refused_up_front(cli):
 def test_a_runtime_that_refuses_every_layout_that_fits_says_why(cli):
     """Megatron-LM shards ZeRO-2 with Megatron-FSDP, which it does not run with PP: with both
     pinned, every layout is refused, and the error says so rather than blaming memory."""
-    code, _, err = cli("plan", "--model", "tiny-llama", "--gpus", "8", "--global-batch", "32", "--seq", "256",
-                       "--runtime", "megatron", "--zero", "2", "--pp", "2")
+    code, _, err = cli(
+        "plan",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq",
+        "256",
+        "--runtime",
+        "megatron",
+        "--zero",
+        "2",
+        "--pp",
+        "2",
+    )
     assert code == 2 and err.startswith("error: megatron runs none of the ")
     assert "ZeRO-2" in err and "--runtime megatron" not in err  # no advice to do what was done
 
 
 def test_sweep_says_which_points_have_no_layout(cli):
-    code, out, err = cli("sweep", "--model", "llama3-8b", "--global-batch", "64", "--seq", "4096", "--vary", "gpus",
-                         "--values", "1000,1024", "--json")
+    code, out, err = cli(
+        "sweep",
+        "--model",
+        "llama3-8b",
+        "--global-batch",
+        "64",
+        "--seq",
+        "4096",
+        "--vary",
+        "gpus",
+        "--values",
+        "1000,1024",
+        "--json",
+    )
     assert code == 0, err
     none, some = json.loads(out)["points"]
     assert none["plan"] is None and none["note"].startswith("no layout")

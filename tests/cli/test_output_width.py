@@ -15,8 +15,7 @@ from planner.cli.report import cut_sizes, run_length
 from planner.plan import parse_plan_file
 
 # README.md's first command
-README_REQUEST = ("--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024",
-                  "--seq", "8192")
+README_REQUEST = ("--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024", "--seq", "8192")
 SMALL = ("--model", "llama3-8b", "--gpus", "16", "--gpu", "h100", "--global-batch", "64", "--seq", "4096")
 
 
@@ -25,7 +24,7 @@ def table_rows(out: str) -> list[list[str]]:
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# ") and lines[i + 1].startswith("─"))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line[:1].isdigit():
             break
         rows.append(line.split())
@@ -51,9 +50,20 @@ def test_the_readme_plans_show_every_number_in_full(cli, tmp_path, monkeypatch, 
     assert len(rows) == len(plans) == 5
     for rank, (row, plan) in enumerate(zip(rows, plans), start=1):
         p = plan.predicted
-        expected = [str(rank), str(plan.tp), str(plan.pp), str(plan.dp), str(plan.cp), str(plan.vpp), str(plan.mbs),
-                    str(plan.num_microbatches), f"{p.step_time_s:.3f}", f"{p.mfu:.1%}", f"{p.bubble_fraction:.1%}",
-                    f"{max(p.memory_gb_per_stage):.1f}"]
+        expected = [
+            str(rank),
+            str(plan.tp),
+            str(plan.pp),
+            str(plan.dp),
+            str(plan.cp),
+            str(plan.vpp),
+            str(plan.mbs),
+            str(plan.num_microbatches),
+            f"{p.step_time_s:.3f}",
+            f"{p.mfu:.1%}",
+            f"{p.bubble_fraction:.1%}",
+            f"{max(p.memory_gb_per_stage):.1f}",
+        ]
         assert is_subsequence(expected, row), (expected, row)
         assert f"{p.tokens_per_s:,.0f}" in out and run_length(cut_sizes(plan)) in out
     assert "i1f1b = interleaved_1f1b" in out or all(plan.schedule != "interleaved_1f1b" for plan in plans)
@@ -77,8 +87,9 @@ def test_help_names_every_option_whole_at_80_columns(cli, monkeypatch, command):
     code, out, err = cli(command, "--help")
     assert code == 0, err
     assert "…" not in out and max(len(line) for line in out.splitlines()) <= 80
-    names = [name for param in get_command(app).commands[command].params
-             for name in (*param.opts, *param.secondary_opts)]
+    names = [
+        name for param in get_command(app).commands[command].params for name in (*param.opts, *param.secondary_opts)
+    ]
     assert "--moe-dispatcher" in names or command != "plan"
     for name in names:
         assert re.search(rf"(^|[\s,/]){re.escape(name)}($|[\s,/])", out, re.MULTILINE), name
@@ -115,22 +126,46 @@ def count_of(text: str) -> int:
     return int(text.replace(",", ""))
 
 
-@pytest.mark.parametrize("argv", [
-    (*SMALL,),
-    (*SMALL, "--runtime", "megatron"),
-    ("--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100", "--global-batch", "256", "--seq", "4096",
-     "--pp", "2,4", "--mbs", "1"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (*SMALL,),
+        (*SMALL, "--runtime", "megatron"),
+        (
+            "--model",
+            "mixtral-8x7b",
+            "--gpus",
+            "64",
+            "--gpu",
+            "h100",
+            "--global-batch",
+            "256",
+            "--seq",
+            "4096",
+            "--pp",
+            "2,4",
+            "--mbs",
+            "1",
+        ),
+    ],
+)
 def test_candidate_counts_add_up(cli, monkeypatch, argv):
     monkeypatch.setenv("COLUMNS", "200")
     code, out, err = cli("plan", *argv, "--top", "2")
     assert code == 0, err
-    searched = re.search(r"searched ([\d,]+) candidates in [\d.]+ s: ([\d,]+) over memory by their state alone, "
-                         r"([\d,]+) cut by the step-time bound, ([\d,]+) solved for cut points", out)
+    searched = re.search(
+        r"searched ([\d,]+) candidates in [\d.]+ s: ([\d,]+) over memory by their state alone, "
+        r"([\d,]+) cut by the step-time bound, ([\d,]+) solved for cut points",
+        out,
+    )
     total, *parts = map(count_of, searched.groups())
     assert total == sum(parts) > 0
-    gave = re.search(r"these ([\d,]+) gave ([\d,]+) layouts: ([\d,]+) over memory, ([\d,]+) cut by the step-time "
-                     r"bound, ([\d,]+) simulated \((.*)\)$", out, re.MULTILINE)
+    gave = re.search(
+        r"these ([\d,]+) gave ([\d,]+) layouts: ([\d,]+) over memory, ([\d,]+) cut by the step-time "
+        r"bound, ([\d,]+) simulated \((.*)\)$",
+        out,
+        re.MULTILINE,
+    )
     solved, layouts, over, cut, simulated = map(count_of, gave.groups()[:5])
     assert solved == parts[-1] and layouts == over + cut + simulated
     assert simulated == sum(count_of(part.split()[0]) for part in gave.group(6).split(", ")) > 0

@@ -79,8 +79,21 @@ def test_report_page_is_refused_then_forced(cli, tmp_path, plan_file):
 
 def test_sweep_outputs_are_refused_then_forced(cli, tmp_path):
     pytest.importorskip("plotly", reason="--svg and --report need the `report` extra (plotly)")
-    sweep = ("sweep", "--model", "tiny-llama", "--gpu", "h100", "--global-batch", "32", "--seq", "512",
-             "--vary", "gpus", "--values", "4,8")
+    sweep = (
+        "sweep",
+        "--model",
+        "tiny-llama",
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "32",
+        "--seq",
+        "512",
+        "--vary",
+        "gpus",
+        "--values",
+        "4,8",
+    )
     svg, page = _existing(tmp_path / "sweep.svg"), _existing(tmp_path / "sweep.html")
     _refused(cli(*sweep, "--svg", str(svg)), svg)
     _refused(cli(*sweep, "--report", str(page)), page)
@@ -128,7 +141,11 @@ def test_export_into_a_folder_without_its_files_needs_no_force(cli, tmp_path):
     assert code == 0, err
     assert foreign.read_text() == KEPT
     assert {path.name for path in folder.iterdir()} == {
-        "README", "megatron_args.sh", "launch_megatron.sh", "PLANNER_PROVENANCE.md"}
+        "README",
+        "megatron_args.sh",
+        "launch_megatron.sh",
+        "PLANNER_PROVENANCE.md",
+    }
 
 
 def test_force_on_a_new_path_just_writes_it(cli, tmp_path):

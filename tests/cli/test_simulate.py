@@ -31,7 +31,12 @@ def test_json_contract_for_1f1b(capsys):
     figures = _json(capsys, "--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--f", "1", "--b", "2")
     assert {"step_time", "bubble_fraction", "busy_per_stage", "peak_inflight_per_stage"} <= set(figures)
     assert (figures["schedule"], figures["stages"], figures["microbatches"], figures["vpp"], figures["units"]) == (
-        "1f1b", 4, 8, 1, "ms")
+        "1f1b",
+        4,
+        8,
+        1,
+        "ms",
+    )
     assert figures["step_time"] == pytest.approx(33.0)
     assert figures["bubble_fraction"] == pytest.approx(3 / 11)
     assert figures["busy_per_stage"] == pytest.approx([24.0] * 4)
@@ -71,13 +76,17 @@ def test_terminal_output_and_svg(capsys, tmp_path):
     assert root.tag.endswith("svg")
 
 
-@pytest.mark.parametrize(("schedule", "vpp"), [("zbv", 2), ("dualpipev", 2), ("interleaved_1f1b", 2),
-                                               ("chimera", 2), ("1f1b", 1), ("seq1f1b", 1)])
+@pytest.mark.parametrize(
+    ("schedule", "vpp"),
+    [("zbv", 2), ("dualpipev", 2), ("interleaved_1f1b", 2), ("chimera", 2), ("1f1b", 1), ("seq1f1b", 1)],
+)
 def test_vpp_defaults_to_what_the_schedule_needs(capsys, schedule, vpp):
     assert _json(capsys, "--schedule", schedule)["vpp"] == vpp
 
 
-@pytest.mark.parametrize("schedule, title", [("chimera", "chimera  P=4 M=8 V=2"), ("seq1f1b", "seq1f1b  P=4 M=8 V=1 k=4")])
+@pytest.mark.parametrize(
+    "schedule, title", [("chimera", "chimera  P=4 M=8 V=2"), ("seq1f1b", "seq1f1b  P=4 M=8 V=1 k=4")]
+)
 def test_chimera_and_seq1f1b_draw_their_timelines(capsys, tmp_path, schedule, title):
     path = tmp_path / f"{schedule}.svg"
     code, out, err = _run(capsys, "--schedule", schedule, "--svg", str(path))
@@ -94,24 +103,28 @@ def test_chimera_runs_each_microbatch_through_one_stage_and_seq1f1b_splits_it(ca
     seq = _json(capsys, "--schedule", "seq1f1b", "--segments", "4")
     assert one["busy_per_stage"] == chim["busy_per_stage"] == pytest.approx(seq["busy_per_stage"]) == [24.0] * 4
     assert (one["bubble_fraction"], chim["bubble_fraction"], seq["bubble_fraction"]) == pytest.approx(
-        (3 / 11, 1 / 7, 3 / 35))
+        (3 / 11, 1 / 7, 3 / 35)
+    )
     causal = _json(capsys, "--schedule", "seq1f1b", "--attention-share", "0.5")
     assert causal["busy_per_stage"] == pytest.approx([24.0] * 4) and causal["step_time"] > seq["step_time"]
 
 
-@pytest.mark.parametrize(("argv", "needle"), [
-    (["--schedule", "2f2b"], "unknown schedule '2f2b'"),
-    (["--schedule", "chimera", "--stages", "3"], "even number of stages"),
-    (["--schedule", "1f1b", "--segments", "2"], "segments=2"),
-    (["--schedule", "1f1b", "--attention-share", "0.3"], "--attention-share applies to seq1f1b"),
-    (["--schedule", "seq1f1b", "--attention-share", "2"], "within 0..1"),
-    (["--schedule", "zbv", "--vpp", "1"], "needs vpp 2"),
-    (["--schedule", "1f1b", "--stages", "8", "--microbatches", "4"], "microbatches >= 8"),
-    (["--schedule", "zb_h1", "--b", "1", "--w", "2"], "0 <= w <= b"),
-    (["--schedule", "gpipe", "--f", "-1"], "--f must be >= 0"),
-    (["--schedule", "interleaved_1f1b", "--vpp", "2", "--microbatches", "9"], "not a multiple of 2"),
-    (["--schedule", "looped_bfs", "--vpp", "0"], "must be positive"),
-])
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--schedule", "2f2b"], "unknown schedule '2f2b'"),
+        (["--schedule", "chimera", "--stages", "3"], "even number of stages"),
+        (["--schedule", "1f1b", "--segments", "2"], "segments=2"),
+        (["--schedule", "1f1b", "--attention-share", "0.3"], "--attention-share applies to seq1f1b"),
+        (["--schedule", "seq1f1b", "--attention-share", "2"], "within 0..1"),
+        (["--schedule", "zbv", "--vpp", "1"], "needs vpp 2"),
+        (["--schedule", "1f1b", "--stages", "8", "--microbatches", "4"], "microbatches >= 8"),
+        (["--schedule", "zb_h1", "--b", "1", "--w", "2"], "0 <= w <= b"),
+        (["--schedule", "gpipe", "--f", "-1"], "--f must be >= 0"),
+        (["--schedule", "interleaved_1f1b", "--vpp", "2", "--microbatches", "9"], "not a multiple of 2"),
+        (["--schedule", "looped_bfs", "--vpp", "0"], "must be positive"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     code, out, err = _run(capsys, *argv)
     assert code == 2

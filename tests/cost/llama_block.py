@@ -19,8 +19,15 @@ WIDTHS = {DIM: "h", KV_HEADS * HEAD_DIM: "kv", FFN: "ffn"}
 RUNS = Path(__file__).resolve().parents[1] / "bench" / "published_runs.toml"
 
 
-def block(dim: int = DIM, heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM,
-          ffn: int = FFN, *, torch_rmsnorm: bool = False):
+def block(
+    dim: int = DIM,
+    heads: int = HEADS,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+    ffn: int = FFN,
+    *,
+    torch_rmsnorm: bool = False,
+):
     """torchtitan's Llama 3 block (models/llama/model.py): RMSNorm, separate wq/wk/wv, RoPE by
     complex multiplication (`apply_rotary_emb`; skipped when the block gets no table), `repeat_kv`
     by expand and reshape, SDPA, `w2(silu(w1(x)) * w3(x))`, two residual adds. Its 2024-12
@@ -67,8 +74,9 @@ def block(dim: int = DIM, heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim
                 xq, xk = apply_rotary_emb(xq, xk, freqs_cis)
             rep = xq.shape[2] // xk.shape[2]
             keys, values = repeat_kv(xk, rep), repeat_kv(xv, rep)
-            out = F.scaled_dot_product_attention(xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                                 is_causal=True)
+            out = F.scaled_dot_product_attention(
+                xq.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2), is_causal=True
+            )
             return self.wo(out.transpose(1, 2).contiguous().view(bs, seq, -1))
 
     class FeedForward(nn.Module):
@@ -93,9 +101,14 @@ def block(dim: int = DIM, heads: int = HEADS, kv_heads: int = KV_HEADS, head_dim
     return Block()
 
 
-SAVE_2024_12 = frozenset({torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
-                          torch.ops.aten._scaled_dot_product_flash_attention.default,
-                          torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default})
+SAVE_2024_12 = frozenset(
+    {
+        torch.ops.aten.mm.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+)
 """torchtitan's 2024-12 per-op SAC `_save_list` (CPU's flash attention op joins it, as CUDA's is
 on it)."""
 
@@ -118,10 +131,12 @@ def per_op_sac(block, save_ops):
                 meta[key] += 1
             to_save = func in save_ops and not (func == mm and meta[key] % 2 == 0)
             return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
         return _custom_policy
 
-    return checkpoint_wrapper(block, preserve_rng_state=False,
-                              context_fn=lambda: create_selective_checkpoint_contexts(policy()))
+    return checkpoint_wrapper(
+        block, preserve_rng_state=False, context_fn=lambda: create_selective_checkpoint_contexts(policy())
+    )
 
 
 def checkpointed(block, ac: str):

@@ -92,14 +92,17 @@ def test_each_recompute_module_drops_exactly_its_outputs(module):
     s, imbalance = 4096, 1.25
     shard = Shard(mbs=1, seq=s, ep=64)
     options = replace(FLASH, moe_imbalance=imbalance, recompute_modules=frozenset({module}))
-    dropped = (activation_bytes(spec, "transformer", shard, "none", options)
-               - activation_bytes(spec, "transformer", shard, "selective", options))
+    dropped = activation_bytes(spec, "transformer", shard, "none", options) - activation_bytes(
+        spec, "transformer", shard, "selective", options
+    )
     h, heads = spec.hidden_size, spec.num_attention_heads
     latents = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
     qk = spec.qk_nope_head_dim + spec.qk_rope_head_dim
-    want = {"layernorm": 2 * 2 * h,
-            "mla_up_proj": 2 * latents + 2 * heads * (2 * qk + spec.v_head_dim),
-            "moe_act": 2 * spec.moe_top_k * imbalance * spec.expert_ffn_hidden_size}[module]
+    want = {
+        "layernorm": 2 * 2 * h,
+        "mla_up_proj": 2 * latents + 2 * heads * (2 * qk + spec.v_head_dim),
+        "moe_act": 2 * spec.moe_top_k * imbalance * spec.expert_ffn_hidden_size,
+    }[module]
     assert dropped == pytest.approx(s * want, rel=1e-12)
 
 
@@ -113,8 +116,11 @@ def test_default_recompute_modules_keep_the_core_attention_behaviour():
     assert none - selective == pytest.approx(5 * a * s * s, rel=1e-12)  # Korthikanti's 5as/h term
     # with a flash kernel nothing of the core is saved: Korthikanti's 34sh less the two 1-byte
     # dropout masks, plus the kernel's fp32 log-sum-exp per head and token
-    assert activation_bytes(spec, "transformer", shard, "selective", FLASH) == activation_bytes(
-        spec, "transformer", shard, "none", FLASH) == pytest.approx(32 * s * h + 4 * a * s, rel=1e-12)
+    assert (
+        activation_bytes(spec, "transformer", shard, "selective", FLASH)
+        == activation_bytes(spec, "transformer", shard, "none", FLASH)
+        == pytest.approx(32 * s * h + 4 * a * s, rel=1e-12)
+    )
 
 
 def deepseek_v3_layer_bytes(spec, s, imbalance):
@@ -131,20 +137,34 @@ def deepseek_v3_layer_bytes(spec, s, imbalance):
     fp8 = 1 + 4 / 128
     latents = spec.q_lora_rank + spec.kv_lora_rank + spec.qk_rope_head_dim
     routed = k * imbalance
-    per_token = (2 * h + 2 * latents + 1.5 * heads * spec.v_head_dim + 4 * heads + 2 * h + 4 * e
-                 + routed * (fp8 * h + 4 + fp8 * 2 * f) + fp8 * 2 * shared + fp8 * shared)
+    per_token = (
+        2 * h
+        + 2 * latents
+        + 1.5 * heads * spec.v_head_dim
+        + 4 * heads
+        + 2 * h
+        + 4 * e
+        + routed * (fp8 * h + 4 + fp8 * 2 * f)
+        + fp8 * 2 * shared
+        + fp8 * shared
+    )
     return s * per_token
 
 
 def test_deepseek_fp8_caching_matches_the_reports_list():
     spec = resolve_model("deepseek-v3")
     s, imbalance = 4096, 1.25
-    options = activation_options_for("deepseek_fp8", True, moe_imbalance=imbalance,
-                                     recompute_modules=frozenset({"layernorm", "mla_up_proj", "moe_act"}))
+    options = activation_options_for(
+        "deepseek_fp8",
+        True,
+        moe_imbalance=imbalance,
+        recompute_modules=frozenset({"layernorm", "mla_up_proj", "moe_act"}),
+    )
     got = activation_bytes(spec, "transformer", Shard(mbs=1, seq=s, ep=64), "selective", options)
     assert got == pytest.approx(deepseek_v3_layer_bytes(spec, s, imbalance), rel=1e-12)
-    bf16_none = activation_bytes(spec, "transformer", Shard(mbs=1, seq=s, ep=64), "none",
-                                 replace(FLASH, moe_imbalance=imbalance))
+    bf16_none = activation_bytes(
+        spec, "transformer", Shard(mbs=1, seq=s, ep=64), "none", replace(FLASH, moe_imbalance=imbalance)
+    )
     assert got < 0.4 * bf16_none
 
 
@@ -164,17 +184,38 @@ def test_dualpipev_holds_pp_plus_one_stages_as_deepseek_table_2(pp):
 def test_parameter_copies_repeat_the_layers_state_not_the_ends():
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 32)
-    layout = Layout(tp=1, pp=4, dp=8, mbs=1, num_microbatches=8, schedule="1f1b",
-                    stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"), recompute=("full",) * 4, zero_stage=1)
-    one, two = (layout_memory(CostModel(spec, cluster, CostOptions.of(parameter_copies=c)), layout,
-                              chunk_costs(CostModel(spec, cluster, CostOptions.of(parameter_copies=c)), layout, 4096),
-                              (0.0,) * 4) for c in (1, 2))
+    layout = Layout(
+        tp=1,
+        pp=4,
+        dp=8,
+        mbs=1,
+        num_microbatches=8,
+        schedule="1f1b",
+        stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"),
+        recompute=("full",) * 4,
+        zero_stage=1,
+    )
+    one, two = (
+        layout_memory(
+            CostModel(spec, cluster, CostOptions.of(parameter_copies=c)),
+            layout,
+            chunk_costs(CostModel(spec, cluster, CostOptions.of(parameter_copies=c)), layout, 4096),
+            (0.0,) * 4,
+        )
+        for c in (1, 2)
+    )
     per_layer = transformer_param_count(spec)
     for rank in range(4):
         layers = sum(end - start for start, end in layout.stage_layers[rank])
         state = 2 + 4 + 12 / 8  # bf16 weight, fp32 grad, Adam sharded over DP 8 (ZeRO-1)
-        extra = (two[rank].weights + two[rank].grads + two[rank].optimizer
-                 - one[rank].weights - one[rank].grads - one[rank].optimizer)
+        extra = (
+            two[rank].weights
+            + two[rank].grads
+            + two[rank].optimizer
+            - one[rank].weights
+            - one[rank].grads
+            - one[rank].optimizer
+        )
         assert extra == pytest.approx(layers * per_layer * state, rel=1e-9)
 
 
@@ -184,13 +225,24 @@ def test_deepseek_v3_published_run_fits_its_80gb_gpus():
     run = next(r for r in load_runs(DATA) if r.name == "deepseek-v3-pretrain-2048xh800")
     result = evaluate_run(run)
     assert result.fits, result.peak_memory_gib
-    without = evaluate_run(run.model_copy(update={"settings": {
-        **run.settings, "activation_storage": "default", "recompute_modules": ["core_attn"], "parameter_copies": 1}}))
+    without = evaluate_run(
+        run.model_copy(
+            update={
+                "settings": {
+                    **run.settings,
+                    "activation_storage": "default",
+                    "recompute_modules": ["core_attn"],
+                    "parameter_copies": 1,
+                }
+            }
+        )
+    )
     assert not without.fits  # what the planner said before these mechanisms
     assert cost_options(run).memory.parameter_copies == 2
     model, layout = build(run)
     assert predict(model, layout, run.global_batch, run.seq).peak_memory_bytes == pytest.approx(
-        result.peak_memory_gib * 2**30)
+        result.peak_memory_gib * 2**30
+    )
 
 
 def test_pipeline_stage_outputs_are_not_held_as_megatron_deallocates_them():
@@ -203,9 +255,17 @@ def test_pipeline_stage_outputs_are_not_held_as_megatron_deallocates_them():
     cluster = Cluster.of(resolve_gpu("h100"), 32)
     model = CostModel(spec, cluster, CostOptions())
     pp = 4
-    layout = Layout(tp=1, pp=pp, dp=8, mbs=1, num_microbatches=16, schedule="1f1b",
-                    stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"), recompute=("none",) * pp,
-                    zero_stage=1)
+    layout = Layout(
+        tp=1,
+        pp=pp,
+        dp=8,
+        mbs=1,
+        num_microbatches=16,
+        schedule="1f1b",
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
+        recompute=("none",) * pp,
+        zero_stage=1,
+    )
     memory = predict(model, layout, 128, 4096).memory
     block = activation_bytes(spec, "transformer", Shard(mbs=1, seq=4096), "none", FLASH)
     for rank in (1, 2):

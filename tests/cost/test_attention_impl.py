@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel, CostOptions
@@ -34,8 +35,10 @@ def _core(attention: str, seq: int, spec=BENCH, gpu=H100) -> tuple[float, float,
     return fwd, bwd, work.attention_flops
 
 
-@pytest.mark.parametrize("attention, fwd_tflops, bwd_tflops", [
-    ("flash2", 335, 322 * 335 / 370), ("cudnn", 539, 516 * 539 / 595), ("flash3", 616, 561 * 616 / 648)])
+@pytest.mark.parametrize(
+    "attention, fwd_tflops, bwd_tflops",
+    [("flash2", 335, 322 * 335 / 370), ("cudnn", 539, 516 * 539 / 595), ("flash3", 616, 561 * 616 / 648)],
+)
 def test_fused_kernels_run_at_the_fa3_papers_h100_rates(attention, fwd_tflops, bwd_tflops):
     """At 16k tokens the sequence falloff is small: the rate is the paper's within 2%."""
     fwd, bwd, flops = _core(attention, 16384)
@@ -66,8 +69,12 @@ def test_unfused_attention_saves_korthikantis_quadratic_term():
     instead of flash attention's fp32 log-sum-exp (4 b s a / t)."""
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=2, seq=4096, tp=4, sequence_parallel=True)
-    saved = {a: CostModel(LLAMA, cluster, CostOptions.of(attention=a, dropout=True))
-             .layer_costs("transformer", shard).activation_bytes for a in ("unfused", "flash2")}
+    saved = {
+        a: CostModel(LLAMA, cluster, CostOptions.of(attention=a, dropout=True))
+        .layer_costs("transformer", shard)
+        .activation_bytes
+        for a in ("unfused", "flash2")
+    }
     b, s, heads = shard.mbs, shard.seq, LLAMA.num_attention_heads // shard.tp
     assert saved["unfused"] - saved["flash2"] == pytest.approx(5 * heads * s * s * b - 4 * b * s * heads)
 
@@ -76,8 +83,13 @@ def test_selective_recompute_reruns_the_unfused_core_and_drops_its_memory():
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
     model = CostModel(LLAMA, cluster, CostOptions.of(attention="unfused", cuda_graphs=True))
-    none, selective = model.layer_costs("transformer", shard, "none"), model.layer_costs("transformer", shard, "selective")
-    core_fwd = model.analytic.attention_core_times(layer_work(LLAMA, "transformer", shard, attention="unfused"), "unfused")[0]
+    none, selective = (
+        model.layer_costs("transformer", shard, "none"),
+        model.layer_costs("transformer", shard, "selective"),
+    )
+    core_fwd = model.analytic.attention_core_times(
+        layer_work(LLAMA, "transformer", shard, attention="unfused"), "unfused"
+    )[0]
     assert selective.recompute_s == pytest.approx(core_fwd)
     assert none.activation_bytes - selective.activation_bytes == pytest.approx(2 * 4 * 4096 * 4096)
 
@@ -99,8 +111,21 @@ def test_runtime_defaults():
 
 
 def _evaluate(cli, *extra: str) -> dict:
-    code, out, err = cli("evaluate", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "8",
-                         "--seq", "4096", "--tp", "8", "--json", *extra)
+    code, out, err = cli(
+        "evaluate",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--seq",
+        "4096",
+        "--tp",
+        "8",
+        "--json",
+        *extra,
+    )
     assert code == 0, err
     return json.loads(out)["plans"][0]["predicted"]
 

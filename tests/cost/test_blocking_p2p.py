@@ -11,11 +11,11 @@ import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
+from planner.job import runtime_cost_options
 from planner.layout import Layout, even_stage_layers
 from planner.pipeline import pipeline_timing
 from planner.predict import chunk_costs, predict
 from planner.schedule import add_send_recv, generate
-from planner.job import runtime_cost_options
 from planner.schedule.actions import SEND_B, SEND_F
 from planner.spec import Cluster
 
@@ -24,15 +24,30 @@ SEQ = 4096
 
 def _case(schedule: str, pp: int, vpp: int, m: int, blocking: bool) -> tuple[CostModel, Layout]:
     spec = resolve_model("llama3-8b")
-    layout = Layout(tp=2, pp=pp, dp=2, vpp=vpp, mbs=1, num_microbatches=m, schedule=schedule,
-                    recompute=("none",) * pp, sequence_parallel=True, zero_stage=1,
-                    stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
+    layout = Layout(
+        tp=2,
+        pp=pp,
+        dp=2,
+        vpp=vpp,
+        mbs=1,
+        num_microbatches=m,
+        schedule=schedule,
+        recompute=("none",) * pp,
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule),
+    )
     cluster = Cluster.of(resolve_gpu("h100"), 2 * pp * 2)
     return CostModel(spec, cluster, CostOptions.of(p2p_mode="blocking" if blocking else "overlapped")), layout
 
 
-SHAPES = [("1f1b", 4, 1, 8), ("interleaved_1f1b", 4, 2, 8), ("interleaved_1f1b", 2, 4, 4), ("zbv", 4, 2, 8),
-          ("zb_h1", 4, 1, 8)]
+SHAPES = [
+    ("1f1b", 4, 1, 8),
+    ("interleaved_1f1b", 4, 2, 8),
+    ("interleaved_1f1b", 2, 4, 4),
+    ("zbv", 4, 2, 8),
+    ("zb_h1", 4, 1, 8),
+]
 
 
 MEGATRON_CALLS = {
@@ -107,18 +122,35 @@ def test_megatron_lm_mode_blocks_plain_1f1b_and_overlaps_interleaved():
     assert _step("interleaved_1f1b", 2, "megatron-lm") == _step("interleaved_1f1b", 2, "overlapped")
 
 
-@pytest.mark.parametrize(("runtime", "mode"), [(None, "overlapped"), ("megatron", "megatron-lm"),
-                                               ("torchtitan", "overlapped"), ("torch", "overlapped"),
-                                               ("deepspeed", "deepspeed")])
+@pytest.mark.parametrize(
+    ("runtime", "mode"),
+    [
+        (None, "overlapped"),
+        ("megatron", "megatron-lm"),
+        ("torchtitan", "overlapped"),
+        ("torch", "overlapped"),
+        ("deepspeed", "deepspeed"),
+    ],
+)
 def test_plans_for_a_runtime_are_charged_its_pipeline_exchange(runtime, mode):
     assert runtime_cost_options(runtime).pipeline.p2p_mode == mode
 
 
 def _deepspeed_holds(mode: str, tp: int) -> tuple[tuple[float, float], CostModel, float]:
     spec = resolve_model("llama3-8b")
-    layout = Layout(tp=tp, pp=4, dp=1, vpp=1, mbs=1, num_microbatches=8, schedule="1f1b",
-                    recompute=("none",) * 4, sequence_parallel=False, zero_stage=1,
-                    stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"))
+    layout = Layout(
+        tp=tp,
+        pp=4,
+        dp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=8,
+        schedule="1f1b",
+        recompute=("none",) * 4,
+        sequence_parallel=False,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, 4, 1, "1f1b"),
+    )
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 4 * tp), CostOptions.of(p2p_mode=mode))
     part_bytes = model.dtype_bytes * SEQ * spec.hidden_size / tp
     costs = chunk_costs(model, layout, SEQ)

@@ -30,12 +30,17 @@ def _recording_layer(tag: str, log: list[str]) -> SimpleNamespace:
             def call(value=None):
                 log.append(f"{name}_{step}_{tag}")
                 return value
+
             return call
+
         return SimpleNamespace(forward=record("fwd"), backward=record("bwd"), backward_dw=record("dw"))
 
     return SimpleNamespace(
-        mtp_post_process=node("mtp"), moe_combine=node("combine"), pre_dispatch_computation=node("pre"),
-        mlp=node("mlp"), moe_dispatch=node("dispatch"),
+        mtp_post_process=node("mtp"),
+        moe_combine=node("combine"),
+        pre_dispatch_computation=node("pre"),
+        mlp=node("mlp"),
+        moe_dispatch=node("dispatch"),
         config=SimpleNamespace(ep_overlap_early_attn_memory_release=False),
         get_low_precision_context=nullcontext,
     )
@@ -43,12 +48,21 @@ def _recording_layer(tag: str, log: list[str]) -> SimpleNamespace:
 
 def test_node_order_is_megatron_cores():
     log: list[str] = []
-    schedule_plan.TransformerLayerSchedulePlan.run(_recording_layer("f", log), _recording_layer("b", log),
-                                                   f_input=0, b_grad=0, is_last_layer_in_bwd=False)
-    names = {"combine_bwd_b": "combine_bwd", "pre_fwd_f": "pre_fwd", "mlp_bwd_b": "mlp_bwd",
-             "dispatch_fwd_f": "dispatch_fwd", "mlp_dw_b": "mlp_bwd_dw", "dispatch_bwd_b": "dispatch_bwd",
-             "mlp_fwd_f": "mlp_fwd", "combine_fwd_f": "combine_fwd", "pre_bwd_b": "pre_bwd",
-             "pre_dw_b": "pre_bwd_dw"}
+    schedule_plan.TransformerLayerSchedulePlan.run(
+        _recording_layer("f", log), _recording_layer("b", log), f_input=0, b_grad=0, is_last_layer_in_bwd=False
+    )
+    names = {
+        "combine_bwd_b": "combine_bwd",
+        "pre_fwd_f": "pre_fwd",
+        "mlp_bwd_b": "mlp_bwd",
+        "dispatch_fwd_f": "dispatch_fwd",
+        "mlp_dw_b": "mlp_bwd_dw",
+        "dispatch_bwd_b": "dispatch_bwd",
+        "mlp_fwd_f": "mlp_fwd",
+        "combine_fwd_f": "combine_fwd",
+        "pre_bwd_b": "pre_bwd",
+        "pre_dw_b": "pre_bwd_dw",
+    }
     assert tuple(names[call] for call in log if not call.startswith("mtp")) == COMBINED_1F1B_ORDER
 
 
@@ -59,8 +73,9 @@ def test_megatron_runs_combined_1f1b_without_a_pipeline_and_interleaved_only():
     assert flag not in inspect.getsource(schedules.forward_backward_pipelining_without_interleaving)
 
 
-LAYER = SplitLayer(pre=1.0, mlp=1.2, pre_dgrad=1.7, pre_wgrad=0.5, mlp_dgrad=1.2, mlp_wgrad=1.1,
-                   dispatch=0.9, combine=0.8)
+LAYER = SplitLayer(
+    pre=1.0, mlp=1.2, pre_dgrad=1.7, pre_wgrad=0.5, mlp_dgrad=1.2, mlp_wgrad=1.1, dispatch=0.9, combine=0.8
+)
 
 
 def test_without_communication_the_layer_is_its_compute():
@@ -149,7 +164,8 @@ def test_unpaired_passes_are_megatron_cores_warmup(pp, vpp, microbatches):
         group = SimpleNamespace(size=lambda: pp, rank=lambda r=rank: r)
         communicator = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
         total, _, warmup, _ = schedules.get_pp_rank_microbatches(
-            microbatches, vpp, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=communicator)
+            microbatches, vpp, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=communicator
+        )
         assert unpaired_share(model, layout, rank) == pytest.approx(warmup / total)
 
 
@@ -187,17 +203,26 @@ class _RecordingChunk:
         return self.layers.pop()
 
 
-_MEGATRON_NODE = {"combine_bwd": ("combine", "bwd"), "pre_fwd": ("pre", "fwd"), "mlp_bwd": ("mlp", "bwd"),
-                  "dispatch_fwd": ("dispatch", "fwd"), "mlp_bwd_dw": ("mlp", "dw"),
-                  "dispatch_bwd": ("dispatch", "bwd"), "mlp_fwd": ("mlp", "fwd"), "combine_fwd": ("combine", "fwd"),
-                  "pre_bwd": ("pre", "bwd"), "pre_bwd_dw": ("pre", "dw")}
+_MEGATRON_NODE = {
+    "combine_bwd": ("combine", "bwd"),
+    "pre_fwd": ("pre", "fwd"),
+    "mlp_bwd": ("mlp", "bwd"),
+    "dispatch_fwd": ("dispatch", "fwd"),
+    "mlp_bwd_dw": ("mlp", "dw"),
+    "dispatch_bwd": ("dispatch", "bwd"),
+    "mlp_fwd": ("mlp", "fwd"),
+    "combine_fwd": ("combine", "fwd"),
+    "pre_bwd": ("pre", "bwd"),
+    "pre_bwd_dw": ("pre", "dw"),
+}
 
 
 @pytest.mark.parametrize("forward_layers, backward_layers", [(3, 3), (2, 3), (3, 2), (1, 1), (1, 4), (4, 1)])
 def test_chunk_step_order_is_megatron_cores(forward_layers, backward_layers):
     log: list[str] = []
     schedule_plan.TransformerModelChunkSchedulePlan.run(
-        _RecordingChunk("f", forward_layers, log), _RecordingChunk("b", backward_layers, log), b_grad=0)
+        _RecordingChunk("f", forward_layers, log), _RecordingChunk("b", backward_layers, log), b_grad=0
+    )
     ours = []
     for node, index in combined_1f1b_step_order(forward_layers, backward_layers):
         module, step = _MEGATRON_NODE[node]
@@ -243,7 +268,8 @@ def test_chunk_pairs_are_megatron_cores_schedule(pp, vpp, microbatches):
         group = SimpleNamespace(size=lambda: pp, rank=lambda r=rank: r)
         communicator = SimpleNamespace(pp_group=group, virtual_pipeline_model_parallel_size=vpp)
         total, _, warmup, remaining = schedules.get_pp_rank_microbatches(
-            microbatches, vpp, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=communicator)
+            microbatches, vpp, pp, overlap_moe_expert_parallel_comm=True, p2p_communicator=communicator
+        )
         expected: dict = {}
         for k in range(remaining):  # the steady loop: forward k + warmup beside backward k
             pair = (table[(k + warmup) % total][1], vpp - 1 - table[k % total][1])

@@ -77,7 +77,8 @@ def test_small_all_reduce_over_many_nodes_takes_the_tree():
     over the node's 8 rails, which NCCL models at half their bandwidth beyond 2 nodes."""
     k, nodes, m = 8, 64, 1024
     latency = NCCL["base_latency_us"]["tree"][0] + 2 * (
-        (k - 1) * NCCL["nvlink_latency_us"]["tree"][0] + 6 * NCCL["net_latency_us"]["tree"][0])
+        (k - 1) * NCCL["nvlink_latency_us"]["tree"][0] + 6 * NCCL["net_latency_us"]["tree"][0]
+    )
     algbw = 0.5 * NCCL["ll_max_busbw_many_nodes"]["intel"] * NCCL["tree_correction"][0][4]
     net = _net("h100", k * nodes)
     assert net.all_reduce(m, k * nodes, 1) == pytest.approx(_launch("h100") + (latency + m / (algbw * 1e3)) * 1e-6)
@@ -172,8 +173,9 @@ def test_comm_efficiency_factors_scale_the_nccl_bandwidths():
     NCCL's model scale with them (the presets hold 1.0)."""
     gpu = resolve_gpu("h100")
     assert gpu.efficiency.intra_node_comm == gpu.efficiency.inter_node_comm == 1.0
-    slower = gpu.model_copy(update={"efficiency": gpu.efficiency.model_copy(
-        update={"intra_node_comm": 0.5, "inter_node_comm": 0.8})})
+    slower = gpu.model_copy(
+        update={"efficiency": gpu.efficiency.model_copy(update={"intra_node_comm": 0.5, "inter_node_comm": 0.8})}
+    )
     base, scaled = _net("h100", 16).fabric, Network.of(Cluster.of(slower, 16)).fabric
     assert scaled.nvlink_busbw == pytest.approx(0.5 * base.nvlink_busbw)
     assert scaled.nic_busbw == pytest.approx(0.8 * base.nic_busbw)

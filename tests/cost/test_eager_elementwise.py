@@ -18,8 +18,7 @@ torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-from tests.cost.llama_block import (  # noqa: E402  (needs torch)
-    RUNS, block, bytes_per_element, checkpointed, inputs, traffic_ratio)
+from tests.cost.llama_block import RUNS, block, bytes_per_element, checkpointed, inputs, traffic_ratio  # noqa: E402  (needs torch)
 
 aten = torch.ops.aten
 NO_KERNEL = {aten._unsafe_view, aten.new_empty_strided, aten.empty_strided, aten.empty, aten.empty_like}
@@ -32,8 +31,11 @@ EAGER_ROWS = ("torchtitan-llama3-8b-fsdp8", "torchtitan-llama3-8b-fsdp128")
 def _moves_memory(func) -> bool:
     """Whether an aten op launches a memory-bound kernel: not a view (an output aliasing an input
     without writing it), not an allocation, not a matmul, not the attention op (charged apart)."""
-    return not (func.is_view or func.overloadpacket in NO_KERNEL | MATMUL
-                or func.overloadpacket.__name__.startswith("_scaled_dot_product"))
+    return not (
+        func.is_view
+        or func.overloadpacket in NO_KERNEL | MATMUL
+        or func.overloadpacket.__name__.startswith("_scaled_dot_product")
+    )
 
 
 def _distinct(t) -> int:
@@ -83,9 +85,11 @@ def test_the_eager_block_moves_what_section_16_counts(counted):
     copies 2 per k/v and 2 per h each, SwiGLU 10 per MLP element. The recomputation stops after
     w2's input (early stop: the last residual is not re-run); the backward's norms are 92 per h
     each, the gradient sums of the residuals and of q/k/v 6 per h each."""
-    assert counted == {"forward": {"h": 108, "kv": 24, "ffn": 10},
-                       "recompute": {"h": 102, "kv": 24, "ffn": 10},
-                       "backward": {"h": 238, "kv": 24, "ffn": 18}}
+    assert counted == {
+        "forward": {"h": 108, "kv": 24, "ffn": 10},
+        "recompute": {"h": 102, "kv": 24, "ffn": 10},
+        "backward": {"h": 238, "kv": 24, "ffn": 18},
+    }
 
 
 def test_eager_rows_carry_the_counted_traffic(counted):
@@ -94,4 +98,6 @@ def test_eager_rows_carry_the_counted_traffic(counted):
     runs = {run.name: run for run in load_runs(RUNS)}
     for name in EAGER_ROWS:
         run = runs[name]
-        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, *counted.values()), 1), name
+        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, *counted.values()), 1), (
+            name
+        )

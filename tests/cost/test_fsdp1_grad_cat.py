@@ -54,8 +54,19 @@ def _model(gpus: int, **options) -> CostModel:
 
 
 def _zero3(spec, dp: int, m: int, zero: int = 3) -> Layout:
-    return Layout(tp=1, pp=1, dp=dp, vpp=1, mbs=1, num_microbatches=m, schedule="1f1b", recompute=("full",),
-                  sequence_parallel=False, zero_stage=zero, stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
+    return Layout(
+        tp=1,
+        pp=1,
+        dp=dp,
+        vpp=1,
+        mbs=1,
+        num_microbatches=m,
+        schedule="1f1b",
+        recompute=("full",),
+        sequence_parallel=False,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
 
 
 def test_each_microbatch_assembles_every_units_gradient():
@@ -64,8 +75,9 @@ def test_each_microbatch_assembles_every_units_gradient():
     model = _model(8, fsdp1_grad_cat=True)
     spec, m = model.spec, 3
     layout = _zero3(spec, 8, m)
-    params = (spec.num_layers * model.layer_costs("transformer", Shard(mbs=1, seq=SEQ)).param_count
-              + fsdp_root_params(model, layout, 0))
+    params = spec.num_layers * model.layer_costs("transformer", Shard(mbs=1, seq=SEQ)).param_count + fsdp_root_params(
+        model, layout, 0
+    )
     compute = model.analytic
     expected = params * m * 2 * 2 / compute.mem_bw + (spec.num_layers + 1) * m * compute.overhead_s
     assert predict(model, layout, 8 * m, SEQ).time_breakdown_s["fsdp_copies"] == pytest.approx(expected, rel=1e-9)
@@ -74,7 +86,9 @@ def test_each_microbatch_assembles_every_units_gradient():
 def test_only_zero3_with_the_option_pays_it():
     spec = resolve_model("mpt-7b")
     assert "fsdp_copies" not in predict(_model(8), _zero3(spec, 8, 2), 16, SEQ).time_breakdown_s
-    assert "fsdp_copies" not in predict(_model(8, fsdp1_grad_cat=True), _zero3(spec, 8, 2, zero=1), 16,
-                                        SEQ).time_breakdown_s
+    assert (
+        "fsdp_copies"
+        not in predict(_model(8, fsdp1_grad_cat=True), _zero3(spec, 8, 2, zero=1), 16, SEQ).time_breakdown_s
+    )
     with pytest.raises(ValueError, match="fsdp2 and fsdp1_grad_cat"):
         CostOptions.of(fsdp2=True, fsdp1_grad_cat=True)

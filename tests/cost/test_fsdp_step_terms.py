@@ -71,17 +71,28 @@ def _model(name, gpus, **options):
 
 
 def _fsdp(spec, dp, m, *, pp=1, zero=3):
-    return Layout(tp=1, pp=pp, dp=dp, vpp=1, mbs=1, num_microbatches=m, schedule="1f1b",
-                  recompute=("full",) * pp, sequence_parallel=False, zero_stage=zero,
-                  stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"))
+    return Layout(
+        tp=1,
+        pp=pp,
+        dp=dp,
+        vpp=1,
+        mbs=1,
+        num_microbatches=m,
+        schedule="1f1b",
+        recompute=("full",) * pp,
+        sequence_parallel=False,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
+    )
 
 
 def test_fsdp2_copies_two_gathers_and_one_reduce_per_microbatch():
     model = _model("llama3-8b", 8, fsdp2=True, grad_reduce_bytes=4)
     spec, m = model.spec, 3
     pred = predict(model, _fsdp(spec, 8, m), 8 * m, SEQ)
-    total = (spec.num_layers * model.layer_costs("transformer", Shard(mbs=1, seq=SEQ)).param_count
-             + fsdp_root_params(model, _fsdp(spec, 8, m), 0))
+    total = spec.num_layers * model.layer_costs("transformer", Shard(mbs=1, seq=SEQ)).param_count + fsdp_root_params(
+        model, _fsdp(spec, 8, m), 0
+    )
     per_param = m * (2 * (2 + 2) + (2 + 4))  # copy-out read+write bf16 twice, bf16 -> fp32 copy-in
     kernels = (spec.num_layers + 1) * 3 * m
     compute = model.analytic
@@ -95,8 +106,7 @@ def test_zero3_collectives_recur_in_every_microbatch():
     all-gathers and reduce-scatter: the exposed DP time grows linearly in m."""
     model = _model("llama3-8b", 64)
     spec = model.spec
-    exposed = [predict(model, _fsdp(spec, 64, m), 64 * m, SEQ).time_breakdown_s["dp_comm_exposed"]
-               for m in (1, 2, 5)]
+    exposed = [predict(model, _fsdp(spec, 64, m), 64 * m, SEQ).time_breakdown_s["dp_comm_exposed"] for m in (1, 2, 5)]
     per_microbatch = exposed[1] - exposed[0]
     assert per_microbatch > 0
     assert exposed[2] - exposed[0] == pytest.approx(4 * per_microbatch, rel=1e-9)
@@ -113,8 +123,9 @@ def test_without_interference_hidden_collectives_of_earlier_microbatches_cost_no
 def test_zero_1_and_2_reduce_once_per_step(zero):
     model = _model("llama3-8b", 64)
     spec = model.spec
-    exposed = [predict(model, _fsdp(spec, 64, m, zero=zero), 64 * m, SEQ).time_breakdown_s["dp_comm_exposed"]
-               for m in (1, 4)]
+    exposed = [
+        predict(model, _fsdp(spec, 64, m, zero=zero), 64 * m, SEQ).time_breakdown_s["dp_comm_exposed"] for m in (1, 4)
+    ]
     assert exposed[1] == pytest.approx(exposed[0], rel=1e-12)
 
 

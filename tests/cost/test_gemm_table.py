@@ -37,8 +37,12 @@ def _compute_rate(compute: AnalyticCompute, m: int, n: int, k: int) -> float:
 
 def test_the_data_file_holds_the_sources_figures():
     # integers quoted from the upstream header (kDefaultMatmulPTable, sm_90, bf16xbf16->bf16)
-    upstream = {(4096, 4096, 4096): 783328793548203, (2048, 2048, 2048): 631984593290170,
-                (4096, 256, 4096): 376223484232655, (256, 256, 256): 6452775384615}
+    upstream = {
+        (4096, 4096, 4096): 783328793548203,
+        (2048, 2048, 2048): 631984593290170,
+        (4096, 256, 4096): 376223484232655,
+        (256, 256, 256): 6452775384615,
+    }
     for shape, flops in upstream.items():
         assert MEASURED[shape] == pytest.approx(flops, abs=0.05e12)
     batched = {(b, m, n, k): tflops for b, m, n, k, tflops in RAW["batched"]}
@@ -72,14 +76,16 @@ def test_beyond_the_grid_large_dimensions_hold_the_edge_and_small_ones_the_time(
     assert table.rate(65536, 16384, 28672) == table.measured(16384, 4096, 4096)
     # a narrower GEMM than the smallest measured one takes the smallest one's time
     assert 2 * 4096 * 128 * 4096 / table.rate(4096, 128, 4096) == pytest.approx(
-        2 * 4096 * 256 * 4096 / table.measured(4096, 256, 4096))
+        2 * 4096 * 256 * 4096 / table.measured(4096, 256, 4096)
+    )
 
 
 def test_the_preset_runs_the_table_times_its_layer_anchor_and_sustained_clock():
     eff = resolve_gpu("h100").efficiency
     assert eff.layer_scale < 1.0 and eff.sustained_compute < 1.0
     assert _compute_rate(AnalyticCompute(resolve_gpu("h100")), 4096, 4096, 4096) == pytest.approx(
-        MEASURED[(4096, 4096, 4096)] * eff.layer_scale * eff.sustained_compute, rel=1e-9)
+        MEASURED[(4096, 4096, 4096)] * eff.layer_scale * eff.sustained_compute, rel=1e-9
+    )
 
 
 def test_large_gemms_run_at_the_independently_measured_maximum():
@@ -93,12 +99,14 @@ def test_large_gemms_run_at_the_independently_measured_maximum():
 def test_the_500w_part_scales_the_table_and_other_gpus_keep_the_formula():
     sxm, capped = AnalyticCompute(resolve_gpu("h100")), AnalyticCompute(resolve_gpu("h100-96gb"))
     assert _compute_rate(capped, 8192, 4096, 4096) == pytest.approx(
-        _compute_rate(sxm, 8192, 4096, 4096) * resolve_gpu("h100-96gb").efficiency.gemm_table_scale)
+        _compute_rate(sxm, 8192, 4096, 4096) * resolve_gpu("h100-96gb").efficiency.gemm_table_scale
+    )
     a100 = resolve_gpu("a100-80gb")
     eff = a100.efficiency
     sat = math.prod(x / (x + eff.gemm_half_dim) for x in (8192, 4096, 4096))
     assert _compute_rate(AnalyticCompute(a100), 8192, 4096, 4096) == pytest.approx(
-        a100.peak_flops("bf16") * eff.gemm * sat)
+        a100.peak_flops("bf16") * eff.gemm * sat
+    )
 
 
 def test_a_calibrated_efficiency_replaces_the_table_on_the_target():
@@ -121,8 +129,11 @@ def test_a100_prior_stays_under_its_measured_gemm_rate():
 
 
 AZURE_ND_A100_V4_FP16_TFLOPS = {
-    (2048, 2048, 2048): 221.8, (4096, 4096, 4096): 228.0, (8192, 8192, 8192): 253.7,
-    (16384, 16384, 16384): 256.5, (6144, 12288, 12288): 250.8,
+    (2048, 2048, 2048): 221.8,
+    (4096, 4096, 4096): 228.0,
+    (8192, 8192, 8192): 253.7,
+    (16384, 16384, 16384): 256.5,
+    (6144, 12288, 12288): 250.8,
 }
 """Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md (commit 8fd0c6e, 2024-09):
 cuBLASLt GEMM on an A100-SXM4-80GB, FP16 (the bf16 tensor-core peak), random initialization,

@@ -71,12 +71,28 @@ def test_bf16_optimizer_adds_every_microbatch_gradient_into_fp32():
 
 def _setup(accumulation, m, pp=2, bf16_optimizer=False):
     spec = resolve_model("megatron-gpt-1.7b")
-    model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), 2 * pp),
-                      CostOptions.of(dtype="fp16" if not bf16_optimizer else "bf16",
-                                     wgrad_accumulation=accumulation, bf16_optimizer=bf16_optimizer))
-    layout = Layout(tp=1, pp=pp, dp=2, vpp=1, mbs=2, num_microbatches=m, schedule="1f1b",
-                    recompute=("full",) * pp, sequence_parallel=False, zero_stage=0,
-                    stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"))
+    model = CostModel(
+        spec,
+        Cluster.of(resolve_gpu("a100-80gb"), 2 * pp),
+        CostOptions.of(
+            dtype="fp16" if not bf16_optimizer else "bf16",
+            wgrad_accumulation=accumulation,
+            bf16_optimizer=bf16_optimizer,
+        ),
+    )
+    layout = Layout(
+        tp=1,
+        pp=pp,
+        dp=2,
+        vpp=1,
+        mbs=2,
+        num_microbatches=m,
+        schedule="1f1b",
+        recompute=("full",) * pp,
+        sequence_parallel=False,
+        zero_stage=0,
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
+    )
     return model, layout
 
 

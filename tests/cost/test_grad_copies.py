@@ -20,9 +20,19 @@ SEQ = 2048
 def _predict(tp, dp, zero, **options):
     spec = resolve_model("megatron-gpt-1.7b")
     model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), tp * dp), CostOptions.of(dtype="fp16", **options))
-    layout = Layout(tp=tp, pp=1, dp=dp, vpp=1, mbs=4, num_microbatches=2, schedule="1f1b",
-                    recompute=("full",), sequence_parallel=False, zero_stage=zero,
-                    stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
+    layout = Layout(
+        tp=tp,
+        pp=1,
+        dp=dp,
+        vpp=1,
+        mbs=4,
+        num_microbatches=2,
+        schedule="1f1b",
+        recompute=("full",),
+        sequence_parallel=False,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
     return model, predict(model, layout, dp * 8, SEQ)
 
 
@@ -30,9 +40,11 @@ def _rank_params(tp):
     """Parameters on one TP rank of the whole (PP 1) model: blocks, embedding, final norm (the
     head ties the embedding on the same rank)."""
     spec = resolve_model("megatron-gpt-1.7b")
-    return (spec.num_layers * memory.transformer_param_count(spec, tp)
-            + memory.embedding_param_count(spec, tp)
-            + memory.head_param_count(spec, tp, shares_rank_with_embedding=True))
+    return (
+        spec.num_layers * memory.transformer_param_count(spec, tp)
+        + memory.embedding_param_count(spec, tp)
+        + memory.head_param_count(spec, tp, shares_rank_with_embedding=True)
+    )
 
 
 @pytest.mark.parametrize(("tp", "dp", "zero", "owned_share"), [(1, 8, 0, 1.0), (2, 4, 0, 1.0), (1, 8, 1, 1 / 8)])

@@ -16,8 +16,7 @@ from planner.fidelity.published import cost_options, load_runs
 
 torch = pytest.importorskip("torch")
 
-from tests.cost.llama_block import (  # noqa: E402  (needs torch)
-    RUNS, block, bytes_per_element, checkpointed, inputs, traffic_ratio)
+from tests.cost.llama_block import RUNS, block, bytes_per_element, checkpointed, inputs, traffic_ratio  # noqa: E402  (needs torch)
 
 ITEM_BYTES = {"BFloat16": 2, "bfloat16": 2, "float": 4, "float32": 4, "complex64": 8, "int64_t": 8, "bool": 1}
 VIEWS = {"view_as_complex", "view_as_real", "reshape", "_conj"}
@@ -66,9 +65,12 @@ def _kernel_params(code: str) -> dict[str, list[tuple[str, str]]]:
     """Each C++ kernel's parameters: (element type, name), the name saying in_ptr (read),
     out_ptr (written) or in_out_ptr (both)."""
     params = {}
-    for name, text in re.findall(r'^(cpp_fused\w+) = async_compile\.cpp_pybinding\(.*?extern "C"\s+void\s+kernel\(([^)]*)\)',
-                                 code, re.M | re.S):
-        params[name] = [re.match(r"\s*(?:const )?(?:at::)?(\w+)\*\s*(\w+)", p).groups() for p in text.split(",") if p.strip()]
+    for name, text in re.findall(
+        r'^(cpp_fused\w+) = async_compile\.cpp_pybinding\(.*?extern "C"\s+void\s+kernel\(([^)]*)\)', code, re.M | re.S
+    ):
+        params[name] = [
+            re.match(r"\s*(?:const )?(?:at::)?(\w+)\*\s*(\w+)", p).groups() for p in text.split(",") if p.strip()
+        ]
     return params
 
 
@@ -82,7 +84,7 @@ def _accesses(code: str) -> list[tuple[int, int, int]]:
     def root(name):
         return root(alias[name]) if name in alias else name
 
-    for line in code[code.index("def call(self, args):"):].splitlines():
+    for line in code[code.index("def call(self, args):") :].splitlines():
         line = line.split("; del ")[0].split("  #")[0].strip()
         if m := re.match(r"(\w+) = empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)", line):
             size[m[1]], dtype[m[1]] = _numel(m[2]), m[3]
@@ -97,16 +99,19 @@ def _accesses(code: str) -> list[tuple[int, int, int]]:
                 view = re.match(r"reinterpret_tensor\((\w+), \(([^)]*)\)", arg)
                 name = root(view[1] if view else arg)
                 dtype.setdefault(name, ctype)
-                out.append((name, _numel(view[2]) if view else None, ITEM_BYTES[ctype],
-                            2 if pname.startswith("in_out") else 1))
+                out.append(
+                    (name, _numel(view[2]) if view else None, ITEM_BYTES[ctype], 2 if pname.startswith("in_out") else 1)
+                )
         elif m := re.match(r"(\w+) = torch\.ops\.aten\.(\w+)\.\w+\((.*)\)$", line):
             op, args = m[2], [root(a) for a in _split(m[3]) if re.match(r"\w+$", a)]
             complex_view = {"view_as_complex": "complex64", "view_as_real": "float32"}
             dtype[m[1]] = complex_view.get(op, dtype.get(args[0], "complex64"))
             if op not in VIEWS and not op.startswith("_scaled_dot_product"):
                 out += [(name, None, None, 1) for name in args + [m[1]]]
-    return [(n if n is not None else size.get(name, 0), b or ITEM_BYTES[dtype.get(name) or "float32"], times)
-            for name, n, b, times in out]
+    return [
+        (n if n is not None else size.get(name, 0), b or ITEM_BYTES[dtype.get(name) or "float32"], times)
+        for name, n, b, times in out
+    ]
 
 
 @pytest.fixture(scope="module", params=["op", "full"])
@@ -135,4 +140,6 @@ def test_compiled_rows_carry_the_counted_traffic(counted):
     assert rows
     for name in rows:
         run = runs[name]
-        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, forward, backward), 2), name
+        assert cost_options(run).kernels.elementwise_traffic == round(traffic_ratio(run.model, forward, backward), 2), (
+            name
+        )

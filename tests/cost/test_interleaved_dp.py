@@ -29,9 +29,19 @@ SEQ = 4096
 
 def _case(pp, vpp, m, dp, *, zero=1, name="llama3-70b", schedule="interleaved_1f1b"):
     spec = resolve_model(name)
-    layout = Layout(tp=8, pp=pp, dp=dp, vpp=vpp, mbs=1, num_microbatches=m, schedule=schedule,
-                    recompute=("none",) * pp, sequence_parallel=True, zero_stage=zero,
-                    stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
+    layout = Layout(
+        tp=8,
+        pp=pp,
+        dp=dp,
+        vpp=vpp,
+        mbs=1,
+        num_microbatches=m,
+        schedule=schedule,
+        recompute=("none",) * pp,
+        sequence_parallel=True,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule),
+    )
     cluster = Cluster.of(resolve_gpu("h100"), 8 * pp * dp)
     return CostModel(spec, cluster, CostOptions.of(interference=False)), layout
 

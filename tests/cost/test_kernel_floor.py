@@ -31,7 +31,10 @@ def test_llama_block_counts_contain_its_gemms_and_attention():
     assert counts.forward_kernels >= 7 + 1 + 2  # + the two fused norms
     assert counts.backward_kernels >= 14 + 1 + 2
     unfused = op_counts(LLAMA, "transformer", unfused_attention=True, dropout=True)
-    assert (unfused.forward_kernels - counts.forward_kernels, unfused.backward_kernels - counts.backward_kernels) == (3, 5)
+    assert (unfused.forward_kernels - counts.forward_kernels, unfused.backward_kernels - counts.backward_kernels) == (
+        3,
+        5,
+    )
 
 
 SMALL = Shard(mbs=1, seq=2048, tp=8)
@@ -67,7 +70,9 @@ def test_host_floor_meets_the_small_shape_measurement():
     gpu_only = _block(CostOptions.of(cuda_graphs=True), SMALL)
     assert floor.forward_s * 1e3 == pytest.approx(MEASURED_SMALL_MS[0], rel=0.03)
     assert floor.backward_s * 1e3 <= MEASURED_SMALL_MS[1]
-    assert abs(floor.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1) < abs(gpu_only.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1)
+    assert abs(floor.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1) < abs(
+        gpu_only.backward_s * 1e3 / MEASURED_SMALL_MS[1] - 1
+    )
 
 
 def test_host_floor_leaves_the_large_shape_alone():

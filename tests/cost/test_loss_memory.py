@@ -87,7 +87,9 @@ def test_cost_option_sets_the_heads_transient_bytes():
     shard = Shard(mbs=2, seq=8192, tp=1, cp=1, sequence_parallel=False)
     cluster = Cluster.of(gpu, 8)
     fused = CostModel(spec, cluster, CostOptions()).layer_costs("head", shard).peak_extra_bytes
-    eager = CostModel(spec, cluster, CostOptions.of(cross_entropy="eager_fp32")).layer_costs("head", shard).peak_extra_bytes
+    eager = (
+        CostModel(spec, cluster, CostOptions.of(cross_entropy="eager_fp32")).layer_costs("head", shard).peak_extra_bytes
+    )
     logits = 2 * 8192 * 128256
     assert (fused, eager) == (2 * logits, 8 * logits)
 
@@ -99,9 +101,20 @@ def test_fsdp_root_group_is_held_unsharded(model):
     spec, gpu = resolve_model(model), resolve_gpu("h100")
     cluster = Cluster.of(gpu, 8)
     cost = CostModel(spec, cluster, CostOptions())
-    layout = Layout(tp=1, pp=1, dp=8, cp=1, vpp=1, mbs=1, num_microbatches=1, schedule="1f1b",
-                    recompute=("full",), sequence_parallel=False, zero_stage=3,
-                    stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
+    layout = Layout(
+        tp=1,
+        pp=1,
+        dp=8,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=1,
+        schedule="1f1b",
+        recompute=("full",),
+        sequence_parallel=False,
+        zero_stage=3,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
     root = embedding_param_count(spec) + head_param_count(spec, shares_rank_with_embedding=True)
     assert fsdp_root_params(cost, layout, 0) == root
     weights = predict(cost, layout, 8, 2048).memory[0].weights

@@ -24,8 +24,18 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy as VPCE
 
-NO_TRAFFIC = {"view", "_unsafe_view", "unsqueeze", "alias", "detach", "index", "index_put", "index_put_",
-              "_index_put_impl_", "expand"}
+NO_TRAFFIC = {
+    "view",
+    "_unsafe_view",
+    "unsqueeze",
+    "alias",
+    "detach",
+    "index",
+    "index_put",
+    "index_put_",
+    "_index_put_impl_",
+    "expand",
+}
 """Views move no bytes; the indexed gather and scatter touch one element per token."""
 
 
@@ -77,12 +87,16 @@ def test_head_time_grows_by_the_extra_passes_only(tp):
     logits = shard.local_tokens * spec.vocab_size / tp
     assert op_by_op.gemms == fused.gemms
     assert op_by_op.elementwise_bytes_fwd - fused.elementwise_bytes_fwd == pytest.approx(
-        logits * (VOCAB_PARALLEL_CE_BYTES[0] - FUSED_CE_BYTES[0]))
+        logits * (VOCAB_PARALLEL_CE_BYTES[0] - FUSED_CE_BYTES[0])
+    )
     assert op_by_op.elementwise_bytes_bwd - fused.elementwise_bytes_bwd == pytest.approx(
-        logits * (VOCAB_PARALLEL_CE_BYTES[1] - FUSED_CE_BYTES[1]))
+        logits * (VOCAB_PARALLEL_CE_BYTES[1] - FUSED_CE_BYTES[1])
+    )
     compute = AnalyticCompute(gpu, "fp16")
     base = AnalyticSource(spec, compute, CostOptions.of(dtype="fp16")).layer_times("head", shard)
-    slow = AnalyticSource(spec, compute, CostOptions.of(dtype="fp16", loss_passes="vocab_parallel_fp32")).layer_times("head", shard)
+    slow = AnalyticSource(spec, compute, CostOptions.of(dtype="fp16", loss_passes="vocab_parallel_fp32")).layer_times(
+        "head", shard
+    )
     extra_kernels = 3 * (op_by_op.kernels_fwd - fused.kernels_fwd)  # forward, and twice as many backward
     extra_s = logits * (sum(VOCAB_PARALLEL_CE_BYTES) - sum(FUSED_CE_BYTES)) / compute.mem_bw
     extra_s += extra_kernels * compute.overhead_s

@@ -50,7 +50,9 @@ def test_grouped_gemm_slows_as_tokens_per_expert_shrink():
 
     def expert_time(ep: int) -> float:
         shard = Shard(mbs=1, seq=4096, ep=ep, etp=1)
-        return sum(g.count * compute.gemm_time(g.m, g.n, g.k) for g in moe_gemms(spec, shard) if g.name.startswith("expert"))
+        return sum(
+            g.count * compute.gemm_time(g.m, g.n, g.k) for g in moe_gemms(spec, shard) if g.name.startswith("expert")
+        )
 
     # same FLOPs, fewer and fatter GEMMs per GPU as EP grows: 128 tokens per expert at EP 1
     assert expert_time(1) > expert_time(8) > expert_time(64) > 0
@@ -64,14 +66,16 @@ def test_imbalance_scales_the_busiest_ranks_expert_work_and_dispatch():
     skewed = CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.5)).layer_costs("transformer", shard)
     # dispatch + combine, each way: the busiest rank sends 1.5x the even share of the tokens
     from planner.cost.moe import dispatch_bytes
+
     net = CostModel(spec, cluster).network
     sent = dispatch_bytes(spec, shard, 2)
     assert even.moe_comm_s == pytest.approx(4 * net.all_to_all(sent, 8, 1))
     assert skewed.moe_comm_s == pytest.approx(4 * net.all_to_all(1.5 * sent, 8, 1))
     assert skewed.forward_s > even.forward_s
     one_rank = Shard(mbs=1, seq=4096, ep=1, etp=1)  # every expert on one rank: no straggler
-    assert (CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.5)).layer_costs("transformer", one_rank)
-            == CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.0)).layer_costs("transformer", one_rank))
+    assert CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.5)).layer_costs(
+        "transformer", one_rank
+    ) == CostModel(spec, cluster, CostOptions.of(moe_imbalance=1.0)).layer_costs("transformer", one_rank)
 
 
 def test_dualpipev_pairing_hides_the_all_to_all():
@@ -84,8 +88,12 @@ def test_dualpipev_pairing_hides_the_all_to_all():
     assert paired.moe_comm_s < exposed.moe_comm_s
     assert paired.forward_s == exposed.forward_s and paired.backward_s == exposed.backward_s
     dense = resolve_model("llama3-8b")
-    assert CostModel(dense, Cluster.of(resolve_gpu("h100"), 8)).layer_costs(
-        "transformer", Shard(mbs=1, seq=4096)).moe_comm_s == 0.0
+    assert (
+        CostModel(dense, Cluster.of(resolve_gpu("h100"), 8))
+        .layer_costs("transformer", Shard(mbs=1, seq=4096))
+        .moe_comm_s
+        == 0.0
+    )
 
 
 def test_fp8_runs_large_gemms_at_the_fp8_peak_and_attention_at_bf16():

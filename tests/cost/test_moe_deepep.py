@@ -46,7 +46,8 @@ def _cluster(gpu: str, gpus: int) -> Cluster:
 
 def _moe(experts: int, top_k: int, hidden: int) -> ModelSpec:
     return resolve_model("qwen3-235b-a22b").model_copy(
-        update={"hidden_size": hidden, "num_experts": experts, "moe_top_k": top_k})
+        update={"hidden_size": hidden, "num_experts": experts, "moe_top_k": top_k}
+    )
 
 
 def test_internode_time_is_the_readme_bandwidth_over_node_copies():
@@ -83,4 +84,5 @@ def test_busiest_rank_scales_with_the_imbalance_and_tensor_parallel_splits_the_t
     assert busy == pytest.approx(tuple(1.25 * t for t in one))
     tp2 = Shard(mbs=1, seq=4096, tp=2, cp=1, sequence_parallel=True, ep=32, etp=1)
     assert deepep_times(spec, tp2, 2, 1.0, 8, fabric.nvlink_busbw, fabric.nic_busbw) == pytest.approx(
-        tuple(t / 2 for t in one))
+        tuple(t / 2 for t in one)
+    )

@@ -23,9 +23,22 @@ def model():
 
 
 def layout(ep: int, etp: int) -> Layout:
-    return Layout(tp=2, pp=2, dp=4, cp=1, vpp=1, mbs=1, num_microbatches=8, schedule="1f1b",
-                  recompute=("full",) * 2, sequence_parallel=True, zero_stage=1,
-                  stage_layers=(((0, 16),), ((16, 32),)), ep=ep, etp=etp)
+    return Layout(
+        tp=2,
+        pp=2,
+        dp=4,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=8,
+        schedule="1f1b",
+        recompute=("full",) * 2,
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=(((0, 16),), ((16, 32),)),
+        ep=ep,
+        etp=etp,
+    )
 
 
 def test_no_expert_replica_means_only_dense_grads_are_reduced():

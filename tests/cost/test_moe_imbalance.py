@@ -13,8 +13,22 @@ from planner.cost.model import CostOptions
 from planner.cost.moe import DEFAULT_IMBALANCE, imbalance_of
 from planner.cost.shapes import Shard
 
-JOB = ["--model", "mixtral-8x7b", "--gpus", "16", "--gpu", "h100", "--global-batch", "64", "--seq", "4096",
-       "--tp", "2", "--ep", "8"]
+JOB = [
+    "--model",
+    "mixtral-8x7b",
+    "--gpus",
+    "16",
+    "--gpu",
+    "h100",
+    "--global-batch",
+    "64",
+    "--seq",
+    "4096",
+    "--tp",
+    "2",
+    "--ep",
+    "8",
+]
 
 
 def test_default_is_feplbs_idle_share_read_as_max_over_mean():

@@ -64,7 +64,17 @@ def test_layer_pattern():
     spec = model_presets()["deepseek-v3"]
     assert [spec.is_moe_layer(i) for i in range(5)] == [False, False, False, True, True]
     assert spec.num_moe_layers == 58
-    every_other = ModelSpec(family="llama", num_layers=8, hidden_size=64, num_attention_heads=4, num_kv_heads=4,
-                            ffn_hidden_size=128, vocab_size=100, max_position_embeddings=64, num_experts=4,
-                            moe_top_k=1, moe_layer_freq=2)
+    every_other = ModelSpec(
+        family="llama",
+        num_layers=8,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_kv_heads=4,
+        ffn_hidden_size=128,
+        vocab_size=100,
+        max_position_embeddings=64,
+        num_experts=4,
+        moe_top_k=1,
+        moe_layer_freq=2,
+    )
     assert every_other.num_moe_layers == 4 and every_other.is_moe_layer(1) and not every_other.is_moe_layer(0)

@@ -46,8 +46,15 @@ def test_an_unknown_name_is_refused_by_name():
         CostOptions().with_fields(no_such_option=1)
 
 
-@pytest.mark.parametrize("fields_", [{"p2p_mode": "sometimes"}, {"moe_imbalance": 0.5},
-                                     {"fsdp2": True, "fsdp1_grad_cat": True}, {"parameter_copies": 0}])
+@pytest.mark.parametrize(
+    "fields_",
+    [
+        {"p2p_mode": "sometimes"},
+        {"moe_imbalance": 0.5},
+        {"fsdp2": True, "fsdp1_grad_cat": True},
+        {"parameter_copies": 0},
+    ],
+)
 def test_each_group_checks_its_values(fields_):
     with pytest.raises(ValueError):
         CostOptions.of(**fields_)

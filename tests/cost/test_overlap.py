@@ -38,9 +38,20 @@ def test_total_time_matches_simulating_both_rates():
 def _llama_dp(interference: bool):
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 64)
-    layout = Layout(tp=1, pp=1, dp=64, cp=1, vpp=1, mbs=1, num_microbatches=4, schedule="1f1b",
-                    recompute=("full",), sequence_parallel=False, zero_stage=1,
-                    stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"))
+    layout = Layout(
+        tp=1,
+        pp=1,
+        dp=64,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=4,
+        schedule="1f1b",
+        recompute=("full",),
+        sequence_parallel=False,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
     model = CostModel(spec, cluster, CostOptions.of(interference=interference))
     return predict(model, layout, 256, 4096)
 
@@ -55,8 +66,12 @@ def test_dp_overlap_costs_the_sm_share_of_the_hidden_reduction():
 def test_tp_comm_overlap_slows_the_gemms_it_hides_behind():
     spec, shard = resolve_model("llama3-70b"), Shard(mbs=1, seq=8192, tp=8, sequence_parallel=True)
     cluster = Cluster.of(resolve_gpu("h100"), 8)
-    costs = {i: CostModel(spec, cluster, CostOptions.of(tp_comm_overlap=1.0, interference=i)).layer_costs("transformer", shard)
-             for i in (True, False)}
+    costs = {
+        i: CostModel(spec, cluster, CostOptions.of(tp_comm_overlap=1.0, interference=i)).layer_costs(
+            "transformer", shard
+        )
+        for i in (True, False)
+    }
     exposed_off = CostModel(spec, cluster, CostOptions.of(tp_comm_overlap=0.0)).layer_costs("transformer", shard)
     share = resolve_gpu("h100").efficiency.comm_sm_fraction
     assert costs[True].comm_forward_s == costs[False].comm_forward_s == 0.0

@@ -18,14 +18,33 @@ from planner.spec import Cluster
 SEQ = 2048
 
 
-def _setup(mode: str = "overlapped", *, tp: int = 4, pp: int = 4, dp: int = 2, sp: bool = False,
-           zero: int = 1, bf16_optimizer: bool = False, m: int = 8):
+def _setup(
+    mode: str = "overlapped",
+    *,
+    tp: int = 4,
+    pp: int = 4,
+    dp: int = 2,
+    sp: bool = False,
+    zero: int = 1,
+    bf16_optimizer: bool = False,
+    m: int = 8,
+):
     spec = resolve_model("gpt3-175b")
     cluster = Cluster.of(resolve_gpu("a100-80gb"), tp * pp * dp, gpus_per_node=8)
     model = CostModel(spec, cluster, CostOptions.of(p2p_mode=mode, bf16_optimizer=bf16_optimizer))
-    layout = Layout(tp=tp, pp=pp, dp=dp, vpp=1, mbs=1, num_microbatches=m, schedule="1f1b",
-                    recompute=("full",) * pp, sequence_parallel=sp, zero_stage=zero,
-                    stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"))
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        vpp=1,
+        mbs=1,
+        num_microbatches=m,
+        schedule="1f1b",
+        recompute=("full",) * pp,
+        sequence_parallel=sp,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
+    )
     return model, layout
 
 
@@ -157,14 +176,18 @@ def test_launch_blocking_adds_host_time_to_gpu_time():
     spec, gpu = resolve_model("bloom-176b"), resolve_gpu("a100-80gb")
     shard = Shard(mbs=2, seq=SEQ, tp=4, cp=1, sequence_parallel=False)
     options = CostOptions.of(attention="unfused", dropout=True)
-    gpu_only = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), CostOptions.of(attention="unfused", dropout=True,
-                                                                                 cuda_graphs=True))
+    gpu_only = AnalyticSource(
+        spec, AnalyticCompute(gpu, "bf16"), CostOptions.of(attention="unfused", dropout=True, cuda_graphs=True)
+    )
     asynchronous = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"), options)
-    blocking = AnalyticSource(spec, AnalyticCompute(gpu, "bf16"),
-                              CostOptions.of(attention="unfused", dropout=True, launch_blocking=True))
+    blocking = AnalyticSource(
+        spec, AnalyticCompute(gpu, "bf16"), CostOptions.of(attention="unfused", dropout=True, launch_blocking=True)
+    )
     host_fwd, host_bwd = host_times(op_counts(spec, "transformer", True, True), AnalyticCompute(gpu, "bf16").eff)
     base, lazy, eager = (s.layer_times("transformer", shard) for s in (gpu_only, asynchronous, blocking))
     assert eager.forward_s == pytest.approx(base.forward_s + host_fwd)
     assert eager.backward_s == pytest.approx(base.backward_s + host_bwd)
-    assert eager.backward_input_s / eager.backward_weight_s == pytest.approx(base.backward_input_s / base.backward_weight_s)
+    assert eager.backward_input_s / eager.backward_weight_s == pytest.approx(
+        base.backward_input_s / base.backward_weight_s
+    )
     assert lazy.forward_s == pytest.approx(max(base.forward_s, host_fwd))

@@ -4,15 +4,15 @@ allocated < reserved < device memory with the parts the allocator model names.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import memory, step
+from planner.cost.comm import megatron_bucket_params
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout, even_stage_layers
-import math
-
-from planner.cost.comm import megatron_bucket_params
 from planner.predict import predict
 from planner.spec import Cluster
 
@@ -20,9 +20,19 @@ SEQ = 2048
 
 
 def _layout(spec, tp, pp, dp, m, *, schedule="1f1b", vpp=1, mbs=1, zero=1):
-    return Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, mbs=mbs, num_microbatches=m, schedule=schedule,
-                  recompute=("none",) * pp, sequence_parallel=tp > 1, zero_stage=zero,
-                  stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
+    return Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        vpp=vpp,
+        mbs=mbs,
+        num_microbatches=m,
+        schedule=schedule,
+        recompute=("none",) * pp,
+        sequence_parallel=tp > 1,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule),
+    )
 
 
 def _model(name, gpus, **options):
@@ -30,12 +40,15 @@ def _model(name, gpus, **options):
     return CostModel(spec, Cluster.of(resolve_gpu("h100"), gpus), CostOptions.of(**options))
 
 
-@pytest.mark.parametrize(("name", "tp", "pp", "dp", "m", "schedule", "vpp"), [
-    ("llama3-8b", 2, 2, 4, 8, "1f1b", 1),
-    ("gpt3-175b", 8, 4, 2, 8, "interleaved_1f1b", 2),
-    ("tiny-gpt", 1, 2, 2, 4, "zbv", 2),
-    ("llama3-8b", 1, 1, 16, 1, "1f1b", 1),
-])
+@pytest.mark.parametrize(
+    ("name", "tp", "pp", "dp", "m", "schedule", "vpp"),
+    [
+        ("llama3-8b", 2, 2, 4, 8, "1f1b", 1),
+        ("gpt3-175b", 8, 4, 2, 8, "interleaved_1f1b", 2),
+        ("tiny-gpt", 1, 2, 2, 4, "zbv", 2),
+        ("llama3-8b", 1, 1, 16, 1, "1f1b", 1),
+    ],
+)
 def test_breakdown_adds_up_to_the_step(name, tp, pp, dp, m, schedule, vpp):
     model = _model(name, tp * pp * dp)
     layout = _layout(model.spec, tp, pp, dp, m, schedule=schedule, vpp=vpp)
@@ -96,6 +109,7 @@ def test_dp_reduction_with_one_microbatch_follows_the_bucket_closed_form():
     layout = _layout(model.spec, 1, 1, 16, 1)
     p = predict(model, layout, 16, SEQ)
     from planner.predict import chunk_costs
+
     costs = chunk_costs(model, layout, SEQ)
     params = costs.params[0]
     assert megatron_bucket_params(16) == 40e6
@@ -139,9 +153,14 @@ def test_memory_allocated_reserved_and_device():
     predicted = p.to_predicted()
     assert predicted.memory_allocated_gb_per_stage == [round(m.allocated / 2**30, 3) for m in p.memory]
     assert predicted.memory_reserved_gb_per_stage == [round(m.reserved / 2**30, 3) for m in p.memory]
-    assert all(a < r < t for a, r, t in zip(predicted.memory_allocated_gb_per_stage,
-                                            predicted.memory_reserved_gb_per_stage,
-                                            predicted.memory_gb_per_stage))
+    assert all(
+        a < r < t
+        for a, r, t in zip(
+            predicted.memory_allocated_gb_per_stage,
+            predicted.memory_reserved_gb_per_stage,
+            predicted.memory_gb_per_stage,
+        )
+    )
 
 
 def test_tied_embedding_group_buffers_only_on_its_two_ranks():
@@ -156,7 +175,8 @@ def test_communicators_counted_per_group():
     assert memory.communicator_bytes(1, 1, 1, 1) == 0.0
     assert memory.communicator_bytes(8, 1, 1, 1) == memory.NCCL_COLLECTIVE_COMM_BYTES
     assert memory.communicator_bytes(8, 2, 4, 2, True) == (
-        4 * memory.NCCL_COLLECTIVE_COMM_BYTES + memory.NCCL_P2P_COMM_BYTES)
+        4 * memory.NCCL_COLLECTIVE_COMM_BYTES + memory.NCCL_P2P_COMM_BYTES
+    )
     assert memory.NCCL_COLLECTIVE_COMM_BYTES == 640 * 2**20
 
 
@@ -167,6 +187,7 @@ def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
     whole number of hops, at least the 2(P - 1) of the warm-up and cool-down chains."""
     from planner.pipeline import pipeline_timing
     from planner.predict import chunk_costs
+
     model = _model("llama3-8b", 64)
     layout = _layout(model.spec, 8, 4, 2, 8)
     costs = chunk_costs(model, layout, SEQ)
@@ -177,9 +198,15 @@ def test_pipeline_send_charges_latency_and_bandwidth_on_each_hop():
     # never faster than the bytes over the scale-out NIC at line rate
     assert costs.p2p_s > nbytes / (cluster.inter_node_bw_gbps * 1e9)
     uniform = type(costs)(
-        forward_s=[[1.0]] * 4, backward_input_s=[[1.5]] * 4, backward_weight_s=[[0.5]] * 4,
-        activation_bytes=[[1.0]] * 4, extra_bytes=[0.0] * 4, params=[0.0] * 4, tp_comm_s=[0.0] * 4,
-        p2p_s=costs.p2p_s)
+        forward_s=[[1.0]] * 4,
+        backward_input_s=[[1.5]] * 4,
+        backward_weight_s=[[0.5]] * 4,
+        activation_bytes=[[1.0]] * 4,
+        extra_bytes=[0.0] * 4,
+        params=[0.0] * 4,
+        tp_comm_s=[0.0] * 4,
+        p2p_s=costs.p2p_s,
+    )
     timing = pipeline_timing(uniform, "1f1b", 4, 1, 8)
     hops = (timing.step_time_s - (8 + 4 - 1) * 3.0) / costs.p2p_s
     assert hops == pytest.approx(round(hops), abs=1e-6)
@@ -190,6 +217,7 @@ def test_later_pipeline_ranks_reduce_in_one_bucket_under_megatron_ddp():
     """Megatron's DDP turns bucketing off on pipeline ranks after the first: their whole
     reduce-scatter and all-gather are exposed; ZeRO-2 (DeepSpeed) buckets every rank."""
     from planner.predict import chunk_costs, exposed_dp_time
+
     model = _model("llama3-8b", 32)
     for zero, bucketed in ((1, False), (2, True)):
         layout = _layout(model.spec, 2, 2, 8, 8, zero=zero)

@@ -82,8 +82,11 @@ def test_model_leaves_out_the_down_projection_and_its_collective():
     base = CostOptions()
     on = CostModel(spec, cluster, base.with_fields(recompute_early_stop=True))
     off = CostModel(spec, cluster, base)
-    for shard in (Shard(mbs=2, seq=4096, tp=8, sequence_parallel=True), Shard(mbs=2, seq=4096, tp=8),
-                  Shard(mbs=1, seq=4096)):
+    for shard in (
+        Shard(mbs=2, seq=4096, tp=8, sequence_parallel=True),
+        Shard(mbs=2, seq=4096, tp=8),
+        Shard(mbs=1, seq=4096),
+    ):
         down = transformer_gemms(spec, shard)[-1]
         assert down.name == "mlp_down"
         gemm = on.analytic.gemm_time(down.m, down.n, down.k)

@@ -69,8 +69,13 @@ def test_saved_bytes_match_torchtitans_block_under_its_selective_ac(tp):
     block = build_transformer("torchtitan", spec, tp, seq, "cpu").to(torch.bfloat16)
     x = torch.randn(mbs, seq, spec.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     measured = _saved_under_selective_ac(block, x)
-    expected = memory.activation_bytes(spec, "transformer", Shard(mbs=mbs, seq=seq, tp=tp), "selective",
-                                       memory.ActivationOptions(selective_policy="every_other_matmul"))
+    expected = memory.activation_bytes(
+        spec,
+        "transformer",
+        Shard(mbs=mbs, seq=seq, tp=tp),
+        "selective",
+        memory.ActivationOptions(selective_policy="every_other_matmul"),
+    )
     # the block input, the fused qkv, gate and down outputs, attention output and log-sum-exp
     assert measured == expected
 
@@ -97,8 +102,10 @@ def test_recompute_reruns_the_tensor_parallel_collectives():
     act = 2 * sp.local_tokens * spec.hidden_size
 
     def extra(shard, mode):
-        return (cost.layer_costs("transformer", shard, mode).comm_backward_s
-                - cost.layer_costs("transformer", shard, "none").comm_backward_s)
+        return (
+            cost.layer_costs("transformer", shard, mode).comm_backward_s
+            - cost.layer_costs("transformer", shard, "none").comm_backward_s
+        )
 
     assert extra(sp, "selective") == pytest.approx(2 * net.all_gather(act, 8, 1))
     assert extra(plain, "selective") == pytest.approx(net.all_reduce(act, 8, 1))
@@ -107,13 +114,15 @@ def test_recompute_reruns_the_tensor_parallel_collectives():
     # Megatron's core-attention recompute runs no collective
     megatron = CostModel(spec, cluster)
     assert megatron.layer_costs("transformer", sp, "selective").comm_backward_s == pytest.approx(
-        megatron.layer_costs("transformer", sp, "none").comm_backward_s)
+        megatron.layer_costs("transformer", sp, "none").comm_backward_s
+    )
 
 
 def test_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="selective_policy"):
-        CostModel(resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 8),
-                  CostOptions.of(selective_policy="layer"))
+        CostModel(
+            resolve_model("llama3-8b"), Cluster.of(resolve_gpu("h100"), 8), CostOptions.of(selective_policy="layer")
+        )
 
 
 def test_three_qkv_matmuls_keep_q_and_v_under_the_same_policy():
@@ -136,7 +145,11 @@ def test_three_qkv_matmuls_keep_q_and_v_under_the_same_policy():
             self.wq, self.wk = nn.Linear(h, heads * d, bias=False), nn.Linear(h, kv * d, bias=False)
             self.wv, self.wo = nn.Linear(h, kv * d, bias=False), nn.Linear(heads * d, h, bias=False)
             ffn = spec.ffn_hidden_size
-            self.w1, self.w2, self.w3 = nn.Linear(h, ffn, bias=False), nn.Linear(ffn, h, bias=False), nn.Linear(h, ffn, bias=False)
+            self.w1, self.w2, self.w3 = (
+                nn.Linear(h, ffn, bias=False),
+                nn.Linear(ffn, h, bias=False),
+                nn.Linear(h, ffn, bias=False),
+            )
 
         def forward(self, x):
             b, s, _ = x.shape
@@ -165,6 +178,11 @@ def test_three_qkv_matmuls_keep_q_and_v_under_the_same_policy():
     options = memory.ActivationOptions(selective_policy="every_other_matmul", sac_fused_qkv=False)
     expected = memory.activation_bytes(spec, "transformer", Shard(mbs=mbs, seq=seq), "selective", options)
     assert measured == expected
-    fused = memory.activation_bytes(spec, "transformer", Shard(mbs=mbs, seq=seq), "selective",
-                                    memory.ActivationOptions(selective_policy="every_other_matmul"))
+    fused = memory.activation_bytes(
+        spec,
+        "transformer",
+        Shard(mbs=mbs, seq=seq),
+        "selective",
+        memory.ActivationOptions(selective_policy="every_other_matmul"),
+    )
     assert expected < fused  # q and v kept instead of q, k and v

@@ -37,8 +37,14 @@ def test_training_flops_match_six_n_plus_attention(preset):
     six_n = 6 * matmul_params(preset) * seq
     a = preset.num_attention_heads
     if preset.kv_lora_rank:  # QK^T over nope + rope, AV over v
-        twelve_lhs = 6 * preset.num_layers * a * (preset.qk_nope_head_dim + preset.qk_rope_head_dim
-                                                  + preset.v_head_dim) * seq * seq
+        twelve_lhs = (
+            6
+            * preset.num_layers
+            * a
+            * (preset.qk_nope_head_dim + preset.qk_rope_head_dim + preset.v_head_dim)
+            * seq
+            * seq
+        )
     else:
         twelve_lhs = 12 * preset.num_layers * a * preset.kv_channels * seq * seq
     if preset.num_moe_layers in (0, preset.num_layers):  # every block alike

@@ -33,8 +33,9 @@ def _llama(layers: int):
         def __init__(self):
             super().__init__()
             self.tok_embeddings = nn.Embedding(VOCAB, DIM)
-            self.layers = nn.ModuleDict({str(i): block(DIM, HEADS, KV_HEADS, HEAD_DIM, FFN, torch_rmsnorm=True)
-                                         for i in range(layers)})
+            self.layers = nn.ModuleDict(
+                {str(i): block(DIM, HEADS, KV_HEADS, HEAD_DIM, FFN, torch_rmsnorm=True) for i in range(layers)}
+            )
             self.norm, self.output = nn.RMSNorm(DIM), nn.Linear(DIM, VOCAB, bias=False)
 
         def forward(self, tokens):
@@ -48,26 +49,45 @@ def _llama(layers: int):
 
 def _apply_tp(model, mesh) -> None:
     """torchtitan 820504e's `apply_tp` (models/llama3/parallelize_llama.py), loss_parallel on."""
-    from torch.distributed.tensor import Replicate, Shard as Sharded
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor import Shard as Sharded
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
-    parallelize_module(model, mesh, {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Sharded(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Sharded(1), output_layouts=Sharded(-1), use_local_output=False),
-    })
+    parallelize_module(
+        model,
+        mesh,
+        {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Sharded(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Sharded(1), output_layouts=Sharded(-1), use_local_output=False),
+        },
+    )
     for layer in model.layers.values():
-        parallelize_module(layer, mesh, {
-            "attention_norm": SequenceParallel(),
-            "attention": PrepareModuleInput(input_layouts=(Sharded(1), None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Sharded(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Sharded(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Sharded(1)),
-            "feed_forward.w3": ColwiseParallel(),
-        })
+        parallelize_module(
+            layer,
+            mesh,
+            {
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(
+                    input_layouts=(Sharded(1), None), desired_input_layouts=(Replicate(), None)
+                ),
+                "attention.wq": ColwiseParallel(),
+                "attention.wk": ColwiseParallel(),
+                "attention.wv": ColwiseParallel(),
+                "attention.wo": RowwiseParallel(output_layouts=Sharded(1)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Sharded(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": ColwiseParallel(),
+                "feed_forward.w2": RowwiseParallel(output_layouts=Sharded(1)),
+                "feed_forward.w3": ColwiseParallel(),
+            },
+        )
 
 
 def _apply_ac(model, mode: str) -> None:
@@ -186,8 +206,10 @@ def test_recompute_reruns_the_all_gathers_only(runtime):
     assert (whole["ag"], whole["rs"]) == (2, 2)
 
 
-@pytest.mark.parametrize("ac,recompute,early_stop", [("none", "none", True), ("op", "selective", True),
-                                                     ("full", "full", True), ("full_no_early_stop", "full", False)])
+@pytest.mark.parametrize(
+    "ac,recompute,early_stop",
+    [("none", "none", True), ("op", "selective", True), ("full", "full", True), ("full_no_early_stop", "full", False)],
+)
 def test_copies_beside_the_collectives_are_what_the_model_counts(runtime, ac, recompute, early_stop):
     """Every collective over the sequence dim copies the gathered activation once (eager). The
     model counts the compiled block's (docs/accuracy_published.md section 14, inductor's code):
@@ -202,8 +224,11 @@ def test_copies_beside_the_collectives_are_what_the_model_counts(runtime, ac, re
     cached = backward["cat_alone"]
     assert cached == (1 if ac == "op" else 0)
     again = _all_copies(backward) - _all_copies(base) - cached
-    assert sp_copy_counts("transformer", recompute, "every_other_matmul", early_stop) == (_all_copies(forward),
-                                                                              base["cat_after_ag"], again)
+    assert sp_copy_counts("transformer", recompute, "every_other_matmul", early_stop) == (
+        _all_copies(forward),
+        base["cat_after_ag"],
+        again,
+    )
 
 
 def test_embedding_and_head_copy_once_each_way():
@@ -214,8 +239,9 @@ def test_embedding_and_head_copy_once_each_way():
     for phase, ours in zip(("forward", "backward"), (0, 1)):
         copies = _copies(events[phase])
         outside = _all_copies(copies) - block[phase]
-        assert outside == (sp_copy_counts("embedding", "none", "", True)[ours]
-                           + sp_copy_counts("head", "none", "", True)[ours])
+        assert outside == (
+            sp_copy_counts("embedding", "none", "", True)[ours] + sp_copy_counts("head", "none", "", True)[ours]
+        )
 
 
 def test_model_charges_a_read_and_a_write_of_the_gathered_activation_per_copy():
@@ -225,8 +251,12 @@ def test_model_charges_a_read_and_a_write_of_the_gathered_activation_per_copy():
     base = CostOptions.of(selective_policy="every_other_matmul", tp_backward_overlap="none")
     on, off = CostModel(spec, cluster, base.with_fields(sp_seq_dim_copies=True)), CostModel(spec, cluster, base)
     one = on.analytic.elementwise_time(2 * 2 * sp.local_tokens * spec.hidden_size, 1)
-    for kind, recompute in (("transformer", "selective"), ("transformer", "full"), ("embedding", "none"),
-                            ("head", "none")):
+    for kind, recompute in (
+        ("transformer", "selective"),
+        ("transformer", "full"),
+        ("embedding", "none"),
+        ("head", "none"),
+    ):
         fwd, bwd, again = sp_copy_counts(kind, recompute, "every_other_matmul", False)
         with_copies, without = on.layer_costs(kind, sp, recompute), off.layer_costs(kind, sp, recompute)
         assert with_copies.forward_s - without.forward_s == pytest.approx(fwd * one)
@@ -262,9 +292,10 @@ def _compiled_block_calls() -> list[list[str]]:
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
-    call = re.compile(r"^\s+(?:\w+ = )?(?:torch\.ops\._c10d_functional\.(\w+)\.default|(extern_kernels\.mm)|(cpp_fused\w*))\(",
-                      re.M)
-    bodies = [code[code.index("def call(self, args):"):] for code in codes]
+    call = re.compile(
+        r"^\s+(?:\w+ = )?(?:torch\.ops\._c10d_functional\.(\w+)\.default|(extern_kernels\.mm)|(cpp_fused\w*))\(", re.M
+    )
+    bodies = [code[code.index("def call(self, args):") :] for code in codes]
     return [[ops or ("mm" if mm else kernel) for ops, mm, kernel in call.findall(body)] for body in bodies]
 
 

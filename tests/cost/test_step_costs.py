@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.catalog import resolve_gpu
-from planner.spec import Cluster
 from planner.cost import step
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute
+from planner.spec import Cluster
 
 GPU = resolve_gpu("h100")
 COMPUTE = AnalyticCompute(GPU)
@@ -33,11 +33,14 @@ def test_multi_tensor_launches_one_per_320_chunks_of_65536():
     assert step.multi_tensor_launches(1e9) == math.ceil(1e9 / 20_971_520)
 
 
-@pytest.mark.parametrize(("zero", "dp", "owned", "bytes_per_param"), [
-    (0, 8, 1e9, 28 + 6),     # every parameter, Adam then the fp32 -> bf16 copy
-    (1, 8, 1e9 / 8, 28 + 6),  # distributed optimizer: the shard
-    (3, 8, 1e9 / 8, 28),      # FSDP keeps fp32 parameters: no copy
-])
+@pytest.mark.parametrize(
+    ("zero", "dp", "owned", "bytes_per_param"),
+    [
+        (0, 8, 1e9, 28 + 6),  # every parameter, Adam then the fp32 -> bf16 copy
+        (1, 8, 1e9 / 8, 28 + 6),  # distributed optimizer: the shard
+        (3, 8, 1e9 / 8, 28),  # FSDP keeps fp32 parameters: no copy
+    ],
+)
 def test_adam_is_memory_bound_over_the_owned_shard_plus_launches(zero, dp, owned, bytes_per_param):
     launches = math.ceil(owned / PER_LAUNCH) * (2 if bytes_per_param == 34 else 1)
     expected = owned * bytes_per_param / BW + launches * OVERHEAD
@@ -93,8 +96,7 @@ def _replay_buckets(sizes, total_s, window_s):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 40), st.floats(0.1, 5.0), st.floats(0.05, 3.0), st.floats(0.0, 10.0),
-       st.floats(0.0, 5.0))
+@given(st.integers(1, 40), st.floats(0.1, 5.0), st.floats(0.05, 3.0), st.floats(0.0, 10.0), st.floats(0.0, 5.0))
 def test_bucketed_exposure_matches_a_replay_of_the_buckets(count, bucket, tail_scale, total_s, window_s):
     """Equal buckets but the last (any size): the closed form is the replay's exact result."""
     tail = bucket * tail_scale

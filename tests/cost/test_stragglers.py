@@ -42,7 +42,7 @@ def test_expected_slowest_agrees_with_monte_carlo_on_the_measured_population():
     maxima = [max(rng.choices(times, k=n)) for _ in range(trials)]
     mean = statistics.fmean(times)
     estimate = statistics.fmean(maxima) / mean
-    stderr = statistics.stdev(maxima) / mean / trials ** 0.5
+    stderr = statistics.stdev(maxima) / mean / trials**0.5
     assert abs(expected_slowest(times, n) - estimate) < 4 * stderr
 
 
@@ -99,17 +99,30 @@ def test_compute_bound_gemms_slow_by_the_factor_memory_bound_time_keeps_its_own(
     big = (base.gemm_time(8192, 8192, 8192) - overhead, slow.gemm_time(8192, 8192, 8192) - overhead)
     assert big[1] == pytest.approx(1.05 * big[0], rel=1e-12)
     a100 = resolve_gpu("a100-80gb")  # roofline without a table: 8 rows stream the 8192^2 weight from HBM
-    skinny = (AnalyticCompute(a100).gemm_time(8, 8192, 8192),
-              AnalyticCompute(a100, compute_slowdown=1.05).gemm_time(8, 8192, 8192))
+    skinny = (
+        AnalyticCompute(a100).gemm_time(8, 8192, 8192),
+        AnalyticCompute(a100, compute_slowdown=1.05).gemm_time(8, 8192, 8192),
+    )
     assert skinny[1] == skinny[0]
     assert slow.attention_time(1e12, 8192, True) == pytest.approx(1.05 * base.attention_time(1e12, 8192, True))
     assert slow.elementwise_time(1e9, 4) == base.elementwise_time(1e9, 4)
 
 
 def _layout(spec, dp):
-    return Layout(tp=8, pp=2, dp=dp, cp=1, vpp=1, mbs=1, num_microbatches=8, schedule="1f1b",
-                  recompute=("none", "none"), sequence_parallel=True, zero_stage=1,
-                  stage_layers=even_stage_layers(spec.num_layers, 2, 1, "1f1b"))
+    return Layout(
+        tp=8,
+        pp=2,
+        dp=dp,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=8,
+        schedule="1f1b",
+        recompute=("none", "none"),
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, 2, 1, "1f1b"),
+    )
 
 
 def _prediction(spec, gpu, dp, options):
@@ -155,8 +168,26 @@ def test_a_measured_source_is_scaled_whole_by_the_factor():
 
 
 def test_cli_switch_and_population_choice(cli, tmp_path):
-    args = ["evaluate", "--model", "llama3-8b", "--gpus", "64", "--gpu", "h100", "--global-batch", "256",
-            "--seq", "4096", "--tp", "8", "--pp", "2", "--mbs", "1", "--json"]
+    args = [
+        "evaluate",
+        "--model",
+        "llama3-8b",
+        "--gpus",
+        "64",
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "256",
+        "--seq",
+        "4096",
+        "--tp",
+        "8",
+        "--pp",
+        "2",
+        "--mbs",
+        "1",
+        "--json",
+    ]
     steps = {}
     for name, extra in (("on", []), ("off", ["--no-stragglers"]), ("ls6", ["--gpu-speed-spread", "a100-ls6-resnet50"])):
         code, out, err = cli(*args, *extra)
@@ -171,17 +202,28 @@ def test_options_default_on_and_replaceable():
     options = CostOptions()
     assert options.cluster.stragglers and options.cluster.speed_spread is None
     assert compute_slowdown(resolve_gpu("a100-80gb"), options.with_fields(stragglers=False), 4096) == 1.0
-    assert compute_slowdown(resolve_gpu("a100-80gb"), options.with_fields(speed_spread="a100-ls6-resnet50"), 64) == \
-        pytest.approx(builtin_spreads()["a100-ls6-resnet50"].slowdown(64))
+    assert compute_slowdown(
+        resolve_gpu("a100-80gb"), options.with_fields(speed_spread="a100-ls6-resnet50"), 64
+    ) == pytest.approx(builtin_spreads()["a100-ls6-resnet50"].slowdown(64))
 
 
 def test_measured_node_records_collect_into_a_population_the_planner_reads(tmp_path):
     from planner.fidelity.gpu_speed import collect
 
     for host, times in (("node-a", (1.00, 1.02)), ("node-b", (0.99, 1.05))):
-        records = [{"host": host, "index": i, "uuid": f"{host}-{i}", "name": "NVIDIA H100 80GB HBM3",
-                    "gemm_size": 8192, "windows": 100, "seconds_per_gemm": t * 1.6e-3, "tflops": 0.0}
-                   for i, t in enumerate(times)]
+        records = [
+            {
+                "host": host,
+                "index": i,
+                "uuid": f"{host}-{i}",
+                "name": "NVIDIA H100 80GB HBM3",
+                "gemm_size": 8192,
+                "windows": 100,
+                "seconds_per_gemm": t * 1.6e-3,
+                "tflops": 0.0,
+            }
+            for i, t in enumerate(times)
+        ]
         (tmp_path / f"{host}.json").write_text(json.dumps(records))
     path = tmp_path / "cluster.toml"
     path.write_text(collect(tmp_path, "my-h100s"))
@@ -199,9 +241,20 @@ def test_collected_records_with_bursts_give_the_sustained_over_burst_ratio(tmp_p
     from planner.fidelity.gpu_speed import collect
 
     ratios = (0.86, 0.88, 0.90, 0.95)
-    records = [{"host": "node-a", "index": i, "uuid": f"a-{i}", "name": "NVIDIA H100 80GB HBM3",
-                "gemm_size": 8192, "windows": 100, "seconds_per_gemm": 1.6e-3, "tflops": 0.0,
-                "burst_seconds_per_gemm": 1.6e-3 * r} for i, r in enumerate(ratios)]
+    records = [
+        {
+            "host": "node-a",
+            "index": i,
+            "uuid": f"a-{i}",
+            "name": "NVIDIA H100 80GB HBM3",
+            "gemm_size": 8192,
+            "windows": 100,
+            "seconds_per_gemm": 1.6e-3,
+            "tflops": 0.0,
+            "burst_seconds_per_gemm": 1.6e-3 * r,
+        }
+        for i, r in enumerate(ratios)
+    ]
     (tmp_path / "node-a.json").write_text(json.dumps(records))
     text = collect(tmp_path, "bursts")
     assert tomllib.loads(text)["bursts"]["sustained_over_burst"] == pytest.approx(0.89, abs=5e-5)

@@ -15,9 +15,9 @@ from planner.cost.model import CostModel, CostOptions
 from planner.cost.overlap import overlapped_extra_time
 from planner.cost.shapes import Shard
 from planner.cost.tp_backward import BackwardCollective, backward_collectives, backward_comm_seconds
+from planner.job import runtime_cost_options
 from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs
-from planner.job import runtime_cost_options
 from planner.spec import Cluster
 
 BLOCK = (("qkv", "column"), ("attn_out", "row"), ("mlp_up", "column"), ("mlp_down", "row"))
@@ -57,6 +57,7 @@ def _megatron_backward_trace(monkeypatch, sequence_parallel: bool, defer_wgrad: 
         def issue(*args, group=None, async_op=False, **kwargs):
             events.append(("issue", op, async_op))
             return Handle(op) if async_op else None
+
         return issue
 
     class Buffer:
@@ -86,15 +87,19 @@ def _megatron_backward_trace(monkeypatch, sequence_parallel: bool, defer_wgrad: 
 
     def row(x, w):
         out = apply(x, w, None, False, False, False, None, 0, group, 1)
-        return mappings._ReduceScatterToSequenceParallelRegion.apply(out, group, None, False) if sequence_parallel else out
+        return (
+            mappings._ReduceScatterToSequenceParallelRegion.apply(out, group, None, False) if sequence_parallel else out
+        )
 
-    weights = {name: torch.randn(*((WIDTHS[name], hidden) if mode == "column" else (hidden, WIDTHS[name])),
-                                 requires_grad=True) for name, mode in BLOCK}
+    weights = {
+        name: torch.randn(*((WIDTHS[name], hidden) if mode == "column" else (hidden, WIDTHS[name])), requires_grad=True)
+        for name, mode in BLOCK
+    }
     for w in weights.values():
         w.main_grad = torch.zeros_like(w)
     x = torch.randn(tokens // 2 if sequence_parallel else tokens, 1, hidden, requires_grad=True)
-    attention = row(column(x, weights["qkv"])[..., :WIDTHS["attn_out"]], weights["attn_out"])
-    out = row(column(attention, weights["mlp_up"])[..., :WIDTHS["mlp_down"]], weights["mlp_down"])
+    attention = row(column(x, weights["qkv"])[..., : WIDTHS["attn_out"]], weights["attn_out"])
+    out = row(column(attention, weights["mlp_up"])[..., : WIDTHS["mlp_down"]], weights["mlp_down"])
     events.clear()
     out.sum().backward()
     return events
@@ -105,8 +110,9 @@ def _collectives_of(events: list[tuple]) -> tuple[BackwardCollective, ...]:
     issued between its issue and its wait (a weight-gradient GEMM has the weight's shape, the
     data-gradient GEMM is the one before it); a synchronous one, or one with no GEMM before
     its wait, is exposed; each belongs to the linear of the next GEMM it precedes or hides."""
-    by_shape = {((w, 4) if mode == "column" else (4, w)): name for (name, mode), w in
-                ((lm, WIDTHS[lm[0]]) for lm in BLOCK)}
+    by_shape = {
+        ((w, 4) if mode == "column" else (4, w)): name for (name, mode), w in ((lm, WIDTHS[lm[0]]) for lm in BLOCK)
+    }
     gemms = [(i, e[1]) for i, e in enumerate(events) if e[0] == "gemm"]
     owner = {}
     for j, (i, shape) in enumerate(gemms):  # a wgrad names its linear, and the dgrad before it
@@ -119,8 +125,11 @@ def _collectives_of(events: list[tuple]) -> tuple[BackwardCollective, ...]:
         if event[0] != "issue":
             continue
         op, asynchronous = event[1], event[2]
-        end = next((k for k in range(i + 1, len(events)) if events[k] == ("wait", op)), len(events)) \
-            if asynchronous else i
+        end = (
+            next((k for k in range(i + 1, len(events)) if events[k] == ("wait", op)), len(events))
+            if asynchronous
+            else i
+        )
         beside = [owner[k] for k in range(i + 1, end) if k in owner]
         if beside:
             linear, kind = beside[0]
@@ -166,8 +175,13 @@ def test_seconds_follow_the_overlap_algebra():
     gemms = {"qkv": (4.0, 1.0), "mlp_up": (1.0, 10.0)}
     f = 0.1
     async_sp = backward_collectives(BLOCK, True, True)
-    expected = (2 * 2.0 + overlapped_extra_time(2.0, 4.0, f) + overlapped_extra_time(3.0, 1.0, f)
-                + overlapped_extra_time(2.0, 1.0, f) + overlapped_extra_time(3.0, 10.0, f))
+    expected = (
+        2 * 2.0
+        + overlapped_extra_time(2.0, 4.0, f)
+        + overlapped_extra_time(3.0, 1.0, f)
+        + overlapped_extra_time(2.0, 1.0, f)
+        + overlapped_extra_time(3.0, 10.0, f)
+    )
     assert backward_comm_seconds(async_sp, comm, gemms, f) == pytest.approx(expected)
     deferred = 2 * 2.0 + overlapped_extra_time(2.0, 4.0, f) + overlapped_extra_time(2.0, 1.0, f) + 2 * 3.0
     assert backward_comm_seconds(async_sp, comm, gemms, f, wgrad_deferred=True) == pytest.approx(deferred)
@@ -193,7 +207,9 @@ def test_column_linear_backward_against_a_brute_force_timeline():
     f = 0.12
     for ag, rs, dgrad, wgrad in ((0.3, 0.4, 1.0, 1.2), (0.9, 1.5, 0.5, 0.6), (0.2, 2.0, 1.0, 0.4)):
         collectives = backward_collectives((("fc", "column"),), True, True)
-        charged = backward_comm_seconds(collectives, {"all_gather": ag, "reduce_scatter": rs}, {"fc": (dgrad, wgrad)}, f)
+        charged = backward_comm_seconds(
+            collectives, {"all_gather": ag, "reduce_scatter": rs}, {"fc": (dgrad, wgrad)}, f
+        )
         assert dgrad + wgrad + charged == pytest.approx(_two_rate_finish([(ag, dgrad), (rs, wgrad)], f), rel=1e-3)
 
 
@@ -231,8 +247,10 @@ def test_async_regather_costs_more_where_the_link_is_slow():
     extra volume makes the asynchronous backward the slower one."""
     (asynchronous, shard), (synchronous, _) = _model("async", intra_gbps=5.0), _model("none", intra_gbps=5.0)
     small = replace(shard, seq=512)
-    assert (asynchronous.layer_costs("transformer", small).comm_backward_s
-            > synchronous.layer_costs("transformer", small).comm_backward_s)
+    assert (
+        asynchronous.layer_costs("transformer", small).comm_backward_s
+        > synchronous.layer_costs("transformer", small).comm_backward_s
+    )
 
 
 def test_delayed_wgrad_charges_the_reductions_exposed():
@@ -244,9 +262,20 @@ def test_delayed_wgrad_charges_the_reductions_exposed():
 
 
 def _layout(schedule: str, spec, pp: int = 2) -> Layout:
-    return Layout(tp=8, pp=pp, dp=1, cp=1, vpp=1, mbs=1, num_microbatches=8, schedule=schedule,
-                  recompute=("none",) * pp, sequence_parallel=True, zero_stage=1,
-                  stage_layers=even_stage_layers(spec.num_layers, pp, 1, schedule))
+    return Layout(
+        tp=8,
+        pp=pp,
+        dp=1,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=8,
+        schedule=schedule,
+        recompute=("none",) * pp,
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, schedule),
+    )
 
 
 def test_split_backward_schedules_charge_the_deferred_reductions():
@@ -258,9 +287,11 @@ def test_split_backward_schedules_charge_the_deferred_reductions():
     layers = spec.num_layers // 2
     assert split.backward_weight_s == together.backward_weight_s
     assert split.backward_input_s[0][0] - together.backward_input_s[0][0] == pytest.approx(
-        layers * block.split_backward_comm_s)
+        layers * block.split_backward_comm_s
+    )
     assert split.backward_input_s[1][0] - together.backward_input_s[1][0] == pytest.approx(
-        layers * block.split_backward_comm_s + head.split_backward_comm_s)
+        layers * block.split_backward_comm_s + head.split_backward_comm_s
+    )
 
 
 def test_runtimes_choose_their_backward():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel, CostOptions
@@ -15,11 +16,9 @@ from planner.errors import PlannerError
 from planner.spec import Cluster
 from tests.cost.burst_rates import burst_rates
 
-
 H100, A100 = burst_rates("h100"), burst_rates("a100-80gb")
 # The FlashAttention-2 / -3 papers' benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
-BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16,
-                                                          num_kv_heads=16))
+BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16, num_kv_heads=16))
 MPT_7B, MPT_30B = resolve_model("mpt-7b"), resolve_model("mpt-30b")
 
 FA2_TRITON_FORWARD = (1.3, 1.5)
@@ -75,8 +74,10 @@ def test_triton_sits_between_flash2_and_unfused(gpu):
     (MPT-7B's block at its benchmark shape: micro-batch 6, sequence 2048)."""
     shard = Shard(mbs=6, seq=2048)
     compute = AnalyticCompute(gpu)
-    total = {a: sum(compute.attention_core_times(layer_work(MPT_7B, "transformer", shard, attention=a), a))
-             for a in ("flash2", "triton_fa1", "unfused")}
+    total = {
+        a: sum(compute.attention_core_times(layer_work(MPT_7B, "transformer", shard, attention=a), a))
+        for a in ("flash2", "triton_fa1", "unfused")
+    }
     assert total["flash2"] < total["triton_fa1"] < total["unfused"]
 
 
@@ -97,8 +98,10 @@ def test_memory_is_a_fused_kernels():
     """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2: no score matrix."""
     cluster = Cluster.of(H100, 8)
     shard = Shard(mbs=4, seq=2048)
-    saved = {a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
-             for a in ("flash2", "triton_fa1", "unfused")}
+    saved = {
+        a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
+        for a in ("flash2", "triton_fa1", "unfused")
+    }
     assert saved["triton_fa1"] == saved["flash2"] < saved["unfused"]
 
 
@@ -110,8 +113,23 @@ def test_gpus_without_a_source_refuse_it(gpu):
 
 
 def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:
-    code, out, err = cli("plan", "--model", "mpt-7b", "--gpu", "h100", "--gpus", "8", "--global-batch", "48",
-                         "--seq", "2048", "--json", "-o", str(path), *extra)
+    code, out, err = cli(
+        "plan",
+        "--model",
+        "mpt-7b",
+        "--gpu",
+        "h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "48",
+        "--seq",
+        "2048",
+        "--json",
+        "-o",
+        str(path),
+        *extra,
+    )
     return code, (json.loads(out) if code == 0 else err)
 
 

@@ -73,9 +73,18 @@ def test_unfused_rope_kernels():
 def test_a_block_is_charged_the_unfused_rope_on_q_and_k():
     """Unfused, a block's memory-bound bytes grow by the counted minus the fused bytes on every q
     and k element, its kernels by five forward and seven backward per tensor."""
-    spec = ModelSpec(name="tiny", family="llama", num_layers=2, hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS,
-                     num_kv_heads=2, ffn_hidden_size=4 * HEADS * HEAD_DIM, vocab_size=1024,
-                     max_position_embeddings=SEQ, rotary_percent=0.5)
+    spec = ModelSpec(
+        name="tiny",
+        family="llama",
+        num_layers=2,
+        hidden_size=HEADS * HEAD_DIM,
+        num_attention_heads=HEADS,
+        num_kv_heads=2,
+        ffn_hidden_size=4 * HEADS * HEAD_DIM,
+        vocab_size=1024,
+        max_position_embeddings=SEQ,
+        rotary_percent=0.5,
+    )
     shard = Shard(mbs=1, seq=SEQ, tp=2, sequence_parallel=True)
     fused = layer_work(spec, "transformer", shard)
     unfused = layer_work(spec, "transformer", shard, rope_fusion=False)

@@ -49,15 +49,18 @@ def test_many_tokens_hide_the_main_gradient_traffic():
     assert fused.gemms_times(gemms).backward_weight_s == plain.gemms_times(gemms).backward_weight_s
 
 
-@pytest.mark.parametrize(("options", "expected"), [
-    (CostOptions(), 8.0),  # Megatron-LM: fused into fp32 main gradients
-    (CostOptions.of(grad_reduce_bytes=2), 4.0),  # --grad-reduce-in-bf16: bf16 main gradients
-    (CostOptions.of(wgrad_accumulation="autograd"), 2.0),
-    (runtime_cost_options("megatron"), 8.0),
-    (runtime_cost_options("torchtitan"), 2.0),
-    (runtime_cost_options("deepspeed"), 2.0),
-    (runtime_cost_options("torch"), 2.0),
-])
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (CostOptions(), 8.0),  # Megatron-LM: fused into fp32 main gradients
+        (CostOptions.of(grad_reduce_bytes=2), 4.0),  # --grad-reduce-in-bf16: bf16 main gradients
+        (CostOptions.of(wgrad_accumulation="autograd"), 2.0),
+        (runtime_cost_options("megatron"), 8.0),
+        (runtime_cost_options("torchtitan"), 2.0),
+        (runtime_cost_options("deepspeed"), 2.0),
+        (runtime_cost_options("torch"), 2.0),
+    ],
+)
 def test_options_choose_the_output_bytes(options, expected):
     assert analytic_compute(resolve_gpu("h100"), options).wgrad_output_bytes == expected
 
@@ -83,8 +86,9 @@ def _fused_and_fresh(model: str, shard: Shard):
 def test_fine_grained_experts_pay_for_the_fused_accumulation():
     """Qwen3-235B at TP 4, EP 8: 16 local experts see ~630 tokens each per micro-batch, so their
     weight gradients' fp32 read and write shows."""
-    fused, fresh = _fused_and_fresh("qwen3-235b-a22b", Shard(mbs=1, seq=4096, tp=4, sequence_parallel=True,
-                                                             ep=8, etp=1))
+    fused, fresh = _fused_and_fresh(
+        "qwen3-235b-a22b", Shard(mbs=1, seq=4096, tp=4, sequence_parallel=True, ep=8, etp=1)
+    )
     assert fused.backward_weight_s > 1.02 * fresh.backward_weight_s
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 def main() -> None:
     split = sys.argv.index("--")
-    args, scripts = sys.argv[1:split], sys.argv[split + 1:]
+    args, scripts = sys.argv[1:split], sys.argv[split + 1 :]
     agent_store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     init_process_group = dist.init_process_group
     for number, item in enumerate(scripts, start=1):

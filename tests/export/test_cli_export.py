@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from export_helpers import make_plan
 
 import planner.cli  # noqa: F401  (registers every command)
-from export_helpers import make_plan
 from planner.cli.app import run
 from planner.plan import parse_plan_file
 
@@ -30,12 +30,15 @@ def plan_path(tmp_path: Path, plan_file) -> Path:
     return path
 
 
-@pytest.mark.parametrize("runtime, expected", [
-    ("megatron", {"megatron_args.sh", "launch_megatron.sh"}),
-    ("torchtitan", {"planner_recipe.py", "schedule.csv"}),
-    ("torch", {"train_pipeline.py", "schedule.csv"}),
-    ("deepspeed", {"ds_config.json", "deepspeed_pipeline.py"}),
-])
+@pytest.mark.parametrize(
+    "runtime, expected",
+    [
+        ("megatron", {"megatron_args.sh", "launch_megatron.sh"}),
+        ("torchtitan", {"planner_recipe.py", "schedule.csv"}),
+        ("torch", {"train_pipeline.py", "schedule.csv"}),
+        ("deepspeed", {"ds_config.json", "deepspeed_pipeline.py"}),
+    ],
+)
 def test_export_writes_the_runtime_files(runtime, expected, tmp_path, capsys):
     path = plan_path(tmp_path, make_plan("tiny-llama", dtype="fp32"))
     out_dir = tmp_path / "out" / runtime
@@ -70,12 +73,15 @@ def test_example_plans_round_trip(tmp_path, capsys):
         assert f"model {plan_file.model.name}" in (tmp_path / example.stem / "train_pipeline.py").read_text()
 
 
-@pytest.mark.parametrize("runtime, fields, words", [
-    ("megatron", dict(schedule="zbv", vpp=2, stage_layers=[[[0, 1], [3, 4]], [[1, 2], [2, 3]]]), "Megatron-LM"),
-    ("deepspeed", dict(zero_stage=3), "ZeRO-3 with pipeline"),
-    ("torchtitan", dict(recompute=["full", "none"]), "recompute differs"),
-    ("torch", dict(cp=2), "context parallelism"),
-])
+@pytest.mark.parametrize(
+    "runtime, fields, words",
+    [
+        ("megatron", dict(schedule="zbv", vpp=2, stage_layers=[[[0, 1], [3, 4]], [[1, 2], [2, 3]]]), "Megatron-LM"),
+        ("deepspeed", dict(zero_stage=3), "ZeRO-3 with pipeline"),
+        ("torchtitan", dict(recompute=["full", "none"]), "recompute differs"),
+        ("torch", dict(cp=2), "context parallelism"),
+    ],
+)
 def test_refusals_are_one_line_and_exit_2(runtime, fields, words, tmp_path, capsys):
     path = plan_path(tmp_path, make_plan("tiny-llama", **fields))
     code, out, err = invoke(capsys, "export", str(path), "--to", runtime, "-o", str(tmp_path / "out"))
@@ -84,10 +90,13 @@ def test_refusals_are_one_line_and_exit_2(runtime, fields, words, tmp_path, caps
     assert not (tmp_path / "out").exists()  # nothing written for a refused plan
 
 
-@pytest.mark.parametrize("content, words", [
-    ("not json", "Invalid JSON"),
-    ('{"plans": [{"tp": 1}]}', "field 'plans.0"),
-])
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        ("not json", "Invalid JSON"),
+        ('{"plans": [{"tp": 1}]}', "field 'plans.0"),
+    ],
+)
 def test_bad_plan_files_are_one_line_and_exit_2(content, words, tmp_path, capsys):
     path = tmp_path / "plan.json"
     path.write_text(content)

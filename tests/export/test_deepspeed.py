@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from export_helpers import make_plan, write_files
+
 from planner.errors import ExportError
 from planner.export.deepspeed import export_deepspeed, layer_list_length, stage_boundaries, uniform_boundaries
 
@@ -39,28 +39,47 @@ def load_config(folder: Path, dp: int, monkeypatch):
     return ds_config.DeepSpeedConfig(str(folder / "ds_config.json"), mpu=DataParallelMPU(dp))
 
 
-@pytest.mark.parametrize("fields", [
-    dict(pp=2, dp=4, mbs=2, num_microbatches=8, zero_stage=1, recompute="full"),
-    dict(pp=1, dp=8, mbs=1, num_microbatches=4, zero_stage=3, stage_layers=[[0, 4]], dtype="fp16"),
-    dict(pp=4, dp=1, mbs=1, num_microbatches=16, zero_stage=0, dtype="fp32",
-         stage_layers=[[0, 1], [1, 2], [2, 3], [3, 4]]),
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pp=2, dp=4, mbs=2, num_microbatches=8, zero_stage=1, recompute="full"),
+        dict(pp=1, dp=8, mbs=1, num_microbatches=4, zero_stage=3, stage_layers=[[0, 4]], dtype="fp16"),
+        dict(
+            pp=4,
+            dp=1,
+            mbs=1,
+            num_microbatches=16,
+            zero_stage=0,
+            dtype="fp32",
+            stage_layers=[[0, 1], [1, 2], [2, 3], [3, 4]],
+        ),
+    ],
+)
 def test_deepspeed_config_accepts_the_batch_split(fields, tmp_path, monkeypatch):
     entry = make_plan("tiny-llama", **fields).plans[0]
     folder = write_files(export_deepspeed(make_plan("tiny-llama", **fields)), tmp_path)
     config = load_config(folder, entry.dp, monkeypatch)
     assert (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) == (
-        entry.global_batch, entry.mbs, entry.num_microbatches)
+        entry.global_batch,
+        entry.mbs,
+        entry.num_microbatches,
+    )
     assert config.zero_optimization_stage == entry.zero_stage
     assert config.bfloat16_config.enabled == (entry.dtype == "bf16")
     assert config.float16_config.enabled == (entry.dtype == "fp16")
     assert (folder / "deepspeed_pipeline.py").exists() == (entry.pp > 1)
 
 
-@pytest.mark.parametrize("model, cuts", [
-    ("tiny-llama", [[0, 2], [2, 4]]), ("tiny-llama", [[0, 1], [1, 4]]), ("tiny-gpt", [[0, 2], [2, 4]]),
-    ("llama3-8b", [[0, 7], [7, 15], [15, 23], [23, 32]]), ("llama3-8b", [[0, 8], [8, 16], [16, 24], [24, 32]]),
-])
+@pytest.mark.parametrize(
+    "model, cuts",
+    [
+        ("tiny-llama", [[0, 2], [2, 4]]),
+        ("tiny-llama", [[0, 1], [1, 4]]),
+        ("tiny-gpt", [[0, 2], [2, 4]]),
+        ("llama3-8b", [[0, 7], [7, 15], [15, 23], [23, 32]]),
+        ("llama3-8b", [[0, 8], [8, 16], [16, 24], [24, 32]]),
+    ],
+)
 def test_partition_matches_deepspeed_partitioner(model, cuts):
     from deepspeed.runtime.utils import partition_uniform
 
@@ -82,8 +101,15 @@ def test_exported_pipeline_trains_in_deepspeed(tmp_path):
     plan_file = make_plan("tiny-gpt", pp=2, dp=1, stage_layers=[[0, 1], [1, 4]], recompute="full")
     folder = write_files(export_deepspeed(plan_file), tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PLAN_SEQ": str(plan_file.plans[0].seq)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("deepspeed_train.py"))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(Path(__file__).with_name("deepspeed_train.py")),
+    ]
     done = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     ranks = {r: json.loads((folder / f"result-rank{r}.json").read_text()) for r in (0, 1)}
@@ -93,24 +119,30 @@ def test_exported_pipeline_trains_in_deepspeed(tmp_path):
     assert all(math.isfinite(x) for x in ranks[1]["losses"])
 
 
-@pytest.mark.parametrize("fields, words", [
-    (dict(schedule="gpipe"), "gpipe"),
-    (dict(schedule="interleaved_1f1b", vpp=2, stage_layers=[[[0, 1], [2, 3]], [[1, 2], [3, 4]]]), "interleaved"),
-    (dict(schedule="zb_h1"), "zb_h1"),
-    (dict(zero_stage=2), "ZeRO-2 with pipeline"),
-    (dict(zero_stage=3), "ZeRO-3 with pipeline"),
-    (dict(tp=2), "needs Megatron-DeepSpeed"),
-    (dict(recompute="selective"), "selective"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        (dict(schedule="gpipe"), "gpipe"),
+        (dict(schedule="interleaved_1f1b", vpp=2, stage_layers=[[[0, 1], [2, 3]], [[1, 2], [3, 4]]]), "interleaved"),
+        (dict(schedule="zb_h1"), "zb_h1"),
+        (dict(zero_stage=2), "ZeRO-2 with pipeline"),
+        (dict(zero_stage=3), "ZeRO-3 with pipeline"),
+        (dict(tp=2), "needs Megatron-DeepSpeed"),
+        (dict(recompute="selective"), "selective"),
+    ],
+)
 def test_deepspeed_refuses(fields, words):
     with pytest.raises(ExportError, match=words):
         export_deepspeed(make_plan("tiny-llama", **fields))
 
 
-@pytest.mark.parametrize("fields", [
-    dict(schedule="1f1b", stage_layers=[[0, 3], [3, 6]]),  # otherwise runnable: 1F1B, ZeRO-1, no TP
-    dict(tp=2, dp=2, ep=2, etp=1, pp=1, stage_layers=[[0, 6]]),  # the MoE reason comes first, alone
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(schedule="1f1b", stage_layers=[[0, 3], [3, 6]]),  # otherwise runnable: 1F1B, ZeRO-1, no TP
+        dict(tp=2, dp=2, ep=2, etp=1, pp=1, stage_layers=[[0, 6]]),  # the MoE reason comes first, alone
+    ],
+)
 def test_deepspeed_refuses_a_mixture_of_experts_in_one_line(fields):
     with pytest.raises(ExportError) as refused:
         export_deepspeed(make_plan("tiny-moe", **fields))

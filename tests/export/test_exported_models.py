@@ -26,15 +26,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from export_helpers import make_plan, write_files
+from test_megatron import megatron, megatron_validate  # noqa: F401 (megatron: the fixture)
+
 from planner.catalog import model_presets, resolve_model
 from planner.cost.memory import mtp_param_count, total_param_count
 from planner.errors import ExportError
 from planner.export import export_deepspeed, export_megatron, export_torch, export_torchtitan
 from planner.export.megatron import vocab_divisor
 from planner.spec import ModelSpec
-from test_megatron import megatron, megatron_validate  # noqa: F401 (megatron: the fixture)
 
 torch = pytest.importorskip("torch")
 
@@ -46,15 +46,27 @@ MODELS = sorted(model_presets()) + sorted(f"examples/models/{folder.name}" for f
 
 REFUSED = [
     ("megatron", r"bloom-176b.*", "uses ALiBi positions"),
-    ("torchtitan", r"bloom-176b.*", ("it has LayerNorm, a gelu MLP, alibi positions, QKV biases, MLP and output "
-                                     "biases, a norm after the embedding")),
-    ("torchtitan", r"gpt2|gpt3-175b|megatron-gpt-.*|tiny-gpt", ("it has LayerNorm, a gelu MLP, learned positions, "
-                                                                "QKV biases, MLP and output biases")),
+    (
+        "torchtitan",
+        r"bloom-176b.*",
+        (
+            "it has LayerNorm, a gelu MLP, alibi positions, QKV biases, MLP and output "
+            "biases, a norm after the embedding"
+        ),
+    ),
+    (
+        "torchtitan",
+        r"gpt2|gpt3-175b|megatron-gpt-.*|tiny-gpt",
+        ("it has LayerNorm, a gelu MLP, learned positions, QKV biases, MLP and output biases"),
+    ),
     ("torchtitan", r"mpt-.*", "it has LayerNorm, a gelu MLP, learned positions"),
     ("torchtitan", r"nemotron4-340b", "it has LayerNorm, a squared_relu MLP"),
     ("torchtitan", r"qwen2\.5-72b", "it has QKV biases"),
-    ("torch", r"deepseek-v3", ("has latent attention, multi-token prediction, group-limited routing, a routing "
-                               "expert bias")),
+    (
+        "torch",
+        r"deepseek-v3",
+        ("has latent attention, multi-token prediction, group-limited routing, a routing expert bias"),
+    ),
     ("deepspeed", r"deepseek-v3|mixtral-.*|qwen3-.*|tiny-moe", "is a mixture of experts"),
 ]
 """(runtime, model names, the features the refusal names): every refusal these tests accept."""
@@ -69,8 +81,11 @@ def plan_of(name: str, pp: int = 1):
     """A one-plan file for model `name`: one GPU per stage, `pp` stages, the sequence its
     positions and attention window allow (4096 at most)."""
     spec = source(name)
-    seq = min(4096, spec.sliding_window or 4096,
-              spec.max_position_embeddings if spec.position_embedding == "learned" else 4096)
+    seq = min(
+        4096,
+        spec.sliding_window or 4096,
+        spec.max_position_embeddings if spec.position_embedding == "learned" else 4096,
+    )
     half = spec.num_layers // 2
     stages = [[0, spec.num_layers]] if pp == 1 else [[0, half], [half, spec.num_layers]]
     plan_file = make_plan(pp=pp, stage_layers=stages, seq=seq, num_microbatches=pp)
@@ -172,12 +187,18 @@ def megatron_model(megatron_core, plan_file, tmp_path, monkeypatch):
     config.moe_token_dispatcher_type = "allgather"
     monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
     if args.num_experts:
-        layers = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=args.normalization,
-                                            vp_stage=None)
+        layers = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization=args.normalization, vp_stage=None
+        )
         layer_specs = layers.layer_specs
     else:
-        layers = get_gpt_layer_local_spec(args.num_experts, args.moe_grouped_gemm, args.qk_layernorm,
-                                          args.multi_latent_attention, normalization=args.normalization)
+        layers = get_gpt_layer_local_spec(
+            args.num_experts,
+            args.moe_grouped_gemm,
+            args.qk_layernorm,
+            args.multi_latent_attention,
+            normalization=args.normalization,
+        )
         layer_specs = [layers]
     if args.multi_latent_attention:
         for layer in layer_specs:
@@ -185,13 +206,20 @@ def megatron_model(megatron_core, plan_file, tmp_path, monkeypatch):
     mtp = get_gpt_mtp_block_spec(config, layers, use_transformer_engine=False) if args.mtp_num_layers else None
     with torch.device("meta"):
         model = GPTModel(
-            config=config, transformer_layer_spec=layers, mtp_block_spec=mtp,
+            config=config,
+            transformer_layer_spec=layers,
+            mtp_block_spec=mtp,
             vocab_size=vocab_size_with_padding(args.vocab_size, args, logging_enabled=False),
-            max_sequence_length=args.max_position_embeddings, pre_process=True, post_process=True,
+            max_sequence_length=args.max_position_embeddings,
+            pre_process=True,
+            post_process=True,
             share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
-            position_embedding_type=args.position_embedding_type, rotary_percent=args.rotary_percent,
-            rotary_base=args.rotary_base, rope_scaling=args.use_rope_scaling,
-            rope_scaling_factor=args.rope_scaling_factor)
+            position_embedding_type=args.position_embedding_type,
+            rotary_percent=args.rotary_percent,
+            rotary_base=args.rotary_base,
+            rope_scaling=args.use_rope_scaling,
+            rope_scaling_factor=args.rope_scaling_factor,
+        )
     return model, config
 
 
@@ -199,8 +227,9 @@ def megatron_fields(spec: ModelSpec, model, config) -> dict[str, tuple]:
     """{field: (Megatron's, the model's)} of everything the model specifies."""
     from megatron.core.activations import squared_relu
 
-    activation = {"swiglu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu,
-                  "squared_relu": squared_relu}[spec.activation]
+    activation = {"swiglu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "squared_relu": squared_relu}[
+        spec.activation
+    ]
     fields = {
         "layers": (config.num_layers, spec.num_layers),
         "hidden": (config.hidden_size, spec.hidden_size),
@@ -215,19 +244,30 @@ def megatron_fields(spec: ModelSpec, model, config) -> dict[str, tuple]:
         "qkv bias": (config.add_qkv_bias or config.add_bias_linear, spec.qkv_bias),
         "tied embeddings": (model.share_embeddings_and_output_weights, spec.tie_embeddings),
         "vocab (Megatron's padded size)": (model.embedding.word_embeddings.weight.shape[0], spec.vocab_size),
-        "positions": (model.position_embedding_type, "rope" if spec.position_embedding == "rope" else "learned_absolute"),
+        "positions": (
+            model.position_embedding_type,
+            "rope" if spec.position_embedding == "rope" else "learned_absolute",
+        ),
         "mtp depth": (config.mtp_num_layers or 0, spec.mtp_depth),
     }
     if spec.position_embedding == "learned":
-        fields["learned positions"] = (model.embedding.position_embeddings.weight.shape[0],
-                                       spec.max_position_embeddings)
+        fields["learned positions"] = (
+            model.embedding.position_embeddings.weight.shape[0],
+            spec.max_position_embeddings,
+        )
     if spec.is_mla:
-        fields |= {"latent ranks": ((config.q_lora_rank, config.kv_lora_rank), (spec.q_lora_rank, spec.kv_lora_rank)),
-                   "head widths": ((config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim),
-                                   (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim))}
+        fields |= {
+            "latent ranks": ((config.q_lora_rank, config.kv_lora_rank), (spec.q_lora_rank, spec.kv_lora_rank)),
+            "head widths": (
+                (config.qk_head_dim, config.qk_pos_emb_head_dim, config.v_head_dim),
+                (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim),
+            ),
+        }
     else:
-        fields |= {"kv heads": (config.num_query_groups or config.num_attention_heads, spec.num_kv_heads),
-                   "head dim": (config.kv_channels, spec.kv_channels)}
+        fields |= {
+            "kv heads": (config.num_query_groups or config.num_attention_heads, spec.num_kv_heads),
+            "head dim": (config.kv_channels, spec.kv_channels),
+        }
     if spec.is_moe:
         fields |= megatron_moe_fields(spec, config)
     return fields
@@ -244,10 +284,14 @@ def megatron_moe_fields(spec: ModelSpec, config) -> dict[str, tuple]:
         "MoE layers": (pattern, [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]),
         "score function": (config.moe_router_score_function, spec.moe_score_function),
         "softmax before top-k (no renormalisation)": (
-            config.moe_router_pre_softmax, spec.moe_score_function == "softmax" and not spec.moe_norm_topk_prob),
+            config.moe_router_pre_softmax,
+            spec.moe_score_function == "softmax" and not spec.moe_norm_topk_prob,
+        ),
         "routed scaling": (config.moe_router_topk_scaling_factor or 1.0, spec.moe_routed_scaling_factor),
-        "groups": ((config.moe_router_num_groups, config.moe_router_group_topk),
-                   (spec.moe_router_num_groups, spec.moe_router_group_topk)),
+        "groups": (
+            (config.moe_router_num_groups, config.moe_router_group_topk),
+            (spec.moe_router_num_groups, spec.moe_router_group_topk),
+        ),
         "expert bias": (config.moe_router_enable_expert_bias, spec.moe_router_expert_bias),
         "shared expert gate": (config.moe_shared_expert_gate, spec.moe_shared_expert_gate),
     }
@@ -285,8 +329,10 @@ def test_megatron_builds_the_model(name, megatron_core, megatron_groups, tmp_pat
     assert param_count(model) == total_param_count(spec) + mtp_param_count(spec)
 
 
-@pytest.mark.parametrize("vocab, tp, padded", [
-    (50257, 1, 50257), (50257, 2, 50258), (151936, 8, 151936), (128256, 8, 128256), (51200, 8, 51200)])
+@pytest.mark.parametrize(
+    "vocab, tp, padded",
+    [(50257, 1, 50257), (50257, 2, 50258), (151936, 8, 151936), (128256, 8, 128256), (51200, 8, 51200)],
+)
 def test_megatron_pads_the_vocabulary_only_where_tp_does_not_divide_it(vocab, tp, padded, megatron_core):
     """Megatron pads the vocabulary to a multiple of --make-vocab-size-divisible-by x tp: the
     exported divisor leaves it as the model has it unless tp does not divide it, and then pads
@@ -333,8 +379,11 @@ def norm_eps_values(config) -> set[float]:
 def torchtitan_fields(spec: ModelSpec, model) -> dict[str, tuple]:
     """{field: (torchtitan's, the model's)} of everything the model specifies."""
     attention = model.layers[0].attention
-    dense = next(layer for layer in model.layers if layer.feed_forward is not None) if any(
-        layer.feed_forward is not None for layer in model.layers) else None
+    dense = (
+        next(layer for layer in model.layers if layer.feed_forward is not None)
+        if any(layer.feed_forward is not None for layer in model.layers)
+        else None
+    )
     fields = {
         "layers": (len(model.layers), spec.num_layers),
         "hidden": (model.dim, spec.hidden_size),
@@ -347,15 +396,25 @@ def torchtitan_fields(spec: ModelSpec, model) -> dict[str, tuple]:
     if dense is not None:
         fields["ffn"] = (dense.feed_forward.w1.out_features, spec.ffn_hidden_size)
     if spec.is_mla:
-        fields |= {"latent ranks": ((attention.q_lora_rank or None, attention.kv_lora_rank),
-                                    (spec.q_lora_rank, spec.kv_lora_rank)),
-                   "head widths": ((attention.qk_nope_head_dim, attention.qk_rope_head_dim, attention.v_head_dim),
-                                   (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim))}
+        fields |= {
+            "latent ranks": (
+                (attention.q_lora_rank or None, attention.kv_lora_rank),
+                (spec.q_lora_rank, spec.kv_lora_rank),
+            ),
+            "head widths": (
+                (attention.qk_nope_head_dim, attention.qk_rope_head_dim, attention.v_head_dim),
+                (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim),
+            ),
+        }
     else:
-        fields |= {"kv heads": (attention.n_kv_heads, spec.num_kv_heads),
-                   "head dim": (attention.head_dim, spec.kv_channels),
-                   "qk norm": (attention.qk_norm is not None and attention.qk_norm.normalized_shape, spec.qk_norm
-                               and spec.kv_channels)}
+        fields |= {
+            "kv heads": (attention.n_kv_heads, spec.num_kv_heads),
+            "head dim": (attention.head_dim, spec.kv_channels),
+            "qk norm": (
+                attention.qk_norm is not None and attention.qk_norm.normalized_shape,
+                spec.qk_norm and spec.kv_channels,
+            ),
+        }
     if spec.is_moe:
         fields |= torchtitan_moe_fields(spec, model)
     return fields
@@ -366,8 +425,10 @@ def torchtitan_moe_fields(spec: ModelSpec, model) -> dict[str, tuple]:
     moe = next(layer.moe for layer in model.layers if layer.moe is not None)
     router, shared = moe.router, moe.shared_experts
     return {
-        "MoE layers": ([layer.moe is not None for layer in model.layers],
-                       [spec.is_moe_layer(i) for i in range(spec.num_layers)]),
+        "MoE layers": (
+            [layer.moe is not None for layer in model.layers],
+            [spec.is_moe_layer(i) for i in range(spec.num_layers)],
+        ),
         "experts": (moe.num_experts, spec.num_experts),
         "top-k": (router.top_k, spec.moe_top_k),
         "expert ffn": (moe.routed_experts.inner_experts.hidden_dim, spec.expert_ffn_hidden_size),
@@ -375,8 +436,10 @@ def torchtitan_moe_fields(spec: ModelSpec, model) -> dict[str, tuple]:
         "score function": (router.score_func, spec.moe_score_function),
         "renormalised top-k": (router.route_norm, spec.moe_norm_topk_prob),
         "routed scaling": (router.route_scale, spec.moe_routed_scaling_factor),
-        "groups": ((router.num_expert_groups, router.num_limited_groups),
-                   (spec.moe_router_num_groups, spec.moe_router_group_topk)),
+        "groups": (
+            (router.num_expert_groups, router.num_limited_groups),
+            (spec.moe_router_num_groups, spec.moe_router_group_topk),
+        ),
         "expert bias": (moe.load_balance_coeff is not None, spec.moe_router_expert_bias),
     }
 
@@ -389,14 +452,15 @@ def check_torchtitan_rope(spec: ModelSpec, model) -> None:
         frequencies = rope.cache[1].angle()
     else:  # CosSinRoPE: [cos, cos, sin, sin] of position x frequency, each half of the head wide
         half = attention.rope.dim // 2
-        frequencies = torch.atan2(rope.cache[1, 2 * half:3 * half], rope.cache[1, :half])
+        frequencies = torch.atan2(rope.cache[1, 2 * half : 3 * half], rope.cache[1, :half])
     want, _ = rope_reference(spec, attention.rope.dim)
     torch.testing.assert_close(frequencies, want, rtol=1e-5, atol=1e-7)
     if spec.is_mla:
         with torch.device("meta"):
             built = attention.build()
-        assert built.softmax_scale == pytest.approx(yarn_softmax_scale(spec, spec.qk_nope_head_dim
-                                                                       + spec.qk_rope_head_dim))
+        assert built.softmax_scale == pytest.approx(
+            yarn_softmax_scale(spec, spec.qk_nope_head_dim + spec.qk_rope_head_dim)
+        )
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -440,8 +504,10 @@ def block_fields(spec: ModelSpec, cfg) -> dict[str, tuple]:
         "norm": ((cfg.norm, cfg.norm_eps), (spec.norm, spec.norm_eps)),
         "activation": (cfg.activation, spec.activation),
         "positions": (cfg.position_embedding, spec.position_embedding),
-        "rope": ((cfg.rope_theta, cfg.rope_scaling, cfg.rotary_percent),
-                 (spec.rope_theta, spec.rope_scaling and spec.rope_scaling.model_dump(), spec.rotary_percent)),
+        "rope": (
+            (cfg.rope_theta, cfg.rope_scaling, cfg.rotary_percent),
+            (spec.rope_theta, spec.rope_scaling and spec.rope_scaling.model_dump(), spec.rotary_percent),
+        ),
         "qk norm": (cfg.qk_norm, spec.qk_norm),
         "biases": ((cfg.qkv_bias, cfg.linear_bias), (spec.qkv_bias, spec.linear_bias)),
         "embedding norm": (cfg.embedding_norm, spec.embedding_norm),
@@ -452,14 +518,28 @@ def block_fields(spec: ModelSpec, cfg) -> dict[str, tuple]:
         fields["learned positions"] = (cfg.max_seq_len, spec.max_position_embeddings)
     if spec.is_moe:
         fields |= {
-            "expert ffn": ((cfg.expert_ffn_hidden_size, cfg.shared_ffn_hidden_size),
-                           (spec.expert_ffn_hidden_size, spec.shared_ffn_width)),
-            "MoE layers": ([cfg.is_moe_layer(i) for i in range(cfg.num_layers)],
-                           [spec.is_moe_layer(i) for i in range(spec.num_layers)]),
-            "router": ((cfg.moe_score_function, cfg.moe_norm_topk_prob, cfg.moe_routed_scaling_factor,
-                        cfg.moe_shared_expert_gate),
-                       (spec.moe_score_function, spec.moe_norm_topk_prob, spec.moe_routed_scaling_factor,
-                        spec.moe_shared_expert_gate)),
+            "expert ffn": (
+                (cfg.expert_ffn_hidden_size, cfg.shared_ffn_hidden_size),
+                (spec.expert_ffn_hidden_size, spec.shared_ffn_width),
+            ),
+            "MoE layers": (
+                [cfg.is_moe_layer(i) for i in range(cfg.num_layers)],
+                [spec.is_moe_layer(i) for i in range(spec.num_layers)],
+            ),
+            "router": (
+                (
+                    cfg.moe_score_function,
+                    cfg.moe_norm_topk_prob,
+                    cfg.moe_routed_scaling_factor,
+                    cfg.moe_shared_expert_gate,
+                ),
+                (
+                    spec.moe_score_function,
+                    spec.moe_norm_topk_prob,
+                    spec.moe_routed_scaling_factor,
+                    spec.moe_shared_expert_gate,
+                ),
+            ),
         }
     return fields
 
@@ -471,8 +551,7 @@ def test_torch_script_builds_the_model(name, tmp_path, monkeypatch):
     files = exported("torch", export_torch, plan_file)
     if files is None:
         return
-    script = imported(write_files(files, tmp_path) / "train_pipeline.py", "planner_exported_script",
-                      monkeypatch)
+    script = imported(write_files(files, tmp_path) / "train_pipeline.py", "planner_exported_script", monkeypatch)
     built, expected = split(block_fields(spec, script.BlockConfig(**script.MODEL)))
     assert built == expected
     with torch.device("meta"):
@@ -487,8 +566,7 @@ def test_deepspeed_module_builds_the_model(name, tmp_path, monkeypatch):
     files = exported("deepspeed", export_deepspeed, plan_file)
     if files is None:
         return
-    module = imported(write_files(files, tmp_path) / "deepspeed_pipeline.py", "planner_exported_pipeline",
-                      monkeypatch)
+    module = imported(write_files(files, tmp_path) / "deepspeed_pipeline.py", "planner_exported_pipeline", monkeypatch)
     cfg = module.BlockConfig(**module.MODEL)
     built, expected = split(block_fields(spec, cfg))
     assert built == expected

@@ -20,11 +20,10 @@ import sys
 import typing
 
 import pytest
+from export_helpers import make_plan, write_files
 
 from planner.export.megatron import export_megatron, pipeline_layout
 from planner.schedule.generators import interleave_rounds
-
-from export_helpers import make_plan, write_files
 
 
 @pytest.fixture(scope="module")
@@ -112,24 +111,56 @@ def megatron_placement(megatron, config, entry):
 
 PLANS = {
     "uneven_first_last": dict(
-        model="llama3-8b", tp=2, pp=4, dp=2, num_microbatches=8, seq=4096, sequence_parallel=True,
-        stage_layers=[[0, 7], [7, 15], [15, 23], [23, 32]], recompute="selective"),
+        model="llama3-8b",
+        tp=2,
+        pp=4,
+        dp=2,
+        num_microbatches=8,
+        seq=4096,
+        sequence_parallel=True,
+        stage_layers=[[0, 7], [7, 15], [15, 23], [23, 32]],
+        recompute="selective",
+    ),
     "even_virtual_stages": dict(
-        model="llama3-8b", tp=1, pp=2, dp=1, vpp=2, num_microbatches=4, seq=2048,
-        schedule="interleaved_1f1b", stage_layers=[[[0, 8], [16, 24]], [[8, 16], [24, 32]]]),
+        model="llama3-8b",
+        tp=1,
+        pp=2,
+        dp=1,
+        vpp=2,
+        num_microbatches=4,
+        seq=2048,
+        schedule="interleaved_1f1b",
+        stage_layers=[[[0, 8], [16, 24]], [[8, 16], [24, 32]]],
+    ),
     "arbitrary_virtual_cuts": dict(
-        model="llama3-8b", tp=2, pp=4, dp=1, vpp=2, cp=2, num_microbatches=6, seq=8192,
-        schedule="interleaved_1f1b", recompute="full",
-        stage_layers=[[[0, 3], [16, 20]], [[3, 7], [20, 24]], [[7, 11], [24, 28]], [[11, 16], [28, 32]]]),
+        model="llama3-8b",
+        tp=2,
+        pp=4,
+        dp=1,
+        vpp=2,
+        cp=2,
+        num_microbatches=6,
+        seq=8192,
+        schedule="interleaved_1f1b",
+        recompute="full",
+        stage_layers=[[[0, 3], [16, 20]], [[3, 7], [20, 24]], [[7, 11], [24, 28]], [[11, 16], [28, 32]]],
+    ),
     "arbitrary_cuts_no_vpp": dict(
-        model="llama3-8b", tp=1, pp=3, dp=2, num_microbatches=6, seq=2048, zero_stage=0,
-        stage_layers=[[0, 9], [9, 22], [22, 32]]),
+        model="llama3-8b",
+        tp=1,
+        pp=3,
+        dp=2,
+        num_microbatches=6,
+        seq=2048,
+        zero_stage=0,
+        stage_layers=[[0, 9], [9, 22], [22, 32]],
+    ),
     "gpt_tied_embeddings": dict(
-        model="tiny-gpt", tp=2, pp=2, dp=1, num_microbatches=4, seq=256, dtype="fp16",
-        stage_layers=[[0, 2], [2, 4]]),
+        model="tiny-gpt", tp=2, pp=2, dp=1, num_microbatches=4, seq=256, dtype="fp16", stage_layers=[[0, 2], [2, 4]]
+    ),
     "moe_fsdp_no_pipeline": dict(
-        model="mixtral-8x7b", tp=2, pp=1, dp=4, num_microbatches=2, seq=4096, zero_stage=3,
-        stage_layers=[[0, 32]]),
+        model="mixtral-8x7b", tp=2, pp=1, dp=4, num_microbatches=2, seq=4096, zero_stage=3, stage_layers=[[0, 32]]
+    ),
 }
 
 
@@ -140,15 +171,27 @@ def test_megatron_accepts_and_places_layers_as_planned(name, megatron, tmp_path,
     entry = plan_file.plans[0]
     args, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch)
 
-    assert (args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-            args.context_parallel_size, args.data_parallel_size) == (entry.tp, entry.pp, entry.cp, entry.dp)
+    assert (
+        args.tensor_model_parallel_size,
+        args.pipeline_model_parallel_size,
+        args.context_parallel_size,
+        args.data_parallel_size,
+    ) == (entry.tp, entry.pp, entry.cp, entry.dp)
     assert args.virtual_pipeline_model_parallel_size == (entry.vpp if entry.vpp > 1 else None)
-    assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (entry.mbs, entry.global_batch, entry.seq)
+    assert (args.micro_batch_size, args.global_batch_size, args.seq_length) == (
+        entry.mbs,
+        entry.global_batch,
+        entry.seq,
+    )
     assert args.sequence_parallel == (entry.sequence_parallel and entry.tp > 1)
     assert args.recompute_granularity == (None if entry.recompute == "none" else entry.recompute)
     spec = plan_file.model
     assert (args.num_layers, args.hidden_size, args.ffn_hidden_size, args.num_attention_heads) == (
-        spec.num_layers, spec.hidden_size, spec.ffn_hidden_size, spec.num_attention_heads)
+        spec.num_layers,
+        spec.hidden_size,
+        spec.ffn_hidden_size,
+        spec.num_attention_heads,
+    )
     assert args.num_query_groups == spec.num_kv_heads or not args.group_query_attention
     assert args.untie_embeddings_and_output_weights == (not spec.tie_embeddings)
     if entry.vpp > 1:  # micro-batches per virtual-stage group: torch's round size (6 for M=6, pp=4)
@@ -169,13 +212,16 @@ def test_layout_string_parses_in_megatron(megatron):
     assert [layout.layout[r][c].count(layout.flatten_layout[1]) for c in range(2) for r in range(2)] == sizes
 
 
-@pytest.mark.parametrize("fields, words", [
-    (dict(schedule="gpipe"), "gpipe"),
-    (dict(schedule="zbv", vpp=2, stage_layers=[[[0, 1], [3, 4]], [[1, 2], [2, 3]]]), "zbv"),
-    (dict(schedule="zb_h1"), "zb_h1"),
-    (dict(zero_stage=3), "ZeRO-3"),
-    (dict(recompute=["full", "none"]), "recompute differs"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        (dict(schedule="gpipe"), "gpipe"),
+        (dict(schedule="zbv", vpp=2, stage_layers=[[[0, 1], [3, 4]], [[1, 2], [2, 3]]]), "zbv"),
+        (dict(schedule="zb_h1"), "zb_h1"),
+        (dict(zero_stage=3), "ZeRO-3"),
+        (dict(recompute=["full", "none"]), "recompute differs"),
+    ],
+)
 def test_megatron_refuses_what_it_cannot_run(fields, words):
     from planner.errors import ExportError
 
@@ -192,14 +238,40 @@ def test_megatron_refuses_alibi_models():
 
 MOE_PLANS = {
     "deepseek_v3_ep_mla_mtp": dict(
-        model="deepseek-v3", tp=2, pp=1, dp=32, ep=16, etp=1, num_microbatches=2, seq=4096, sequence_parallel=True,
-        stage_layers=[[0, 61]]),
+        model="deepseek-v3",
+        tp=2,
+        pp=1,
+        dp=32,
+        ep=16,
+        etp=1,
+        num_microbatches=2,
+        seq=4096,
+        sequence_parallel=True,
+        stage_layers=[[0, 61]],
+    ),
     "mixtral_ep_etp": dict(
-        model="mixtral-8x7b", tp=4, pp=2, dp=4, ep=4, etp=2, num_microbatches=8, seq=4096, sequence_parallel=True,
-        stage_layers=[[0, 16], [16, 32]]),
+        model="mixtral-8x7b",
+        tp=4,
+        pp=2,
+        dp=4,
+        ep=4,
+        etp=2,
+        num_microbatches=8,
+        seq=4096,
+        sequence_parallel=True,
+        stage_layers=[[0, 16], [16, 32]],
+    ),
     "qwen3_ep_across_dp": dict(
-        model="qwen3-30b-a3b", tp=1, pp=2, dp=16, ep=8, etp=1, num_microbatches=4, seq=4096,
-        stage_layers=[[0, 24], [24, 48]]),
+        model="qwen3-30b-a3b",
+        tp=1,
+        pp=2,
+        dp=16,
+        ep=8,
+        etp=1,
+        num_microbatches=4,
+        seq=4096,
+        stage_layers=[[0, 24], [24, 48]],
+    ),
 }
 
 
@@ -211,7 +283,10 @@ def test_megatron_accepts_moe_plans(name, megatron, tmp_path, monkeypatch):
     args, config = megatron_validate(megatron, plan_file, tmp_path, monkeypatch)
     assert (args.expert_model_parallel_size, args.expert_tensor_parallel_size) == (entry.ep, entry.etp)
     assert (args.num_experts, args.moe_router_topk, args.moe_ffn_hidden_size) == (
-        spec.num_experts, spec.moe_top_k, spec.expert_ffn_hidden_size)
+        spec.num_experts,
+        spec.moe_top_k,
+        spec.expert_ffn_hidden_size,
+    )
     assert args.moe_grouped_gemm and args.moe_token_dispatcher_type == "alltoall"
     # Megatron's own layer pattern: MoE exactly where the spec says
     pattern = config.moe_layer_freq if isinstance(config.moe_layer_freq, list) else [1] * spec.num_layers
@@ -224,11 +299,21 @@ def test_megatron_accepts_moe_plans(name, megatron, tmp_path, monkeypatch):
 
 
 def test_megatron_accepts_fp8_moe_arguments(megatron, tmp_path, monkeypatch):
-    plan_file = make_plan("mixtral-8x7b", tp=2, pp=1, dp=4, ep=4, etp=1, num_microbatches=2, seq=4096,
-                          sequence_parallel=True, stage_layers=[[0, 32]], precision="fp8")
+    plan_file = make_plan(
+        "mixtral-8x7b",
+        tp=2,
+        pp=1,
+        dp=4,
+        ep=4,
+        etp=1,
+        num_microbatches=2,
+        seq=4096,
+        sequence_parallel=True,
+        stage_layers=[[0, 32]],
+        precision="fp8",
+    )
     args, _ = megatron_validate(megatron, plan_file, tmp_path, monkeypatch, build_config=False)
     assert args.fp8 == "hybrid" and args.bf16 and args.expert_model_parallel_size == 4
-
 
 
 def test_megatron_lm_training_script_overlaps_interleaved_p2p_by_default(megatron):
@@ -245,9 +330,21 @@ def test_megatron_lm_training_script_overlaps_interleaved_p2p_by_default(megatro
 
 # --moe-dispatcher deepep and --moe-ep-overlap (the cost options a plan records it was priced with)
 
-OVERLAP_LAYOUT = dict(model="qwen3-30b-a3b", tp=2, pp=2, vpp=2, dp=8, ep=8, etp=1, num_microbatches=4, seq=4096,
-                      sequence_parallel=True, schedule="interleaved_1f1b",
-                      stage_layers=[[[0, 12], [24, 36]], [[12, 24], [36, 48]]], recompute="selective")
+OVERLAP_LAYOUT = dict(
+    model="qwen3-30b-a3b",
+    tp=2,
+    pp=2,
+    vpp=2,
+    dp=8,
+    ep=8,
+    etp=1,
+    num_microbatches=4,
+    seq=4096,
+    sequence_parallel=True,
+    schedule="interleaved_1f1b",
+    stage_layers=[[[0, 12], [24, 36]], [[12, 24], [36, 48]]],
+    recompute="selective",
+)
 
 
 def test_megatron_runs_deepep_plans_through_its_flex_dispatcher(megatron, tmp_path, monkeypatch):
@@ -284,8 +381,10 @@ def test_megatron_runs_the_overlap_the_plan_was_priced_with(dispatcher, megatron
 GATE_CASES = {  # layout change -> Megatron's own refusal of the overlap (None: it runs it)
     "interleaved": (dict(), None),
     "no_pipeline": (dict(pp=1, vpp=1, dp=16, schedule="1f1b", stage_layers=[[0, 48]]), None),
-    "plain_1f1b_with_pipeline": (dict(vpp=1, schedule="1f1b", stage_layers=[[0, 24], [24, 48]]),
-                                 "virtual_pipeline_model_parallel_size must be specified"),
+    "plain_1f1b_with_pipeline": (
+        dict(vpp=1, schedule="1f1b", stage_layers=[[0, 24], [24, 48]]),
+        "virtual_pipeline_model_parallel_size must be specified",
+    ),
     "no_expert_parallelism": (dict(ep=1), "only supported with expert model parallelism"),
     "full_recompute": (dict(recompute="full"), "disable full recomputation"),
     "two_mtp_layers": (dict(mtp_depth=2), "MTP supports at most one layer"),

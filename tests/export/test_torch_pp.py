@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from export_helpers import make_plan, write_files
+
 from planner.errors import ExportError
 from planner.export.torch_pp import export_torch
 
@@ -39,8 +39,11 @@ RUNS = {
     "gpipe": ("tiny-llama", dict(schedule="gpipe"), []),
     "1f1b": ("tiny-llama", dict(schedule="1f1b", stage_layers=[[0, 1], [1, 4]]), []),
     "interleaved_1f1b": ("tiny-llama", dict(schedule="interleaved_1f1b", vpp=2, stage_layers=LOOP_V2), []),
-    "interleaved_1f1b_from_csv": ("tiny-llama", dict(schedule="interleaved_1f1b", vpp=2, stage_layers=LOOP_V2),
-                                  ["--schedule-csv", "schedule.csv"]),
+    "interleaved_1f1b_from_csv": (
+        "tiny-llama",
+        dict(schedule="interleaved_1f1b", vpp=2, stage_layers=LOOP_V2),
+        ["--schedule-csv", "schedule.csv"],
+    ),
     "looped_bfs": ("tiny-llama", dict(schedule="looped_bfs", vpp=2, stage_layers=LOOP_V2), []),
     "zb_h1_interleaved": ("tiny-llama", dict(schedule="zb_h1", vpp=2, stage_layers=LOOP_V2), []),
     "zb_h2_from_csv": ("tiny-llama", dict(schedule="zb_h2"), []),
@@ -48,17 +51,21 @@ RUNS = {
     "dualpipev": ("tiny-llama", dict(schedule="dualpipev", vpp=2, stage_layers=V_SHAPE), []),
     "gpt_tied_across_ranks": ("tiny-gpt", dict(schedule="1f1b", stage_layers=[[0, 3], [3, 4]]), []),
     "gpt_tied_on_one_rank_zbv": ("tiny-gpt", dict(schedule="zbv", vpp=2, stage_layers=V_SHAPE), []),
-    "tensor_parallel_full_recompute": ("tiny-llama", dict(tp=2, pp=1, num_microbatches=2, stage_layers=[[0, 4]],
-                                                          recompute="full"), []),
+    "tensor_parallel_full_recompute": (
+        "tiny-llama",
+        dict(tp=2, pp=1, num_microbatches=2, stage_layers=[[0, 4]], recompute="full"),
+        [],
+    ),
     "gpt_fsdp_zero3": ("tiny-gpt", dict(dp=2, pp=1, num_microbatches=2, zero_stage=3, stage_layers=[[0, 4]]), []),
-    "moe_expert_parallel": ("tiny-moe", dict(dp=2, ep=2, pp=1, num_microbatches=2, stage_layers=[[0, 6]]),
-                            MOE_ARGS),
+    "moe_expert_parallel": ("tiny-moe", dict(dp=2, ep=2, pp=1, num_microbatches=2, stage_layers=[[0, 6]]), MOE_ARGS),
     "moe_pipeline_1f1b": ("tiny-moe", dict(schedule="1f1b", stage_layers=[[0, 2], [2, 6]]), MOE_ARGS),
     # four processes (a second launch): expert parallel across the data-parallel replicas of
     # each DualPipeV stage, all-to-alls inside the pipelined forward and backward
     "moe_expert_parallel_dualpipev_4_processes": (
-        "tiny-moe", dict(dp=2, ep=2, schedule="dualpipev", vpp=2, stage_layers=[[[0, 1], [5, 6]], [[1, 3], [3, 5]]]),
-        MOE_ARGS),
+        "tiny-moe",
+        dict(dp=2, ep=2, schedule="dualpipev", vpp=2, stage_layers=[[[0, 1], [5, 6]], [[1, 3], [3, 5]]]),
+        MOE_ARGS,
+    ),
 }
 LOSS_LINE = re.compile(r"^step (\d+) loss (\S+) time_s (\S+)$")
 
@@ -87,12 +94,28 @@ def distributed_losses(exported) -> dict[str, list[float]]:
 
 def launch(exported, names: list[str], processes: int) -> dict[str, list[float]]:
     """The step losses of the scripts `names`, run one after the other in one torchrun launch."""
-    items = ["|".join([str(exported[name] / "train_pipeline.py"),
-                       *[str(exported[name] / a) if a.endswith(".csv") else a for a in RUNS[name][2]]])
-             for name in names]
+    items = [
+        "|".join(
+            [
+                str(exported[name] / "train_pipeline.py"),
+                *[str(exported[name] / a) if a.endswith(".csv") else a for a in RUNS[name][2]],
+            ]
+        )
+        for name in names
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-           str(Path(__file__).with_name("run_scripts.py")), *TRAIN_ARGS, "--", *items]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(processes),
+        str(Path(__file__).with_name("run_scripts.py")),
+        *TRAIN_ARGS,
+        "--",
+        *items,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     sections = re.split(r"^=== (.*)$", done.stdout, flags=re.M)[1:]
@@ -105,7 +128,7 @@ def reference_args(extra: list[str]) -> list[str]:
     if "--schedule-csv" not in extra:
         return extra
     at = extra.index("--schedule-csv")
-    return extra[:at] + extra[at + 2:]
+    return extra[:at] + extra[at + 2 :]
 
 
 def reference_losses(script: Path, extra: list[str] = ()) -> list[float]:
@@ -163,9 +186,21 @@ def test_moe_block_routes_each_token_to_its_top_k_experts():
     from planner.torch_blocks import BlockConfig, MoE
 
     torch.manual_seed(0)
-    cfg = BlockConfig(family="llama", num_layers=1, hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8,
-                      ffn_hidden_size=64, vocab_size=50, max_seq_len=16, num_experts=4, moe_top_k=2,
-                      expert_ffn_hidden_size=16, shared_ffn_hidden_size=24)
+    cfg = BlockConfig(
+        family="llama",
+        num_layers=1,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        ffn_hidden_size=64,
+        vocab_size=50,
+        max_seq_len=16,
+        num_experts=4,
+        moe_top_k=2,
+        expert_ffn_hidden_size=16,
+        shared_ffn_hidden_size=24,
+    )
     moe = MoE(cfg)
     x = torch.randn(2, 5, 32)
     want = torch.zeros_like(x)
@@ -202,16 +237,19 @@ def test_schedule_csv_loads_in_torch(exported):
     assert sum(str(a.computation_type) in ("W", "_ComputationType.BACKWARD_WEIGHT") for a in actions[0]) == 4
 
 
-@pytest.mark.parametrize("model, fields, words", [
-    ("tiny-llama", dict(cp=2, seq=64), "context parallelism"),
-    ("deepseek-v3", dict(pp=1, stage_layers=[[0, 61]]), "latent attention"),
-    ("tiny-moe", dict(tp=2, pp=1, stage_layers=[[0, 6]]), "tensor parallelism"),
-    ("tiny-moe", dict(dp=4, ep=4, pp=1, stage_layers=[[0, 6]]), None),
-    ("tiny-moe", dict(dp=2, ep=4, pp=1, stage_layers=[[0, 6]]), "ep 4 must divide dp"),
-    ("tiny-moe", dict(dp=2, ep=2, pp=1, zero_stage=3, stage_layers=[[0, 6]]), "ZeRO-3 with expert"),
-    ("tiny-llama", dict(dp=2, ep=2, pp=1, stage_layers=[[0, 4]]), "dense model"),
-    ("tiny-gpt", dict(tp=3, pp=1, stage_layers=[[0, 4]]), "not divisible by tp 3"),
-])
+@pytest.mark.parametrize(
+    "model, fields, words",
+    [
+        ("tiny-llama", dict(cp=2, seq=64), "context parallelism"),
+        ("deepseek-v3", dict(pp=1, stage_layers=[[0, 61]]), "latent attention"),
+        ("tiny-moe", dict(tp=2, pp=1, stage_layers=[[0, 6]]), "tensor parallelism"),
+        ("tiny-moe", dict(dp=4, ep=4, pp=1, stage_layers=[[0, 6]]), None),
+        ("tiny-moe", dict(dp=2, ep=4, pp=1, stage_layers=[[0, 6]]), "ep 4 must divide dp"),
+        ("tiny-moe", dict(dp=2, ep=2, pp=1, zero_stage=3, stage_layers=[[0, 6]]), "ZeRO-3 with expert"),
+        ("tiny-llama", dict(dp=2, ep=2, pp=1, stage_layers=[[0, 4]]), "dense model"),
+        ("tiny-gpt", dict(tp=3, pp=1, stage_layers=[[0, 4]]), "not divisible by tp 3"),
+    ],
+)
 def test_torch_export_refuses(model, fields, words):
     if words is None:  # the accepted neighbour of the refusals around it
         assert "train_pipeline.py" in export_torch(make_plan(model, **fields))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from export_helpers import make_plan, write_files
+
 from planner.catalog import resolve_model
 from planner.errors import ExportError
 from planner.export.torchtitan import export_torchtitan
@@ -35,28 +35,58 @@ def per_rank(cuts: list[int], pp: int, vpp: int, schedule: str) -> list:
 
 
 PLANS = {
-    "zbv_tp_fsdp": ("llama3-8b", dict(tp=2, pp=4, dp=2, vpp=2, schedule="zbv", num_microbatches=8, seq=4096,
-                                      sequence_parallel=True, recompute="full",
-                                      stage_layers=per_rank([4, 8, 12, 16, 20, 24, 28, 32], 4, 2, "zbv"))),
-    "interleaved_uneven": ("llama3-8b", dict(pp=4, dp=2, vpp=2, schedule="interleaved_1f1b", num_microbatches=8,
-                                             stage_layers=per_rank([3, 7, 11, 15, 19, 23, 27, 32], 4, 2,
-                                                                  "interleaved_1f1b"),
-                                             zero_stage=3)),
+    "zbv_tp_fsdp": (
+        "llama3-8b",
+        dict(
+            tp=2,
+            pp=4,
+            dp=2,
+            vpp=2,
+            schedule="zbv",
+            num_microbatches=8,
+            seq=4096,
+            sequence_parallel=True,
+            recompute="full",
+            stage_layers=per_rank([4, 8, 12, 16, 20, 24, 28, 32], 4, 2, "zbv"),
+        ),
+    ),
+    "interleaved_uneven": (
+        "llama3-8b",
+        dict(
+            pp=4,
+            dp=2,
+            vpp=2,
+            schedule="interleaved_1f1b",
+            num_microbatches=8,
+            stage_layers=per_rank([3, 7, 11, 15, 19, 23, 27, 32], 4, 2, "interleaved_1f1b"),
+            zero_stage=3,
+        ),
+    ),
     "zb_h2_from_csv": ("tiny-llama", dict(pp=2, schedule="zb_h2", dtype="fp32")),
-    "no_pipeline_ddp": ("tiny-llama", dict(pp=1, dp=8, num_microbatches=4, stage_layers=[[0, 4]], zero_stage=0,
-                                           recompute="selective")),
-    "context_parallel": ("llama3-70b", dict(tp=8, cp=2, pp=1, dp=4, num_microbatches=2, seq=8192,
-                                            stage_layers=[[0, 80]])),
+    "no_pipeline_ddp": (
+        "tiny-llama",
+        dict(pp=1, dp=8, num_microbatches=4, stage_layers=[[0, 4]], zero_stage=0, recompute="selective"),
+    ),
+    "context_parallel": (
+        "llama3-70b",
+        dict(tp=8, cp=2, pp=1, dp=4, num_microbatches=2, seq=8192, stage_layers=[[0, 80]]),
+    ),
 }
 MOE_PLANS = {
     "moe_ep_pipeline": ("tiny-moe", dict(dp=2, ep=2, pp=2, stage_layers=[[0, 2], [2, 6]])),
     "moe_tp_experts_no_ep": ("tiny-moe", dict(tp=2, dp=2, pp=1, num_microbatches=2, stage_layers=[[0, 6]])),
-    "mixtral_ep_over_fsdp_and_tp": ("mixtral-8x7b", dict(tp=2, dp=4, ep=8, etp=1, pp=1, num_microbatches=2,
-                                                         seq=4096, stage_layers=[[0, 32]])),
-    "qwen3_moe_ddp_ep_over_tp": ("qwen3-30b-a3b", dict(tp=4, dp=2, ep=4, etp=1, pp=2, zero_stage=0, seq=4096,
-                                                       stage_layers=[[0, 24], [24, 48]])),
-    "deepseek_v3_mla_mtp_ep64": ("deepseek-v3", dict(tp=8, dp=8, ep=64, etp=1, pp=1, num_microbatches=2,
-                                                     seq=4096, stage_layers=[[0, 61]])),
+    "mixtral_ep_over_fsdp_and_tp": (
+        "mixtral-8x7b",
+        dict(tp=2, dp=4, ep=8, etp=1, pp=1, num_microbatches=2, seq=4096, stage_layers=[[0, 32]]),
+    ),
+    "qwen3_moe_ddp_ep_over_tp": (
+        "qwen3-30b-a3b",
+        dict(tp=4, dp=2, ep=4, etp=1, pp=2, zero_stage=0, seq=4096, stage_layers=[[0, 24], [24, 48]]),
+    ),
+    "deepseek_v3_mla_mtp_ep64": (
+        "deepseek-v3",
+        dict(tp=8, dp=8, ep=64, etp=1, pp=1, num_microbatches=2, seq=4096, stage_layers=[[0, 61]]),
+    ),
 }
 """Mixture-of-experts plans; those with GQA also run the placement test above."""
 PLANS |= {name: plan for name, plan in MOE_PLANS.items() if "deepseek" not in name}
@@ -64,9 +94,17 @@ PLANS |= {name: plan for name, plan in MOE_PLANS.items() if "deepseek" not in na
 
 def tiny_mla(plan_file):
     """`plan_file` with tiny-moe given DeepSeek-style latent attention and one MTP layer."""
-    model = plan_file.model.model_copy(update=dict(
-        name="tiny-mla", q_lora_rank=64, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=32,
-        v_head_dim=32, mtp_depth=1))
+    model = plan_file.model.model_copy(
+        update=dict(
+            name="tiny-mla",
+            q_lora_rank=64,
+            kv_lora_rank=32,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=32,
+            v_head_dim=32,
+            mtp_depth=1,
+        )
+    )
     return plan_file.model_copy(update={"model": model})
 
 
@@ -123,7 +161,12 @@ def test_torchtitan_loads_and_places_layers_as_planned(name, load_recipe):
     config.model_spec.model.update_from_config(config=config)  # torchtitan's own model/parallel checks
     dims = ParallelDims.from_config(config.parallelism, world_size=entry.num_gpus)
     assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp, dims.cp, dims.ep) == (
-        entry.dp, entry.tp, entry.pp, entry.cp, entry.ep)
+        entry.dp,
+        entry.tp,
+        entry.pp,
+        entry.cp,
+        entry.ep,
+    )
     assert config.training.seq_len == entry.seq
     assert config.training.global_batch_size == entry.global_batch
     with torch.device("meta"):
@@ -137,11 +180,12 @@ def test_torchtitan_loads_and_places_layers_as_planned(name, load_recipe):
     names = parallelism.module_fqns_per_model_part
     csv_rows = (folder / parallelism.pipeline_parallel_schedule_csv).read_text().splitlines()
     for rank in range(entry.pp):
-        stages = _get_pp_rank_to_stage_indices_mapping(rank, entry.pp, parallelism.pipeline_parallel_schedule,
-                                                       len(names))
+        stages = _get_pp_rank_to_stage_indices_mapping(
+            rank, entry.pp, parallelism.pipeline_parallel_schedule, len(names)
+        )
         held = []
         for stage in stages:
-            layers = [int(k) for k in _split_module(built, names[stage]).layers.keys()]
+            layers = [int(k) for k in _split_module(built, names[stage]).layers]
             held.append((min(layers), max(layers) + 1))
         assert held == list(entry.chunks_of(rank))
         assert {_Action.from_str(a).stage_index for a in csv_rows[rank].split(",")} == set(stages)
@@ -243,13 +287,16 @@ def test_torchtitan_moe_routes_like_the_torch_script(load_recipe):
     assert (got - want).norm() / want.norm() < 0.02
 
 
-@pytest.mark.parametrize("model, fields, words", [
-    ("deepseek-v3", dict(pp=2, stage_layers=[[0, 31], [31, 61]]), "MTP supports neither pipeline"),
-    ("tiny-moe", dict(tp=2, ep=2, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 2 with ep 2"),
-    ("tiny-moe", dict(tp=2, etp=1, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 1 with ep 1, tp 2"),
-    ("tiny-moe", dict(dp=2, ep=2, pp=1, zero_stage=0, stage_layers=[[0, 6]]), "ZeRO-0 replicas"),
-    ("tiny-llama", dict(dp=2, ep=2, pp=1, stage_layers=[[0, 4]]), "dense model"),
-])
+@pytest.mark.parametrize(
+    "model, fields, words",
+    [
+        ("deepseek-v3", dict(pp=2, stage_layers=[[0, 31], [31, 61]]), "MTP supports neither pipeline"),
+        ("tiny-moe", dict(tp=2, ep=2, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 2 with ep 2"),
+        ("tiny-moe", dict(tp=2, etp=1, pp=1, stage_layers=[[0, 6]]), "expert tensor parallel 1 with ep 1, tp 2"),
+        ("tiny-moe", dict(dp=2, ep=2, pp=1, zero_stage=0, stage_layers=[[0, 6]]), "ZeRO-0 replicas"),
+        ("tiny-llama", dict(dp=2, ep=2, pp=1, stage_layers=[[0, 4]]), "dense model"),
+    ],
+)
 def test_torchtitan_refuses_moe_layouts_it_cannot_run(model, fields, words):
     with pytest.raises(ExportError, match=words) as refused:
         export_torchtitan(make_plan(model, **fields))
@@ -296,11 +343,17 @@ def test_torchtitan_runs_deepep_plans_with_its_deepep_dispatcher(name, load_reci
             assert all(d.num_max_tokens_per_rank and d.num_max_tokens_per_rank > 0 for d in dispatchers)
 
 
-@pytest.mark.parametrize("export, runtime", [("export_torchtitan", "torchtitan"), ("export_torch", "torch"),
-                                             ("export_deepspeed", "deepspeed")])
-@pytest.mark.parametrize("field, value, what", [
-    ("moe_ep_overlap", True, "Megatron's combined-1F1B all-to-all overlap"),
-    ("moe_dispatcher", "deepep", "DeepEP's token dispatcher")])
+@pytest.mark.parametrize(
+    "export, runtime",
+    [("export_torchtitan", "torchtitan"), ("export_torch", "torch"), ("export_deepspeed", "deepspeed")],
+)
+@pytest.mark.parametrize(
+    "field, value, what",
+    [
+        ("moe_ep_overlap", True, "Megatron's combined-1F1B all-to-all overlap"),
+        ("moe_dispatcher", "deepep", "DeepEP's token dispatcher"),
+    ],
+)
 def test_runtimes_without_the_mechanism_refuse_plans_priced_with_it(export, runtime, field, value, what):
     """One clear line naming the option, never a silent export of what the runtime will not run
     (torchtitan has DeepEP, so only its overlap refusal applies)."""
@@ -312,8 +365,9 @@ def test_runtimes_without_the_mechanism_refuse_plans_priced_with_it(export, runt
     fields = dict(dp=2, pp=1, stage_layers=[[0, resolve_model(model).num_layers]], num_microbatches=2)
     if model == "tiny-moe":
         fields["ep"] = 2
-    with pytest.raises(ExportError, match=f"priced with {what} .*, but {runtime} .*; re-plan without it: "
-                                          "`planner plan ") as refused:
+    with pytest.raises(
+        ExportError, match=f"priced with {what} .*, but {runtime} .*; re-plan without it: `planner plan "
+    ) as refused:
         getattr(exporters, export)(make_plan(model, **fields, **{field: value}))
     assert "\n" not in str(refused.value)
     getattr(exporters, export)(make_plan(model, **fields))  # the same plan without it is taken

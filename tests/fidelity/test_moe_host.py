@@ -27,8 +27,9 @@ def test_shapes_are_the_busiest_gpus_experts():
     8 GPUs of its EP group send it 8 x 1,024 x 8 / 128 x 16 = 8,192 copies for 16 experts, 512
     each on average, times the dropless imbalance prior on the busiest GPU."""
     shapes = shapes_of(_model("h100"), Shard(mbs=1, seq=4096, tp=4, sequence_parallel=True, ep=8, etp=1))
-    assert shapes == ExpertShapes(experts=16, tokens_per_expert=round(512 * DEFAULT_IMBALANCE), hidden=4096,
-                                  ffn=1536, gated=True)
+    assert shapes == ExpertShapes(
+        experts=16, tokens_per_expert=round(512 * DEFAULT_IMBALANCE), hidden=4096, ffn=1536, gated=True
+    )
     assert shapes.up_columns == 3072
 
 
@@ -53,14 +54,22 @@ def test_charges_are_the_roofline_and_the_per_expert_op_count():
     assert charges.gpu_forward_s == pytest.approx(roofline(629, 3072, 4096) + roofline(629, 4096, 1536))
     fp32_main_grad = 8.0  # Megatron's default: fused accumulation into fp32 main gradients
     assert charges.gpu_backward_s == pytest.approx(
-        roofline(629, 4096, 3072) + roofline(4096, 3072, 629, fp32_main_grad)
-        + roofline(629, 1536, 4096) + roofline(1536, 4096, 629, fp32_main_grad))
+        roofline(629, 4096, 3072)
+        + roofline(4096, 3072, 629, fp32_main_grad)
+        + roofline(629, 1536, 4096)
+        + roofline(1536, 4096, 629, fp32_main_grad)
+    )
     counts = tomllib.loads((PRESETS / "megatron_moe_counts.toml").read_text())["megatron-deepep"]["moe_layer"]
-    assert charges.host_forward_s == pytest.approx(1e-6 * (
-        eff.host_op_us_forward * counts["forward_kernels_per_expert"]
-        + eff.host_op_us_backward * counts["forward_cpp_per_expert"]))
-    assert charges.host_backward_s == pytest.approx(1e-6 * eff.host_op_us_backward * (
-        counts["backward_kernels_per_expert"] + counts["backward_cpp_per_expert"]))
+    assert charges.host_forward_s == pytest.approx(
+        1e-6
+        * (
+            eff.host_op_us_forward * counts["forward_kernels_per_expert"]
+            + eff.host_op_us_backward * counts["forward_cpp_per_expert"]
+        )
+    )
+    assert charges.host_backward_s == pytest.approx(
+        1e-6 * eff.host_op_us_backward * (counts["backward_kernels_per_expert"] + counts["backward_cpp_per_expert"])
+    )
 
 
 def test_per_expert_share_is_the_difference_over_the_added_experts():
@@ -82,8 +91,15 @@ def test_cpu_path_times_the_host_only():
     half = measure(ExpertShapes(experts=2, tokens_per_expert=8, hidden=16, ffn=8), "torch", "cpu", repeats=2, warmup=1)
     record = report(shapes, "torch", "cpu", times, half, model_charges(_model("h100"), shapes))
     assert record["shapes"]["experts"] == 4
-    assert set(record) == {"impl", "device", "shapes", "measured", "measured_half_experts", "measured_per_expert",
-                           "model_per_expert"}
+    assert set(record) == {
+        "impl",
+        "device",
+        "shapes",
+        "measured",
+        "measured_half_experts",
+        "measured_per_expert",
+        "model_per_expert",
+    }
 
 
 def test_unknown_implementation_is_refused():

@@ -34,11 +34,26 @@ def test_stage_layer_ranges_split_evenly():
 
 
 def _measurement(schedule: str, vpp: int) -> CaseMeasurement:
-    chunk = ChunkProfile(stage=0, forward_s=1.0, input_s=1.0, weight_s=0.5, backward_s=1.75,
-                         activation_bytes=10, weight_grad_bytes=4, retained_bytes=0)
-    return CaseMeasurement(schedule=schedule, pp=2, vpp=vpp, num_microbatches=4,
-                           chunks=((chunk,) * vpp,) * 2, p2p_s=0.0, step_s=(1.0,),
-                           peak_saved_bytes=(0, 0))
+    chunk = ChunkProfile(
+        stage=0,
+        forward_s=1.0,
+        input_s=1.0,
+        weight_s=0.5,
+        backward_s=1.75,
+        activation_bytes=10,
+        weight_grad_bytes=4,
+        retained_bytes=0,
+    )
+    return CaseMeasurement(
+        schedule=schedule,
+        pp=2,
+        vpp=vpp,
+        num_microbatches=4,
+        chunks=((chunk,) * vpp,) * 2,
+        p2p_s=0.0,
+        step_s=(1.0,),
+        peak_saved_bytes=(0, 0),
+    )
 
 
 def test_full_backward_schedules_use_the_measured_full_backward():

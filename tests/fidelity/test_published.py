@@ -10,13 +10,10 @@ from pathlib import Path
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.job import default_attention
-from planner.runtimes import resolve
 from planner.cost.memory import total_param_count
 from planner.cost.shapes import model_flops_per_token
 from planner.errors import ConfigError
 from planner.fidelity.published import (
-    residuals_json,
     build,
     by_source,
     cost_options,
@@ -25,10 +22,13 @@ from planner.fidelity.published import (
     held_out_by_rule,
     load_runs,
     published_tokens_per_s_per_gpu,
+    residuals_json,
     summarize,
     throughput_as_tokens_per_s_per_gpu,
 )
 from planner.fidelity.published_report import markdown_report
+from planner.job import default_attention
+from planner.runtimes import resolve
 
 DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
@@ -191,7 +191,9 @@ def test_set_covers_sources_years_generations_runtimes_and_scales(runs):
     assert len({r.year for r in runs}) >= 3
     generations = {r.gpu.split("-")[0] for r in runs}
     assert {"a100", "h100"} <= generations
-    assert {"megatron@2021", "megatron@0.19", "deepspeed@megatron-2022", "torchtitan@0.3", "nemo@2024"} <= {r.runtime for r in runs}
+    assert {"megatron@2021", "megatron@0.19", "deepspeed@megatron-2022", "torchtitan@0.3", "nemo@2024"} <= {
+        r.runtime for r in runs
+    }
     assert min(r.gpus for r in runs) <= 8 and max(r.gpus for r in runs) >= 10_000
     assert set(MEAN_ABS_STEP_ERROR_BOUND) == sources
 
@@ -221,31 +223,54 @@ def test_settings_map_to_cost_options_over_the_runtime_version(runs):
 
 def _row(**overrides) -> str:
     fields = {
-        "name": '"x"', "source_id": '"s"', "year": "2022", "runtime": '"megatron@2022"', "model": '"gpt3-175b"',
-        "gpu": '"a100-80gb"', "gpus": "64", "gpus_per_node": "8", "intra_node_bw_gbps": "300.0",
-        "inter_node_bw_gbps": "25.0", "tp": "8", "pp": "8", "cp": "1", "dp": "1", "vpp": "1", "mbs": "1",
-        "schedule": '"1f1b"', "recompute": '"full"', "sequence_parallel": "false", "zero_stage": "0",
-        "global_batch": "64", "seq": "2048", "settings": '{ dtype = "fp16" }',
-        "step_time_s": "18.0", "flops_convention": '"megatron_hfu"',
-        "source": '"A paper, Table 5, row 175B"', "url": '"https://arxiv.org/abs/2205.05198"',
+        "name": '"x"',
+        "source_id": '"s"',
+        "year": "2022",
+        "runtime": '"megatron@2022"',
+        "model": '"gpt3-175b"',
+        "gpu": '"a100-80gb"',
+        "gpus": "64",
+        "gpus_per_node": "8",
+        "intra_node_bw_gbps": "300.0",
+        "inter_node_bw_gbps": "25.0",
+        "tp": "8",
+        "pp": "8",
+        "cp": "1",
+        "dp": "1",
+        "vpp": "1",
+        "mbs": "1",
+        "schedule": '"1f1b"',
+        "recompute": '"full"',
+        "sequence_parallel": "false",
+        "zero_stage": "0",
+        "global_batch": "64",
+        "seq": "2048",
+        "settings": '{ dtype = "fp16" }',
+        "step_time_s": "18.0",
+        "flops_convention": '"megatron_hfu"',
+        "source": '"A paper, Table 5, row 175B"',
+        "url": '"https://arxiv.org/abs/2205.05198"',
         "assumptions": '"' + "a" * 50 + '"',
     }
     fields.update(overrides)
     return "[[run]]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items() if v is not None)
 
 
-@pytest.mark.parametrize("override", [
-    {"settings": '{ attention = "flash9" }'},
-    {"settings": '{ tensor_parallel_magic = true }'},
-    {"settings": '{ p2p_mode = "carrier-pigeon" }'},
-    {"runtime": '"megatron@1999"'},
-    {"runtime": '"megatron-lm"'},
-    {"attention": '"unfused"'},
-    {"dp": "2"},
-    {"url": '"http://example.com"'},
-    {"step_time_s": None},
-    {"global_batch": "63", "mbs": "2"},
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"settings": '{ attention = "flash9" }'},
+        {"settings": "{ tensor_parallel_magic = true }"},
+        {"settings": '{ p2p_mode = "carrier-pigeon" }'},
+        {"runtime": '"megatron@1999"'},
+        {"runtime": '"megatron-lm"'},
+        {"attention": '"unfused"'},
+        {"dp": "2"},
+        {"url": '"http://example.com"'},
+        {"step_time_s": None},
+        {"global_batch": "63", "mbs": "2"},
+    ],
+)
 def test_loader_rejects_invalid_rows(tmp_path, override):
     assert load_runs(_write(tmp_path, _row()))  # the unmodified row is valid
     with pytest.raises(ConfigError):
@@ -363,9 +388,13 @@ def test_published_conversion_round_trips_stated_mfu(runs):
 
 def test_narayanan_table1_sizes_match_the_papers_parameter_formula():
     """Table 1's parameter column (billions) against planner's count of each preset."""
-    for name, billions in (("megatron-gpt-1.7b", 1.7), ("megatron-gpt-18.4b", 18.4),
-                           ("megatron-gpt-145.6b", 145.6), ("megatron-gpt-529.6b", 529.6),
-                           ("megatron-gpt-1t", 1008.0)):
+    for name, billions in (
+        ("megatron-gpt-1.7b", 1.7),
+        ("megatron-gpt-18.4b", 18.4),
+        ("megatron-gpt-145.6b", 145.6),
+        ("megatron-gpt-529.6b", 529.6),
+        ("megatron-gpt-1t", 1008.0),
+    ):
         assert total_param_count(resolve_model(name)) / 1e9 == pytest.approx(billions, rel=0.03), name
 
 

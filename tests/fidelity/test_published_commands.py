@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.fidelity.published import evaluate_command, evaluate_run, load_runs
 from planner.catalog import resolve_gpu
+from planner.fidelity.published import evaluate_command, evaluate_run, load_runs
 from planner.job import cost_options
 from planner.request import Request
 from planner.runtimes import resolve

@@ -21,8 +21,12 @@ from planner.spec import GpuEfficiency
 
 RUNS = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 FACTORS = load_factor_ranges()
-CHEAP_RUNS = ("mosaic-mpt-7b-h100-8gpu", "mosaic-mpt-30b-h100-32gpu", "torchtitan-llama3-8b-fsdp8",
-              "megatron-sc21-gpt-1.7b")
+CHEAP_RUNS = (
+    "mosaic-mpt-7b-h100-8gpu",
+    "mosaic-mpt-30b-h100-32gpu",
+    "torchtitan-llama3-8b-fsdp8",
+    "megatron-sc21-gpt-1.7b",
+)
 """A few quick runs: three on presets the H100 family's layer_scale acts on, one it leaves as is."""
 
 

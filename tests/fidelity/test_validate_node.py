@@ -31,16 +31,36 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _plan(model: str, **fields) -> PlanFile:
-    entry = dict(tp=1, pp=2, dp=1, mbs=1, num_microbatches=4, global_batch=4, seq=64, schedule="1f1b",
-                 stage_layers=[[0, 1], [1, 4]], zero_stage=1, dtype="bf16")
+    entry = dict(
+        tp=1,
+        pp=2,
+        dp=1,
+        mbs=1,
+        num_microbatches=4,
+        global_batch=4,
+        seq=64,
+        schedule="1f1b",
+        stage_layers=[[0, 1], [1, 4]],
+        zero_stage=1,
+        dtype="bf16",
+    )
     entry.update(fields)
-    predicted = Predicted(step_time_s=2.0, tokens_per_s=1.0, mfu=0.1, bubble_fraction=0.1,
-                          memory_gb_per_stage=[3.0] * entry["pp"],
-                          memory_breakdown_gb=MemoryBreakdown(weights=0, grads=0, optimizer=0, activations=0,
-                                                              other=0))
+    predicted = Predicted(
+        step_time_s=2.0,
+        tokens_per_s=1.0,
+        mfu=0.1,
+        bubble_fraction=0.1,
+        memory_gb_per_stage=[3.0] * entry["pp"],
+        memory_breakdown_gb=MemoryBreakdown(weights=0, grads=0, optimizer=0, activations=0, other=0),
+    )
     plan = PlanEntry(**entry, predicted=predicted)
-    return PlanFile(plans=[plan], model=resolve_model(model), planner_version="", cost_source="analytic",
-                    cluster=ClusterSummary(gpu="h100", num_gpus=plan.num_gpus, gpus_per_node=8))
+    return PlanFile(
+        plans=[plan],
+        model=resolve_model(model),
+        planner_version="",
+        cost_source="analytic",
+        cluster=ClusterSummary(gpu="h100", num_gpus=plan.num_gpus, gpus_per_node=8),
+    )
 
 
 def _torch_stage_params(model: str, first: int, end: int, embedding: bool, head: bool) -> int:
@@ -82,8 +102,13 @@ def test_report_table_flags_what_differs():
     spec = resolve_model("tiny-llama")
     entry = plan_file.plans[0]
     reports = [
-        {"rank": 0, "pp_rank": 0, "params": rank_params(spec, entry, 0), "step_time_s": [9.0, 1.0, 3.0],
-         "peak_allocated_bytes": 2**30},
+        {
+            "rank": 0,
+            "pp_rank": 0,
+            "params": rank_params(spec, entry, 0),
+            "step_time_s": [9.0, 1.0, 3.0],
+            "peak_allocated_bytes": 2**30,
+        },
         {"rank": 1, "pp_rank": 1, "params": 7, "step_time_s": [4.0], "peak_allocated_bytes": None},
     ]
     rows = compare(plan_file, reports)
@@ -103,8 +128,19 @@ def test_tp_degrees_divide_node_and_heads():
 @pytest.mark.slow
 def test_two_cpu_processes_end_to_end(tmp_path):
     lines: list[str] = []
-    request = NodeRequest(model="tiny-llama", nproc=2, global_batch=4, seq=64, device="cpu", dtype="fp32",
-                          steps=3, warmup=0, repeats=1, max_collective_bytes=16384, workdir=tmp_path)
+    request = NodeRequest(
+        model="tiny-llama",
+        nproc=2,
+        global_batch=4,
+        seq=64,
+        device="cpu",
+        dtype="fp32",
+        steps=3,
+        warmup=0,
+        repeats=1,
+        max_collective_bytes=16384,
+        workdir=tmp_path,
+    )
     record = run(request, echo=lines.append)
     print("\n".join(lines))  # step times: reported, not asserted
     assert len(record["ranks"]) == 2
@@ -120,7 +156,8 @@ def test_two_cpu_processes_end_to_end(tmp_path):
 
 def test_shell_wrapper_passes_arguments_through(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
-    done = subprocess.run([str(ROOT / "scripts" / "validate_node.sh"), "--help"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "validate_node.sh"), "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert "--nproc" in done.stdout and "--global-batch" in done.stdout

@@ -70,10 +70,15 @@ def test_transcription_matches_the_papers_headline_gains(rows):
     """The abstract: ZB beats 1F1B "up to 23% in throughput under a similar memory limit" (ZB-1p
     and ZB-V: Table 6, 28.3B, m 96, 1.01 / 0.82) and "up to 31% when the memory constraint is
     relaxed" (ZB-2p; Table 4's best is 0.99 / 0.76 = +30.3%, the abstract's "31%" rounds up)."""
+
     def best(table, schedules):
-        return max(r.samples_per_gpu_per_s / next(b for b in group if b.schedule == BASELINE).samples_per_gpu_per_s
-                   for group in by_setup(rows).values() for r in group
-                   if r.schedule in schedules and r.table.startswith(table))
+        return max(
+            r.samples_per_gpu_per_s / next(b for b in group if b.schedule == BASELINE).samples_per_gpu_per_s
+            for group in by_setup(rows).values()
+            for r in group
+            if r.schedule in schedules and r.table.startswith(table)
+        )
+
     assert round(best("Table", {"ZB-1p", "ZB-V"}) - 1, 2) == 0.23
     assert round(best("Table 4", {"ZB-2p"}) - 1, 3) == 0.303
 
@@ -90,16 +95,23 @@ def test_every_setup_keeps_one_global_batch(rows):
 def test_vocabulary_gives_the_published_model_sizes(rows):
     sizes = {r.model: total_param_count(model_spec(r)) for r in rows}
     assert {name: round(count / 1e9, 1) for name, count in sizes.items()} == {
-        "gpt-1.5b": 1.5, "gpt-6.2b": 6.2, "gpt-14.6b": 14.6, "gpt-28.3b": 28.3}
+        "gpt-1.5b": 1.5,
+        "gpt-6.2b": 6.2,
+        "gpt-14.6b": 14.6,
+        "gpt-28.3b": 28.3,
+    }
 
 
-@pytest.mark.parametrize(("layers", "stages", "counts"), [
-    (22, 8, [2, 3, 3, 3, 3, 3, 3, 2]),  # the paper: first and last stage one layer fewer
-    (22, 24, [0] + [1] * 22 + [0]),  # 1F1B-I, one layer per chunk: end chunks hold none
-    (62, 64, [0] + [1] * 62 + [0]),  # ZB-V, 28.3B on 32 GPUs
-    (46, 16, [2] + [3] * 14 + [2]),
-    (24, 8, [3] * 8),  # nothing to pad
-])
+@pytest.mark.parametrize(
+    ("layers", "stages", "counts"),
+    [
+        (22, 8, [2, 3, 3, 3, 3, 3, 3, 2]),  # the paper: first and last stage one layer fewer
+        (22, 24, [0] + [1] * 22 + [0]),  # 1F1B-I, one layer per chunk: end chunks hold none
+        (62, 64, [0] + [1] * 62 + [0]),  # ZB-V, 28.3B on 32 GPUs
+        (46, 16, [2] + [3] * 14 + [2]),
+        (24, 8, [3] * 8),  # nothing to pad
+    ],
+)
 def test_padding_takes_a_layer_from_each_end(layers, stages, counts):
     assert padded_stage_counts(layers, stages) == counts
 
@@ -129,7 +141,7 @@ def test_bad_file_is_refused(tmp_path):
 
 def test_predicted_order_of_schedules_matches_table_4(results):
     """Every Table 4 setup: ZB-2p > ZB-1p > 1F1B, as measured."""
-    for setup, group in by_setup([r.row for r in results]).items():
+    for setup, _group in by_setup([r.row for r in results]).items():
         if not setup.startswith("t4-"):
             continue
         ratio = {r.row.schedule: r.predicted_ratio for r in results if r.row.setup == setup}

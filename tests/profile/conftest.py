@@ -29,8 +29,24 @@ def cpu_profile(tmp_path_factory, one_thread):
 
     path = tmp_path_factory.mktemp("profiles") / "cpu-tiny-llama.json"
     with pytest.raises(SystemExit) as done:
-        run(["profile", "--model", "tiny-llama", *CPU_GRID, "--dtype", "fp32", "--device", "cpu",
-             "--warmup", "1", "--repeats", "3", "-o", str(path)])
+        run(
+            [
+                "profile",
+                "--model",
+                "tiny-llama",
+                *CPU_GRID,
+                "--dtype",
+                "fp32",
+                "--device",
+                "cpu",
+                "--warmup",
+                "1",
+                "--repeats",
+                "3",
+                "-o",
+                str(path),
+            ]
+        )
         raise SystemExit(0)
     assert done.value.code == 0
     return path

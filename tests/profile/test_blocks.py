@@ -21,10 +21,10 @@ from planner.catalog import resolve_model  # noqa: E402
 from planner.cost import memory  # noqa: E402
 from planner.cost.shapes import Shard  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
+from planner.job import runtime_cost_options  # noqa: E402
 from planner.profile.blocks import build_transformer, check_block  # noqa: E402
 from planner.profile.measure import Settings, measure_shape, param_count  # noqa: E402
 from planner.profile.schema import ShapeKey  # noqa: E402
-from planner.job import runtime_cost_options  # noqa: E402
 
 RUNTIME_AGREEMENT = 0.05
 
@@ -33,14 +33,21 @@ def _activation_options(runtime: str | None, **extra) -> memory.ActivationOption
     """The analytic model's activation options for plans `runtime` runs (as CostModel builds them)."""
     options = runtime_cost_options(runtime)
     kernels = options.kernels
-    return memory.ActivationOptions(flash_attention=kernels.flash_attention, dropout=kernels.dropout,
-                                    selective_policy=options.recompute.selective_policy,
-                                    eager_swiglu=kernels.eager_swiglu, **extra)
+    return memory.ActivationOptions(
+        flash_attention=kernels.flash_attention,
+        dropout=kernels.dropout,
+        selective_policy=options.recompute.selective_policy,
+        eager_swiglu=kernels.eager_swiglu,
+        **extra,
+    )
 
 
 def _measure(block: str, tp: int, recompute: str = "none", model: str = "tiny-llama"):
-    row = measure_shape(resolve_model(model), ShapeKey("transformer", tp, 2, 64, recompute),
-                        Settings(device="cpu", dtype="bf16", warmup=0, repeats=1, block=block))
+    row = measure_shape(
+        resolve_model(model),
+        ShapeKey("transformer", tp, 2, 64, recompute),
+        Settings(device="cpu", dtype="bf16", warmup=0, repeats=1, block=block),
+    )
     assert row.status == "ok", row.message
     return row
 
@@ -136,8 +143,11 @@ def test_megatron_block_builds_on_cpu_but_its_attention_needs_cuda():
 def test_megatron_block_saves_what_the_unfused_attention_model_says(tp):
     # the local spec's DotProductAttention materialises softmax(QK^T): the non-flash model
     spec = resolve_model("tiny-llama")
-    row = measure_shape(spec, ShapeKey("transformer", tp, 2, 64, "none"),
-                        Settings(device="cuda", dtype="bf16", warmup=0, repeats=1, block="megatron"))
+    row = measure_shape(
+        spec,
+        ShapeKey("transformer", tp, 2, 64, "none"),
+        Settings(device="cuda", dtype="bf16", warmup=0, repeats=1, block="megatron"),
+    )
     assert row.status == "ok", row.message
     options = memory.ActivationOptions(flash_attention=False)
     expected = memory.activation_bytes(spec, "transformer", Shard(mbs=2, seq=64, tp=tp), "none", options)

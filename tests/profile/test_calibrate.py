@@ -4,6 +4,7 @@ analytic model on a real CPU profile."""
 from __future__ import annotations
 
 import pytest
+from profile_factories import make_profile, ok_row
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.calibrate import FITTED, fit, transfer
@@ -11,12 +12,19 @@ from planner.cost.compute import AnalyticCompute
 from planner.cost.shapes import Shard, layer_work
 from planner.errors import PlannerError
 from planner.profile import store
-from profile_factories import make_profile, ok_row
 
 H100 = resolve_gpu("h100")
-TRUE = H100.efficiency.model_copy(update=dict(  # the analytic form the fit recovers, not the preset's GEMM table
-    gemm=0.62, gemm_half_dim=150.0, attention_fwd=0.48, attention_bwd=0.36, hbm=0.7, kernel_overhead_us=7.0,
-    gemm_table=None))
+TRUE = H100.efficiency.model_copy(
+    update=dict(  # the analytic form the fit recovers, not the preset's GEMM table
+        gemm=0.62,
+        gemm_half_dim=150.0,
+        attention_fwd=0.48,
+        attention_bwd=0.36,
+        hbm=0.7,
+        kernel_overhead_us=7.0,
+        gemm_table=None,
+    )
+)
 
 
 def _synthetic(efficiency, model="llama3-8b"):
@@ -31,8 +39,17 @@ def _synthetic(efficiency, model="llama3-8b"):
                     i, w = t.backward_input_s * 1e3, t.backward_weight_s * 1e3
                     if kind == "embedding":  # the runtime runs the first stage's backward as W
                         i, w = 0.0, i + w
-                    rows.append(ok_row(kind=kind, tp=tp, mbs=mbs, seq=seq, forward_ms=t.forward_s * 1e3,
-                                       backward_input_ms=i, backward_weight_ms=w))
+                    rows.append(
+                        ok_row(
+                            kind=kind,
+                            tp=tp,
+                            mbs=mbs,
+                            seq=seq,
+                            forward_ms=t.forward_s * 1e3,
+                            backward_input_ms=i,
+                            backward_weight_ms=w,
+                        )
+                    )
     return make_profile(rows, model=model, device="NVIDIA H100 80GB HBM3", device_type="cuda")
 
 

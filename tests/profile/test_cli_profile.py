@@ -19,7 +19,6 @@ from planner.profile.schema import shape_keys
 FAST = ["--dtype", "fp32", "--device", "cpu", "--warmup", "0", "--repeats", "1"]
 
 
-
 class Crash(Exception):
     """A failure in the middle of a run (the process dying, as far as the file can tell)."""
 
@@ -57,8 +56,22 @@ def counted(monkeypatch):
 
 def test_profile_writes_every_shape(cli, tmp_path, one_thread, counted):
     path = tmp_path / "gpt.json"
-    code, out, err = cli("profile", "--model", "tiny-gpt", "--tp", "1,2", "--mbs", "1,2", "--seq", "32",
-                          "--recompute", "none,full", *FAST, "-o", str(path))
+    code, out, err = cli(
+        "profile",
+        "--model",
+        "tiny-gpt",
+        "--tp",
+        "1,2",
+        "--mbs",
+        "1,2",
+        "--seq",
+        "32",
+        "--recompute",
+        "none,full",
+        *FAST,
+        "-o",
+        str(path),
+    )
     assert code == 0, err
     profile = store.load(path)
     keys = shape_keys(["embedding", "transformer", "head"], [1, 2], [1, 2], [32], ["none", "full"])
@@ -96,8 +109,22 @@ def test_resume_with_a_wider_grid_adds_the_missing_shapes(cli, tmp_path, one_thr
 
 def test_out_of_memory_shapes_are_recorded_and_the_run_goes_on(cli, tmp_path, one_thread):
     path = tmp_path / "capped.json"
-    code, out, err = cli("profile", "--model", "tiny-llama", "--kinds", "transformer", "--mbs", "1,8",
-                          "--seq", "32,256", "--memory-cap-gb", "0.012", *FAST, "-o", str(path))
+    code, out, err = cli(
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--kinds",
+        "transformer",
+        "--mbs",
+        "1,8",
+        "--seq",
+        "32,256",
+        "--memory-cap-gb",
+        "0.012",
+        *FAST,
+        "-o",
+        str(path),
+    )
     assert code == 0, err
     status = {(r.mbs, r.seq): r.status for r in store.load(path).rows}
     assert status == {(1, 32): "ok", (8, 32): "ok", (1, 256): "ok", (8, 256): "oom"}
@@ -128,11 +155,24 @@ def test_user_errors_are_one_line(cli, tmp_path, argv, message):
 def test_existing_file_and_mismatched_resume_are_refused(cli, tmp_path, cpu_profile):
     code, _, err = cli("profile", "--model", "tiny-llama", *FAST, "-o", str(cpu_profile))
     assert code == 2 and "exists: pass --resume" in err
-    code, _, err = cli("profile", "--model", "tiny-llama", "--resume", "--dtype", "bf16", "--device", "cpu",
-                        "--warmup", "1", "--repeats", "3", "-o", str(cpu_profile))
+    code, _, err = cli(
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--resume",
+        "--dtype",
+        "bf16",
+        "--device",
+        "cpu",
+        "--warmup",
+        "1",
+        "--repeats",
+        "3",
+        "-o",
+        str(cpu_profile),
+    )
     assert code == 2 and "has dtype 'fp32', this run 'bf16'" in err
-    code, _, err = cli("profile", "--model", "tiny-gpt", "--seq", "32", "--resume", *FAST,
-                        "-o", str(cpu_profile))
+    code, _, err = cli("profile", "--model", "tiny-gpt", "--seq", "32", "--resume", *FAST, "-o", str(cpu_profile))
     assert code == 2 and "measured for model 'tiny-llama', not for 'tiny-gpt'" in err
 
 
@@ -145,7 +185,7 @@ def test_learned_positions_bound_the_sequence(cli, tmp_path):
 def test_calibrate_prints_the_preset_table(cli, cpu_profile):
     code, out, err = cli("calibrate", str(cpu_profile), "--gpu", "h100", "--to", "h200")
     assert code == 0, err
-    toml = out[out.index("[h100.efficiency]"):out.index("[h200.efficiency]")]
+    toml = out[out.index("[h100.efficiency]") : out.index("[h200.efficiency]")]
     table = tomllib.loads(toml)["h100"]["efficiency"]
     assert {"gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us"} <= set(table)
     assert "fitted by planner calibrate to cpu-tiny-llama.json" in table["source"]
@@ -192,9 +232,32 @@ def test_collectives_under_torchrun(tmp_path):
     path = tmp_path / "comm.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "planner", "profile", "--collectives", "--model", "tiny-llama",
-         "--device", "cpu", "--max-bytes", "4096", "--warmup", "1", "--repeats", "2", "-o", str(path)],
-        capture_output=True, text=True, timeout=180, env=env,
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "planner",
+            "profile",
+            "--collectives",
+            "--model",
+            "tiny-llama",
+            "--device",
+            "cpu",
+            "--max-bytes",
+            "4096",
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+            "-o",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = store.load(path).collectives
@@ -210,14 +273,37 @@ def test_collectives_spawn_their_own_processes_for_each_group_size(tmp_path):
     path = tmp_path / "comm.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "planner", "profile", "--collectives", "--nproc", "4", "--model", "tiny-llama",
-         "--device", "cpu", "--max-bytes", "16384", "--warmup", "1", "--repeats", "2", "-o", str(path)],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "planner",
+            "profile",
+            "--collectives",
+            "--nproc",
+            "4",
+            "--model",
+            "tiny-llama",
+            "--device",
+            "cpu",
+            "--max-bytes",
+            "16384",
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+            "-o",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = store.load(path).collectives
-    expected = {(op, g, size) for g in (2, 4) for op in ALL_OPS for size in (1024, 4096, 16384)
-                if op != "send_recv" or g == 2}
+    expected = {
+        (op, g, size) for g in (2, 4) for op in ALL_OPS for size in (1024, 4096, 16384) if op != "send_recv" or g == 2
+    }
     assert {(r.op, r.world_size, r.bytes) for r in rows} == expected
     four = {r.op: r.busbw_gbps / r.algbw_gbps for r in rows if r.world_size == 4 and r.bytes == 4096}
     assert four == pytest.approx({"all_reduce": 1.5, "all_gather": 0.75, "reduce_scatter": 0.75, "all_to_all": 0.75})

@@ -10,7 +10,6 @@ import pytest
 from profile_factories import make_profile, ok_row
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cli import options as opt
 from planner.cli.plan import build_space
 from planner.cost.calibrate import fit, fit_file
 from planner.cost.compute import AnalyticCompute
@@ -27,9 +26,17 @@ from planner.spec import Cluster
 FAST = ["--dtype", "fp32", "--device", "cpu", "--warmup", "0", "--repeats", "1"]
 TINY = ["--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "256"]
 H100 = resolve_gpu("h100")
-TRUE = H100.efficiency.model_copy(update=dict(  # the analytic form a fit recovers, not the preset's GEMM table
-    gemm=0.62, gemm_half_dim=150.0, attention_fwd=0.48, attention_bwd=0.36, hbm=0.7, kernel_overhead_us=7.0,
-    gemm_table=None))
+TRUE = H100.efficiency.model_copy(
+    update=dict(  # the analytic form a fit recovers, not the preset's GEMM table
+        gemm=0.62,
+        gemm_half_dim=150.0,
+        attention_fwd=0.48,
+        attention_bwd=0.36,
+        hbm=0.7,
+        kernel_overhead_us=7.0,
+        gemm_table=None,
+    )
+)
 
 
 def _asked(spec, cluster, global_batch, seq, space):
@@ -62,9 +69,12 @@ def test_context_parallel_shards_map_to_rows_of_the_same_tokens_and_attention_le
     # embedding and head see seq / cp tokens per sequence; a block under CP 2 with mbs 2 attends
     # 256 local queries to 256 keys, the work of one whole sequence; with mbs 1 no row has its shape
     assert {s.key for s in plan.shapes} == {
-        ("embedding", 1, 1, 128, "none"), ("head", 1, 1, 128, "none"),
-        ("embedding", 1, 2, 128, "none"), ("head", 1, 2, 128, "none"),
-        ("transformer", 1, 1, 256, "none")}
+        ("embedding", 1, 1, 128, "none"),
+        ("head", 1, 1, 128, "none"),
+        ("embedding", 1, 2, 128, "none"),
+        ("head", 1, 2, 128, "none"),
+        ("transformer", 1, 1, 256, "none"),
+    }
     assert plan.unmeasurable == ("transformer tp=1 mbs=1 seq=256 cp=2 (128 tokens attending to 256)",)
     profile = make_profile([ok_row(kind=k.kind, tp=k.tp, mbs=k.mbs, seq=k.seq) for k in (s.key for s in plan.shapes)])
     source = MeasuredFirst(ProfiledCompute(profile, "p"), None, "calibrated")
@@ -91,10 +101,18 @@ def test_fit_moves_only_what_its_samples_identify():
     for tp in (1, 8):
         for mbs in (1, 4):
             t = compute.layer_times(layer_work(spec, "embedding", Shard(mbs=mbs, seq=4096, tp=tp)))
-            rows.append(ok_row(kind="embedding", tp=tp, mbs=mbs, seq=4096, forward_ms=t.forward_s * 1e3,
-                               backward_input_ms=0.0, backward_weight_ms=t.backward_s * 1e3))
-    efficiency = fit([make_profile(rows, model="llama3-8b", device="NVIDIA H100", device_type="cuda")],
-                     H100).efficiency
+            rows.append(
+                ok_row(
+                    kind="embedding",
+                    tp=tp,
+                    mbs=mbs,
+                    seq=4096,
+                    forward_ms=t.forward_s * 1e3,
+                    backward_input_ms=0.0,
+                    backward_weight_ms=t.backward_s * 1e3,
+                )
+            )
+    efficiency = fit([make_profile(rows, model="llama3-8b", device="NVIDIA H100", device_type="cuda")], H100).efficiency
     assert efficiency.hbm == pytest.approx(TRUE.hbm, rel=0.03)
     assert efficiency.kernel_overhead_us == pytest.approx(TRUE.kernel_overhead_us, rel=0.03)
     prior = H100.efficiency  # no GEMM or attention in an embedding: the prior's shape, rescaled as one
@@ -113,11 +131,20 @@ def test_unmeasured_shapes_get_the_model_fitted_to_the_profile(tmp_path, dtype):
             for seq in (1024, 4096):
                 t = compute.layer_times(layer_work(spec, kind, Shard(mbs=mbs, seq=seq, tp=1)))
                 i, w = (0.0, t.backward_s) if kind == "embedding" else (t.backward_input_s, t.backward_weight_s)
-                rows.append(ok_row(kind=kind, mbs=mbs, seq=seq, forward_ms=t.forward_s * 1e3,
-                                   backward_input_ms=i * 1e3, backward_weight_ms=w * 1e3))
+                rows.append(
+                    ok_row(
+                        kind=kind,
+                        mbs=mbs,
+                        seq=seq,
+                        forward_ms=t.forward_s * 1e3,
+                        backward_input_ms=i * 1e3,
+                        backward_weight_ms=w * 1e3,
+                    )
+                )
     path = tmp_path / "p.json"
-    store.save(path, make_profile(rows, model="llama3-8b", device="NVIDIA H100 80GB HBM3", device_type="cuda",
-                                  dtype=dtype))
+    store.save(
+        path, make_profile(rows, model="llama3-8b", device="NVIDIA H100 80GB HBM3", device_type="cuda", dtype=dtype)
+    )
     model = build_cost_model(spec, Cluster.of(H100, 8), path)
     measured, elsewhere = Shard(mbs=2, seq=1024), Shard(mbs=4, seq=2048, tp=4)
     assert model.source.source_of("transformer", measured) == "measured"
@@ -130,8 +157,9 @@ def test_unmeasured_shapes_get_the_model_fitted_to_the_profile(tmp_path, dtype):
     # the cost model's own recompute estimate runs on the fitted efficiencies too
     costs = model.layer_costs("transformer", elsewhere, "selective")
     work = layer_work(spec, "transformer", elsewhere)
-    assert costs.recompute_s == pytest.approx(compute.attention_time(work.attention_flops, work.attention_seq, False),
-                                              rel=0.03)
+    assert costs.recompute_s == pytest.approx(
+        compute.attention_time(work.attention_flops, work.attention_seq, False), rel=0.03
+    )
 
 
 def test_the_fit_is_cached_per_file_version(tmp_path):
@@ -158,23 +186,37 @@ def test_for_plan_then_plan_on_a_fresh_profile(cli, tmp_path, one_thread):
     assert code == 0, err
     document = json.loads(out)
     assert document["cost_source"] == "profile:prof.json"
-    assert all(p["cost_sources"] == dict.fromkeys(("embedding", "transformer", "head"), "measured")
-               for p in document["plans"])
+    assert all(
+        p["cost_sources"] == dict.fromkeys(("embedding", "transformer", "head"), "measured") for p in document["plans"]
+    )
     code, out, err = cli("plan", *TINY, "--profile", str(path))
     assert code == 0 and "costs of plans #1, #2, #3, #4, #5: all measured" in out
 
 
 def test_plan_on_a_partial_profile_calibrates_the_rest(cli, cpu_profile):
     # cpu_profile measured tp 1,2 x mbs 1,2 x seq 64,128: the search also tries tp 4 and mbs 4, 8
-    job = ["--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "128",
-           "--profile", str(cpu_profile)]
+    job = [
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--seq",
+        "128",
+        "--profile",
+        str(cpu_profile),
+    ]
     code, out, err = cli("plan", *job, "--json", "--top", "40")
     assert code == 0, err
     for p in json.loads(out)["plans"]:
         inside = p["tp"] in (1, 2) and p["mbs"] in (1, 2)
         assert set(p["cost_sources"].values()) == {"measured" if inside else "calibrated"}, p
-    for restriction, sources in ((["--tp", "2", "--mbs", "2"], "measured"), (["--tp", "2", "--mbs", "4"], "calibrated"),
-                                 (["--tp", "4", "--mbs", "1"], "calibrated")):
+    for restriction, sources in (
+        (["--tp", "2", "--mbs", "2"], "measured"),
+        (["--tp", "2", "--mbs", "4"], "calibrated"),
+        (["--tp", "4", "--mbs", "1"], "calibrated"),
+    ):
         code, out, err = cli("plan", *job, *restriction, "--json")
         assert code == 0, err
         assert {s for p in json.loads(out)["plans"] for s in p["cost_sources"].values()} == {sources}
@@ -184,8 +226,19 @@ def test_plan_on_a_partial_profile_calibrates_the_rest(cli, cpu_profile):
 
 
 def test_profile_only_keeps_the_search_to_measured_shapes(cli, cpu_profile):
-    base = ["plan", "--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "128",
-            "--profile", str(cpu_profile)]
+    base = [
+        "plan",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--seq",
+        "128",
+        "--profile",
+        str(cpu_profile),
+    ]
     code, out, err = cli(*base, "--profile-only", "--json", "--top", "3")
     assert code == 0, err
     only = json.loads(out)["plans"]
@@ -198,16 +251,41 @@ def test_profile_only_keeps_the_search_to_measured_shapes(cli, cpu_profile):
 
 
 def test_evaluate_and_sweep_say_where_costs_came_from(cli, cpu_profile):
-    job = ["--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "128",
-           "--profile", str(cpu_profile)]
+    job = [
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "16",
+        "--seq",
+        "128",
+        "--profile",
+        str(cpu_profile),
+    ]
     code, out, err = cli("evaluate", *job, "--tp", "2", "--mbs", "2", "--json")
     assert code == 0 and json.loads(out)["plans"][0]["cost_sources"]["transformer"] == "measured"
     code, out, err = cli("evaluate", *job, "--tp", "4", "--mbs", "2", "--profile-only")
     assert code == 2 and "does not span the embedding, transformer, head shape" in err and err.count("\n") == 1
-    code, out, err = cli("sweep", *job[:2], "--gpus", "4", "--seq", "128", "--profile", str(cpu_profile),
-                         "--vary", "global-batch", "--values", "8,16", "--json")
+    code, out, err = cli(
+        "sweep",
+        *job[:2],
+        "--gpus",
+        "4",
+        "--seq",
+        "128",
+        "--profile",
+        str(cpu_profile),
+        "--vary",
+        "global-batch",
+        "--values",
+        "8,16",
+        "--json",
+    )
     assert code == 0, err
-    assert all(set(p["plan"]["cost_sources"]) == {"embedding", "transformer", "head"} for p in json.loads(out)["points"])
+    assert all(
+        set(p["plan"]["cost_sources"]) == {"embedding", "transformer", "head"} for p in json.loads(out)["points"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -244,16 +322,21 @@ def test_llama3_8b_on_64_gpus_from_one_measured_shape(cli, tmp_path, one_thread)
     assert [r.key for r in store.load(path).rows] == [("embedding", 8, 1, 8192, "none")]
     code, out, err = cli("plan", *request, "--profile", str(path), "--tp", "8", "--mbs", "1", "--json")
     assert code == 0, err
-    assert all(p["cost_sources"] == {"embedding": "measured", "transformer": "calibrated", "head": "calibrated"}
-               for p in json.loads(out)["plans"])
+    assert all(
+        p["cost_sources"] == {"embedding": "measured", "transformer": "calibrated", "head": "calibrated"}
+        for p in json.loads(out)["plans"]
+    )
     code, out, err = cli("plan", *request, "--profile", str(path))
     assert code == 0, err
     assert "calibrated: the analytic model fitted to 2 measured times of embedding in cpu-llama3-8b.json" in out
 
 
 def test_shapes_that_ran_out_of_memory_when_profiled_are_infeasible(cli, tmp_path):
-    rows = [ok_row(kind=kind, mbs=mbs, seq=256, forward_ms=mbs, backward_input_ms=mbs, backward_weight_ms=mbs)
-            for kind in ("embedding", "transformer", "head") for mbs in (1, 2, 4)]
+    rows = [
+        ok_row(kind=kind, mbs=mbs, seq=256, forward_ms=mbs, backward_input_ms=mbs, backward_weight_ms=mbs)
+        for kind in ("embedding", "transformer", "head")
+        for mbs in (1, 2, 4)
+    ]
     oom = ok_row(mbs=8, seq=256).model_copy(update={"status": "oom", "message": "out of memory"})
     path = tmp_path / "capped.json"
     store.save(path, make_profile([*rows, oom]))
@@ -265,8 +348,21 @@ def test_shapes_that_ran_out_of_memory_when_profiled_are_infeasible(cli, tmp_pat
     # over none), so the search reaches those at the shape that ran out of memory and says why
     code, out, err = cli("plan", *job, "--top", "1000")
     assert code == 0 and "refused: a layer ran out of memory at their shape when profiled" in out
-    code, out, err = cli("evaluate", "--model", "tiny-llama", "--gpus", "2", "--global-batch", "16", "--seq", "256",
-                         "--mbs", "8", "--profile", str(path))
+    code, out, err = cli(
+        "evaluate",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "16",
+        "--seq",
+        "256",
+        "--mbs",
+        "8",
+        "--profile",
+        str(path),
+    )
     assert code == 0 and "ran out of memory when profiled (capped.json): it does not fit" in err
 
 
@@ -283,8 +379,27 @@ def test_an_interrupted_for_plan_run_resumes_where_it_stopped(cli, tmp_path, one
 
     monkeypatch.setattr(measure, "measure_shape", measure_shape)
     path = tmp_path / "p.json"
-    argv = ["profile", "--for-plan", "--model", "tiny-llama", "--gpus", "2", "--global-batch", "4", "--seq", "64",
-            "--tp", "1", "--mbs", "1,2", "--recompute", "none", *FAST, "-o", str(path)]
+    argv = [
+        "profile",
+        "--for-plan",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "--seq",
+        "64",
+        "--tp",
+        "1",
+        "--mbs",
+        "1,2",
+        "--recompute",
+        "none",
+        *FAST,
+        "-o",
+        str(path),
+    ]
     assert cli(*argv)[0] == 130
     assert [r.key for r in store.load(path).rows] == calls[:2]  # the two largest shapes are kept
     code, out, err = cli(*argv, "--resume")

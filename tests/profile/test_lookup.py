@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profile_factories import make_profile, ok_row
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
@@ -16,7 +17,6 @@ from planner.errors import ConfigError, PlannerError
 from planner.profile import store
 from planner.profile.lookup import EXTRAPOLATION_FACTOR, ProfiledCompute, profiled_source
 from planner.spec import Cluster
-from profile_factories import make_profile, ok_row
 
 SPEC = resolve_model("llama3-8b")
 H100 = resolve_gpu("h100")
@@ -27,15 +27,28 @@ def _analytic_row(kind, tp, mbs, seq):
     """A row whose numbers come from the analytic model (smooth, monotone, realistic)."""
     shard = Shard(mbs=mbs, seq=seq, tp=tp)
     t = AnalyticCompute(H100).layer_times(layer_work(SPEC, kind, shard))
-    return ok_row(kind=kind, tp=tp, mbs=mbs, seq=seq, forward_ms=t.forward_s * 1e3,
-                  backward_input_ms=t.backward_input_s * 1e3, backward_weight_ms=t.backward_weight_s * 1e3,
-                  activation_bytes=round(activation_bytes(SPEC, kind, shard, "none")))
+    return ok_row(
+        kind=kind,
+        tp=tp,
+        mbs=mbs,
+        seq=seq,
+        forward_ms=t.forward_s * 1e3,
+        backward_input_ms=t.backward_input_s * 1e3,
+        backward_weight_ms=t.backward_weight_s * 1e3,
+        activation_bytes=round(activation_bytes(SPEC, kind, shard, "none")),
+    )
 
 
-ROWS = [_analytic_row(kind, tp, mbs, seq) for kind in ("transformer", "head")
-        for tp in (1, 2) for mbs in MBS for seq in SEQS]
+ROWS = [
+    _analytic_row(kind, tp, mbs, seq)
+    for kind in ("transformer", "head")
+    for tp in (1, 2)
+    for mbs in MBS
+    for seq in SEQS
+]
 OOM = ok_row(kind="transformer", tp=1, mbs=64, seq=4096).model_copy(
-    update={"status": "oom", "message": "CUDA out of memory"})
+    update={"status": "oom", "message": "CUDA out of memory"}
+)
 PROFILE = make_profile([*ROWS, OOM], model="llama3-8b", device="NVIDIA H100 80GB HBM3", device_type="cuda")
 SOURCE = ProfiledCompute(PROFILE, "profile:h100.json")
 
@@ -106,7 +119,8 @@ def test_activation_bytes_where_measured_only():
     head = Shard(mbs=4, seq=1024)
     assert SOURCE.activation_bytes("head", head, "full") == SOURCE.activation_bytes("head", head)
     assert SOURCE.activation_bytes("transformer", Shard(mbs=2, seq=1024)) == pytest.approx(
-        activation_bytes(SPEC, "transformer", Shard(mbs=2, seq=1024), "none"))
+        activation_bytes(SPEC, "transformer", Shard(mbs=2, seq=1024), "none")
+    )
 
 
 def test_profiled_source_feeds_the_cost_model(tmp_path):

@@ -25,20 +25,27 @@ ACTIVATION_CASES = [
 @pytest.mark.parametrize(("model", "kind", "tp", "recompute"), ACTIVATION_CASES)
 def test_saved_activations_match_the_analytic_model(one_thread, model, kind, tp, recompute):
     spec = resolve_model(model)
-    row = measure_shape(spec, ShapeKey(kind, tp, 2, 64, recompute), Settings(device="cpu", dtype="bf16", warmup=0, repeats=1))
+    row = measure_shape(
+        spec, ShapeKey(kind, tp, 2, 64, recompute), Settings(device="cpu", dtype="bf16", warmup=0, repeats=1)
+    )
     assert row.status == "ok", row.message
     expected = memory.activation_bytes(spec, kind, Shard(mbs=2, seq=64, tp=tp), recompute)
     assert row.activation_bytes == pytest.approx(expected, rel=0.10)
 
 
-@pytest.mark.parametrize(("model", "kind"), [("tiny-llama", "transformer"), ("tiny-gpt", "transformer"),
-                                             ("tiny-llama", "head"), ("tiny-gpt", "head")])
+@pytest.mark.parametrize(
+    ("model", "kind"),
+    [("tiny-llama", "transformer"), ("tiny-gpt", "transformer"), ("tiny-llama", "head"), ("tiny-gpt", "head")],
+)
 def test_input_plus_weight_backward_computes_the_full_backward(one_thread, model, kind):
     # Counted, not timed (timings move with the machine's load; tests/bench/ compares them):
     # the split's I and W run exactly the matrix multiplies of the one-call backward, and
     # W's are the weight gradients, as many FLOPs as the forward's products with weights.
-    row = measure_shape(resolve_model(model), ShapeKey(kind, 1, 2, 64, "none"),
-                        Settings(device="cpu", dtype="fp32", warmup=0, repeats=1))
+    row = measure_shape(
+        resolve_model(model),
+        ShapeKey(kind, 1, 2, 64, "none"),
+        Settings(device="cpu", dtype="fp32", warmup=0, repeats=1),
+    )
     assert row.status == "ok", row.message
     assert min(row.forward_ms, row.backward_input_ms, row.backward_weight_ms, row.backward_ms) > 0
     assert row.backward_input_flops + row.backward_weight_flops == row.backward_flops
@@ -46,8 +53,11 @@ def test_input_plus_weight_backward_computes_the_full_backward(one_thread, model
 
 
 def test_embedding_runs_its_whole_backward_as_weight_step(one_thread):
-    row = measure_shape(resolve_model("tiny-llama"), ShapeKey("embedding", 1, 1, 64, "none"),
-                        Settings(device="cpu", dtype="fp32", warmup=0, repeats=2))
+    row = measure_shape(
+        resolve_model("tiny-llama"),
+        ShapeKey("embedding", 1, 1, 64, "none"),
+        Settings(device="cpu", dtype="fp32", warmup=0, repeats=2),
+    )
     assert row.backward_input_ms == 0.0 and row.backward_weight_ms > 0
 
 

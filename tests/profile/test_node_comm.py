@@ -29,8 +29,17 @@ def _rows(op="all_reduce", group=8, backend="nccl", alpha_us=10.0, gbps=100.0):
     for size in SIZES:
         t = _alpha_beta(size, alpha_us, gbps)
         algbw = size / t / 1e3
-        rows.append(CollectiveRow(op=op, backend=backend, world_size=group, bytes=size, time_us=t,
-                                  algbw_gbps=algbw, busbw_gbps=algbw * bus_factor(op, group)))
+        rows.append(
+            CollectiveRow(
+                op=op,
+                backend=backend,
+                world_size=group,
+                bytes=size,
+                time_us=t,
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * bus_factor(op, group),
+            )
+        )
     return rows
 
 
@@ -42,8 +51,18 @@ def test_exact_at_every_measured_size():
 
 def test_a_power_law_is_interpolated_exactly():
     # t = c * bytes^0.7 measured at the grid: log-log interpolation reproduces it anywhere inside
-    rows = [CollectiveRow(op="all_gather", backend="nccl", world_size=4, bytes=s, time_us=0.02 * s**0.7,
-                          algbw_gbps=1.0, busbw_gbps=0.75) for s in SIZES]
+    rows = [
+        CollectiveRow(
+            op="all_gather",
+            backend="nccl",
+            world_size=4,
+            bytes=s,
+            time_us=0.02 * s**0.7,
+            algbw_gbps=1.0,
+            busbw_gbps=0.75,
+        )
+        for s in SIZES
+    ]
     curve = measured_curves(make_profile(collectives=tuple(rows)))["all_gather"]
     for size in (1500, 5000, 100_000, 700_000):
         assert curve.seconds(size) == pytest.approx(0.02 * size**0.7 * 1e-6, rel=1e-9)
@@ -68,8 +87,12 @@ def test_latency_below_and_bandwidth_above_the_range():
 
 
 def test_group_size_and_backend_selection():
-    rows = (*_rows(group=8, gbps=100.0), *_rows(group=2, gbps=40.0), *_rows(group=8, backend="gloo", gbps=1.0),
-            *_rows(op="send_recv", group=2, gbps=50.0))
+    rows = (
+        *_rows(group=8, gbps=100.0),
+        *_rows(group=2, gbps=40.0),
+        *_rows(group=8, backend="gloo", gbps=1.0),
+        *_rows(op="send_recv", group=2, gbps=50.0),
+    )
     profile = make_profile(collectives=rows)
     assert measured_group_sizes(profile) == [2, 8]
     node = measured_curves(profile)
@@ -92,8 +115,9 @@ def test_version_1_profiles_still_load(tmp_path):
     path.write_text(json.dumps(document))
     loaded = store.load(path)
     assert loaded.block == "planner" and loaded.schema_version == 1
-    assert math.isclose(measured_curves(loaded)["reduce_scatter"].seconds(SIZES[0]),
-                        _alpha_beta(SIZES[0], 10.0, 100.0) * 1e-6)
+    assert math.isclose(
+        measured_curves(loaded)["reduce_scatter"].seconds(SIZES[0]), _alpha_beta(SIZES[0], 10.0, 100.0) * 1e-6
+    )
     assert isinstance(loaded, Profile)
 
 
@@ -102,14 +126,15 @@ def test_plan_profile_uses_the_nodes_measured_collectives(tmp_path):
     measured group size exactly; another size through the nearest size's bus bandwidth),
     groups across nodes keep the NCCL model."""
     from planner.catalog import resolve_gpu, resolve_model
-    from planner.job import build_cost_model
     from planner.cost.comm import Network
+    from planner.job import build_cost_model
     from planner.spec import Cluster
     from tests.profile.profile_factories import ok_row
 
     rows = (*_rows(group=8, gbps=100.0), *_rows(op="send_recv", group=2, gbps=50.0))
-    profile = make_profile(rows=(ok_row(kind="transformer"), ok_row(kind="embedding"), ok_row(kind="head")),
-                           collectives=rows)
+    profile = make_profile(
+        rows=(ok_row(kind="transformer"), ok_row(kind="embedding"), ok_row(kind="head")), collectives=rows
+    )
     path = tmp_path / "prof.json"
     store.save(path, profile)
     cluster = Cluster.of(resolve_gpu("h100"), 16)

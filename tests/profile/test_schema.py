@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from profile_factories import make_profile, ok_row
 from pydantic import ValidationError
 
 from planner.profile.schema import LayerRow, Profile, ShapeKey, shape_keys
-from profile_factories import make_profile, ok_row
 
 
 def test_round_trip_through_json():

@@ -6,10 +6,10 @@ import json
 import os
 
 import pytest
+from profile_factories import make_profile, ok_row
 
 from planner.errors import ConfigError, PlannerError
 from planner.profile import store
-from profile_factories import make_profile, ok_row
 
 
 def test_save_then_load(tmp_path):

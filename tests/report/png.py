@@ -16,8 +16,8 @@ def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
         raise ValueError("not a PNG")
     pos, idat, header = len(SIGNATURE), [], None
     while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos:pos + 4]), data[pos + 4:pos + 8]
-        body = data[pos + 8:pos + 8 + length]
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
         pos += 12 + length
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
@@ -34,7 +34,7 @@ def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
     rows, previous = [], bytearray(stride)
     for y in range(height):
         start = y * (stride + 1)
-        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        kind, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
         for i in range(stride):
             left = line[i - bpp] if i >= bpp else 0
             up = previous[i]
@@ -57,4 +57,4 @@ def read_png(data: bytes) -> tuple[int, int, list[bytes]]:
 
 def colours(rows: list[bytes], channels: int) -> set[tuple[int, ...]]:
     """The distinct RGB colours of the image."""
-    return {tuple(row[i:i + 3]) for row in rows for i in range(0, len(row), channels)}
+    return {tuple(row[i : i + 3]) for row in rows for i in range(0, len(row), channels)}

@@ -14,18 +14,31 @@ from tests.report.png import colours, read_png
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 BROWSER = next((path for path in map(shutil.which, BROWSERS) if path), None)
-pytestmark = pytest.mark.skipif(BROWSER is None, reason=f"no headless browser installed (looked for "
-                                f"{', '.join(BROWSERS)}); .ci/run installs Debian's chromium")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--virtual-time-budget=20000",
-         "--no-first-run", "--disable-extensions")
+pytestmark = pytest.mark.skipif(
+    BROWSER is None,
+    reason=f"no headless browser installed (looked for {', '.join(BROWSERS)}); .ci/run installs Debian's chromium",
+)
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--hide-scrollbars",
+    "--virtual-time-budget=20000",
+    "--no-first-run",
+    "--disable-extensions",
+)
 TIMEOUT_S = 180
 F_BLUE, ACTIVATIONS_RED = (0x4C, 0x78, 0xA8), (0xE4, 0x57, 0x56)
 """The timeline's forward colour and the memory chart's activations colour (charts.py)."""
 
 
 def _browser(*args: str, tmp_path) -> subprocess.CompletedProcess:
-    return subprocess.run([BROWSER, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return subprocess.run(
+        [BROWSER, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
 
 
 def _body(dom: str) -> str:
@@ -62,8 +75,23 @@ def test_the_sweep_svg_has_round_number_ticks(tmp_path, cli):
     of 1, 2, 2.5 or 5 x 10^k; the x axis at the swept values."""
     pytest.importorskip("kaleido", reason="static images need kaleido (the `report` extra)")
     svg = tmp_path / "sweep.svg"
-    code, _, err = cli("sweep", "--model", "tiny-llama", "--gpu", "h100", "--global-batch", "32", "--seq", "512",
-                       "--vary", "gpus", "--values", "2,4,8", "--svg", str(svg))
+    code, _, err = cli(
+        "sweep",
+        "--model",
+        "tiny-llama",
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "32",
+        "--seq",
+        "512",
+        "--vary",
+        "gpus",
+        "--values",
+        "2,4,8",
+        "--svg",
+        str(svg),
+    )
     assert code == 0, err
     text = svg.read_text()
     axes: dict[str, list[float]] = {}

@@ -16,15 +16,27 @@ MICROBATCHES = 8
 def _figures(schedule: str, pp: int, vpp: int = 1, recompute: str = "none"):
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 64)
-    layout = Layout(tp=2, pp=pp, dp=64 // (2 * pp), cp=1, vpp=vpp, mbs=1, num_microbatches=MICROBATCHES,
-                    schedule=schedule, recompute=(recompute,) * pp, sequence_parallel=True, zero_stage=1,
-                    stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule))
+    layout = Layout(
+        tp=2,
+        pp=pp,
+        dp=64 // (2 * pp),
+        cp=1,
+        vpp=vpp,
+        mbs=1,
+        num_microbatches=MICROBATCHES,
+        schedule=schedule,
+        recompute=(recompute,) * pp,
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, schedule),
+    )
     global_batch = layout.dp * MICROBATCHES
     return layout, plan_figures(CostModel(spec, cluster), layout, global_batch, 4096)
 
 
-@pytest.mark.parametrize("schedule,pp,vpp", [("1f1b", 4, 1), ("interleaved_1f1b", 2, 4), ("zb_h1", 4, 1),
-                                             ("zbv", 4, 2), ("gpipe", 2, 1)])
+@pytest.mark.parametrize(
+    "schedule,pp,vpp", [("1f1b", 4, 1), ("interleaved_1f1b", 2, 4), ("zb_h1", 4, 1), ("zbv", 4, 2), ("gpipe", 2, 1)]
+)
 def test_activation_curve_peaks_at_the_simulators_peak(schedule, pp, vpp):
     """The curve walks the timeline's times; the simulator walks each rank's action order."""
     _, figures = _figures(schedule, pp, vpp)

@@ -6,7 +6,6 @@ import json
 import re
 import sys
 
-
 from planner.plan import parse_plan_file
 
 CHARTS = ("timeline", "memory", "activations", "breakdown")
@@ -71,8 +70,14 @@ def test_a_plan_file_with_the_older_inputs_record_rebuilds_its_request(plan_repo
     plan, _ = plan_report
     document = json.loads(plan.read_text())
     request = document.pop("request")
-    document["inputs"] = {"gpu": request["gpu"], "num_gpus": request["num_gpus"], "precision": "bf16",
-                          "moe_dispatcher": "alltoall", "moe_ep_overlap": False, "command": ["planner", "plan"]}
+    document["inputs"] = {
+        "gpu": request["gpu"],
+        "num_gpus": request["num_gpus"],
+        "precision": "bf16",
+        "moe_dispatcher": "alltoall",
+        "moe_ep_overlap": False,
+        "command": ["planner", "plan"],
+    }
     old = tmp_path / "old.json"
     old.write_text(json.dumps(document))
     code, _, err = _report(cli, old, tmp_path / "old.html")
@@ -88,15 +93,41 @@ def test_without_plotly_report_exits_2_saying_what_to_install(plan_report, tmp_p
     assert code == 2
     assert err.strip().count("\n") == 0 and "pip install 'planner[report]'" in err
     assert not (tmp_path / "none.html").exists()
-    code, _, err = cli("plan", "--model", "tiny-llama", "--gpus", "8", "--global-batch", "32", "--seq", "512",
-                       "--report", str(tmp_path / "p.html"))
+    code, _, err = cli(
+        "plan",
+        "--model",
+        "tiny-llama",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "32",
+        "--seq",
+        "512",
+        "--report",
+        str(tmp_path / "p.html"),
+    )
     assert code == 2 and "planner[report]" in err
 
 
 def test_sweep_report_labels_the_winning_layout_at_each_value(tmp_path, cli):
     page = tmp_path / "sweep.html"
-    code, _, err = cli("sweep", "--model", "tiny-llama", "--gpu", "h100", "--global-batch", "32", "--seq", "512",
-                       "--vary", "gpus", "--values", "2,4,8", "--report", str(page))
+    code, _, err = cli(
+        "sweep",
+        "--model",
+        "tiny-llama",
+        "--gpu",
+        "h100",
+        "--global-batch",
+        "32",
+        "--seq",
+        "512",
+        "--vary",
+        "gpus",
+        "--values",
+        "2,4,8",
+        "--report",
+        str(page),
+    )
     assert code == 0, err
     html = page.read_text()
     figure = json.loads(re.search(r"var figures = (\{.*?\});\n", html, re.S).group(1).replace("<\\/", "</"))

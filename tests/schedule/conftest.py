@@ -40,10 +40,18 @@ def reference_times(order, costs):
         f, i, w = costs.forward_s[r][c], costs.backward_input_s[r][c], costs.backward_weight_s[r][c]
         return factor * {"F": f, "I": i, "W": w, "B": i + w}[a.computation_type.value]
 
-    backward = {(a.stage_index, a.microbatch_index): a for acts in order.values() for a in acts
-                if a.computation_type.value in "BI"}
-    forward = {(a.stage_index, a.microbatch_index): a for acts in order.values() for a in acts
-               if a.computation_type.value == "F"}
+    backward = {
+        (a.stage_index, a.microbatch_index): a
+        for acts in order.values()
+        for a in acts
+        if a.computation_type.value in "BI"
+    }
+    forward = {
+        (a.stage_index, a.microbatch_index): a
+        for acts in order.values()
+        for a in acts
+        if a.computation_type.value == "F"
+    }
     graph = nx.DiGraph()
     for acts in order.values():
         graph.add_nodes_from(acts)

@@ -18,7 +18,7 @@ from planner.schedule import (
     stage_to_rank,
     to_csv,
 )
-from planner.schedule.actions import B, F, I, SEND_F, W
+from planner.schedule.actions import SEND_F, B, F, I, W
 
 torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 torch_utils = pytest.importorskip("torch.distributed.pipelining._utils")
@@ -30,7 +30,9 @@ def test_text_form_round_trips_and_matches_torch(text):
     assert str(action) == text == repr(action)
     theirs = torch_schedules._Action.from_str(text)
     assert (action.stage_index, action.computation_type.value, action.microbatch_index) == (
-        theirs.stage_index, theirs.computation_type.value, theirs.microbatch_index,
+        theirs.stage_index,
+        theirs.computation_type.value,
+        theirs.microbatch_index,
     )
     assert str(theirs) == text
 
@@ -49,7 +51,9 @@ def test_bad_text_names_the_format(bad):
         Action.from_str(bad)
 
 
-@pytest.mark.parametrize(("name", "pp", "m", "vpp"), [("zb_h2", 3, 6, 1), ("zbv", 2, 4, 2), ("interleaved_1f1b", 2, 4, 2)])
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "vpp"), [("zb_h2", 3, 6, 1), ("zbv", 2, 4, 2), ("interleaved_1f1b", 2, 4, 2)]
+)
 def test_csv_round_trips_and_has_torch_layout(name, pp, m, vpp):
     order = generate(name, pp, m, vpp)
     text = to_csv(order)
@@ -88,13 +92,17 @@ def test_torch_runtime_loads_our_csv(tmp_path, stage_stub, name, pp, m, vpp):
     assert sends == ours
 
 
-@pytest.mark.parametrize(("pp", "vpp", "style"), [(4, 1, "loop"), (4, 3, "loop"), (3, 2, "loop"), (4, 2, "v"), (1, 2, "v")])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "style"), [(4, 1, "loop"), (4, 3, "loop"), (3, 2, "loop"), (4, 2, "v"), (1, 2, "v")]
+)
 def test_stage_to_rank_matches_torch(pp, vpp, style):
     theirs = torch_utils.generate_stage_to_rank_mapping(pp, pp * vpp, style)
     assert {s: stage_to_rank(s, pp, vpp, style) for s in range(pp * vpp)} == theirs
     for rank in range(pp):
-        assert list(rank_stages(rank, pp, vpp, style)) == torch_utils.generate_rank_to_stage_mapping(
-            pp, pp * vpp, style)[rank]
+        assert (
+            list(rank_stages(rank, pp, vpp, style))
+            == torch_utils.generate_rank_to_stage_mapping(pp, pp * vpp, style)[rank]
+        )
 
 
 def test_v_placement_holds_stage_r_and_its_mirror():

@@ -18,13 +18,22 @@ GREEDY_GAP = 0.15
 
 
 def _costs(f, i, w, p2p=0.0):
-    return StageCosts(forward_s=tuple((x,) for x in f), backward_input_s=tuple((x,) for x in i),
-                      backward_weight_s=tuple((x,) for x in w), p2p_s=p2p)
+    return StageCosts(
+        forward_s=tuple((x,) for x in f),
+        backward_input_s=tuple((x,) for x in i),
+        backward_weight_s=tuple((x,) for x in w),
+        p2p_s=p2p,
+    )
 
 
 UNIFORM = [  # (P, M, F, I, W, p2p, memory limit)
-    (2, 4, 1, 1, 1, 0.0, 2), (3, 4, 1, 1, 1, 0.0, 3), (4, 6, 1, 1, 1, 0.0, 4), (4, 6, 1, 1, 1, 0.0, 7),
-    (3, 5, 1, 2, 1, 0.2, 3), (4, 5, 2, 2, 1, 0.5, 4), (3, 6, 1, 1, 1, 0.0, 2),
+    (2, 4, 1, 1, 1, 0.0, 2),
+    (3, 4, 1, 1, 1, 0.0, 3),
+    (4, 6, 1, 1, 1, 0.0, 4),
+    (4, 6, 1, 1, 1, 0.0, 7),
+    (3, 5, 1, 2, 1, 0.2, 3),
+    (4, 5, 2, 2, 1, 0.5, 4),
+    (3, 6, 1, 1, 1, 0.0, 2),
 ]
 
 HETEROGENEOUS = [  # (P, M, memory limit, p2p, F per rank, I per rank, W per rank)
@@ -85,11 +94,14 @@ def test_greedy_alone_and_knobs():
     assert simulate(auto_zero_bubble(costs, 6, 3), costs).step_time_s <= greedy_only
 
 
-@pytest.mark.parametrize(("costs", "m", "limit", "needle"), [
-    (StageCosts.uniform(2, 2, 1, 1, 1), 4, 2, "one chunk per rank"),
-    (StageCosts.uniform(2, 1, 1, 1, 1), 4, 0, "memory_limit"),
-    (StageCosts.uniform(2, 1, 1, 1, 1), 0, 2, "at least one micro-batch"),
-])
+@pytest.mark.parametrize(
+    ("costs", "m", "limit", "needle"),
+    [
+        (StageCosts.uniform(2, 2, 1, 1, 1), 4, 2, "one chunk per rank"),
+        (StageCosts.uniform(2, 1, 1, 1, 1), 4, 0, "memory_limit"),
+        (StageCosts.uniform(2, 1, 1, 1, 1), 0, 2, "at least one micro-batch"),
+    ],
+)
 def test_bad_problems_are_refused(costs, m, limit, needle):
     with pytest.raises(ScheduleError, match=needle):
         auto_zero_bubble(costs, m, limit)

@@ -133,9 +133,13 @@ def _deepspeed_train_schedule(pp: int, m: int, act: float, grad: float) -> list[
 
 
 def _costs(fs: list[float], bs: list[float], hold_f: float, hold_b: float) -> StageCosts:
-    return StageCosts(forward_s=tuple((f,) for f in fs), backward_input_s=tuple((b / 2,) for b in bs),
-                      backward_weight_s=tuple((b / 2,) for b in bs),
-                      send_hold_forward_s=hold_f, send_hold_backward_s=hold_b)
+    return StageCosts(
+        forward_s=tuple((f,) for f in fs),
+        backward_input_s=tuple((b / 2,) for b in bs),
+        backward_weight_s=tuple((b / 2,) for b in bs),
+        send_hold_forward_s=hold_f,
+        send_hold_backward_s=hold_b,
+    )
 
 
 @pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 4), (4, 8), (6, 6), (8, 32), (12, 40)])
@@ -149,11 +153,14 @@ def test_megatron_1f1b_holds_match_the_rendezvous_of_its_calls(pp, m, f, b, hold
     assert simulated == pytest.approx(reference, rel=1e-12)
 
 
-@pytest.mark.parametrize(("fs", "bs"), [
-    ([1.0, 1.0, 1.0, 1.3], [2.0, 2.0, 2.0, 2.5]),
-    ([1.2, 1.0, 1.0, 1.0], [2.2, 2.0, 2.0, 2.0]),
-    ([1.0, 1.5, 1.0, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0, 2.0]),
-])
+@pytest.mark.parametrize(
+    ("fs", "bs"),
+    [
+        ([1.0, 1.0, 1.0, 1.3], [2.0, 2.0, 2.0, 2.5]),
+        ([1.2, 1.0, 1.0, 1.0], [2.2, 2.0, 2.0, 2.0]),
+        ([1.0, 1.5, 1.0, 1.0, 1.0], [2.0, 3.0, 2.0, 2.0, 2.0]),
+    ],
+)
 def test_uneven_stages_lose_at_most_the_unmodelled_rendezvous_wait(fs, bs):
     """Uneven stages: a sender may also wait for a late receiver, which the holds leave out:
     the simulator is never longer than the rendezvous and within 1% of it here."""
@@ -225,10 +232,10 @@ def _megatron_interleaved(pp: int, m: int, v: int, hold: float) -> list[list[tup
         warm = min((pp - r - 1) * 2 + (v - 1) * pp, total)
         calls = []
 
-        def sends_f(k):
+        def sends_f(k, last=last, r=r):
             return [] if last and fwd_chunk(k) == v - 1 else [("act", r)]
 
-        def sends_b(k):
+        def sends_b(k, first=first, r=r):
             return [] if first and bwd_chunk(k) == 0 else [("grad", r)]
 
         prev_ch, next_ch = ("act", (r - 1) % pp), ("grad", (r + 1) % pp)
@@ -245,16 +252,10 @@ def _megatron_interleaved(pp: int, m: int, v: int, hold: float) -> list[list[tup
         for k in range(remaining):
             fk = k + warm
             calls += [("F",), ("B",)]
-            if first:
-                recv_prev = fwd_chunk(fk - (pp - 1)) != v - 1
-            else:
-                recv_prev = True
+            recv_prev = fwd_chunk(fk - (pp - 1)) != v - 1 if first else True
             if k == remaining - 1:
                 recv_prev = False
-            if last:
-                recv_next = bwd_chunk(k - (pp - 1)) != 0
-            else:
-                recv_next = True
+            recv_next = bwd_chunk(k - (pp - 1)) != 0 if last else True
             recvs = ([prev_ch] if recv_prev else []) + ([next_ch] if recv_next else [])
             calls.append(("C", sends_f(fk) + sends_b(k), recvs, hold))
         for k in range(remaining, total):
@@ -266,9 +267,13 @@ def _megatron_interleaved(pp: int, m: int, v: int, hold: float) -> list[list[tup
 
 
 def _chunked(fs: list[float], bs: list[float], v: int, hold: float) -> StageCosts:
-    return StageCosts(forward_s=tuple((f,) * v for f in fs), backward_input_s=tuple((b / 2,) * v for b in bs),
-                      backward_weight_s=tuple((b / 2,) * v for b in bs),
-                      send_hold_forward_s=hold, send_hold_backward_s=hold)
+    return StageCosts(
+        forward_s=tuple((f,) * v for f in fs),
+        backward_input_s=tuple((b / 2,) * v for b in bs),
+        backward_weight_s=tuple((b / 2,) * v for b in bs),
+        send_hold_forward_s=hold,
+        send_hold_backward_s=hold,
+    )
 
 
 UNEVEN = [
@@ -311,8 +316,7 @@ def test_megatron_interleaved_rendezvous_matches_its_calls(pp, m, v, stages):
     fs = [1.0] * pp if stages == "equal" else [1.0 + 0.37 * ((3 * r) % pp) / pp for r in range(pp)]
     bs = [2.0 * f + (0.3 if r == 1 else 0.0) for r, f in enumerate(fs)]
     reference = _rendezvous(_megatron_interleaved(pp, m, v, hold), {"F": fs, "B": bs})
-    simulated = simulate(_megatron("interleaved_1f1b", pp, m, v),
-                         _chunked(fs, bs, v, hold))
+    simulated = simulate(_megatron("interleaved_1f1b", pp, m, v), _chunked(fs, bs, v, hold))
     assert simulated.step_time_s == pytest.approx(reference, rel=1e-12)
 
 
@@ -322,8 +326,12 @@ def test_a_slow_receiver_holds_its_sender_hand_enumerated():
     send F0 to rank 2 (posted at 0: ends 4.0), then posts recv F1 at 4.0. So rank 0's send F1,
     posted at 2.5, ends at 4.0 + 0.5 = 4.5, and its F2 starts there: the holds alone start it
     at 2.5 + 0.5 = 3.0."""
-    costs = replace(StageCosts.uniform(3, 1, 1.0, 1.0, 1.0), send_hold_forward_s=0.5,
-                    send_hold_backward_s=0.5, slowdown=(1.0, 2.0, 1.0))
+    costs = replace(
+        StageCosts.uniform(3, 1, 1.0, 1.0, 1.0),
+        send_hold_forward_s=0.5,
+        send_hold_backward_s=0.5,
+        slowdown=(1.0, 2.0, 1.0),
+    )
 
     def start(result, rank, mb):
         return next(e.start_s for e in result.timeline if e.rank == rank and e.action == Action(0, F, mb))
@@ -359,9 +367,14 @@ def test_paired_calls_keep_busy_time_and_count_one_transfer_per_call(name, pp, m
 
 
 @settings(max_examples=60, deadline=None)
-@given(pp=st.integers(2, 6), rounds=st.integers(2, 4), v=st.integers(1, 3),
-       fs=st.lists(st.floats(0.1, 3.0), min_size=6, max_size=6),
-       bs=st.lists(st.floats(0.1, 6.0), min_size=6, max_size=6), hold=st.floats(0.0, 1.0))
+@given(
+    pp=st.integers(2, 6),
+    rounds=st.integers(2, 4),
+    v=st.integers(1, 3),
+    fs=st.lists(st.floats(0.1, 3.0), min_size=6, max_size=6),
+    bs=st.lists(st.floats(0.1, 6.0), min_size=6, max_size=6),
+    hold=st.floats(0.0, 1.0),
+)
 def test_paired_calls_only_add_time(pp, rounds, v, fs, bs, hold):
     """Waits and transfers only add time: any costs, the paired step is at least the step
     without holds (so the search's compute-only lower bounds stay lower bounds), and a

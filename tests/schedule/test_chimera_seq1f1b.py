@@ -47,8 +47,7 @@ def test_chimera_places_two_opposite_pipelines_with_half_the_microbatches_each()
     assert info.stage_rank == (0, 1, 2, 3, 3, 2, 1, 0)  # down on 0..P-1, up back on P-1..0
     assert info.num_microbatches == m // 2  # numbered per direction
     # the up pipeline's first stage does not wait for the down pipeline's last one
-    result = simulate(compile_schedule("chimera", pp, m, 2), StageCosts.uniform(pp, 2, 1.0, 1.0, 0.0),
-                      timeline=True)
+    result = simulate(compile_schedule("chimera", pp, m, 2), StageCosts.uniform(pp, 2, 1.0, 1.0, 0.0), timeline=True)
     start = {e.action: e.start_s for e in result.timeline}
     assert start[(pp, F, 0)] == 0.0 and start[(0, F, 0)] == 0.0
     # the down pipeline's last stage is a last stage: its backward runs before stage P's (a
@@ -109,9 +108,12 @@ def test_seq1f1b_causal_costs_keep_the_busy_time_and_move_the_timeline():
     pp, m, k = 4, 4, 4
     compiled = compile_schedule("seq1f1b", pp, m, 1, k)
     flat = StageCosts.uniform(pp, 1, 1.0, 2.0, 0.0)
-    causal = StageCosts(forward_s=flat.forward_s, backward_input_s=flat.backward_input_s,
-                        backward_weight_s=flat.backward_weight_s,
-                        unit_scale=causal_segment_scales(k, 0.5) * m)
+    causal = StageCosts(
+        forward_s=flat.forward_s,
+        backward_input_s=flat.backward_input_s,
+        backward_weight_s=flat.backward_weight_s,
+        unit_scale=causal_segment_scales(k, 0.5) * m,
+    )
     even, skewed = simulate(compiled, flat), simulate(compiled, causal, timeline=True)
     assert skewed.busy_s == pytest.approx(even.busy_s)
     # the last segment's forward costs 1 + 0.5 (7/4 - 1) = 1.375 of the mean

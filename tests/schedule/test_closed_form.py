@@ -30,14 +30,17 @@ def test_closed_form_equals_simulation_for_uniform_costs():
     assert checked > 1000
 
 
-@pytest.mark.parametrize(("name", "pp", "m", "vpp", "expected"), [
-    ("gpipe", 4, 8, 1, 3 / 11),
-    ("1f1b", 8, 32, 1, 7 / 39),
-    ("interleaved_1f1b", 4, 32, 2, 3 / 67),
-    ("zb_h1", 4, 8, 1, 3 / 27),
-    ("zb_h2", 4, 7, 1, 0.0),
-    ("zbv", 4, 7, 2, 0.0),
-])
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "vpp", "expected"),
+    [
+        ("gpipe", 4, 8, 1, 3 / 11),
+        ("1f1b", 8, 32, 1, 7 / 39),
+        ("interleaved_1f1b", 4, 32, 2, 3 / 67),
+        ("zb_h1", 4, 8, 1, 3 / 27),
+        ("zb_h2", 4, 7, 1, 0.0),
+        ("zbv", 4, 7, 2, 0.0),
+    ],
+)
 def test_headline_numbers(name, pp, m, vpp, expected):
     """(P-1)/(M+P-1); (P-1)/(VM+P-1) (the seeds' 70B example: 4.5% at P=4, V=2, M=32);
     ZB-H1 a third of 1F1B's idle; ZB-H2 and ZB-V zero at M = 2P-1."""

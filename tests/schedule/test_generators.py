@@ -16,9 +16,17 @@ from planner.schedule import (
 )
 
 SHAPES = [
-    ("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("interleaved_1f1b", 4, 8, 2), ("interleaved_1f1b", 3, 8, 3),
-    ("looped_bfs", 3, 5, 2), ("zb_h1", 4, 6, 1), ("zb_h1", 4, 8, 2), ("zb_h2", 4, 9, 1),
-    ("zbv", 4, 8, 2), ("zbv", 3, 2, 2), ("dualpipev", 4, 9, 2),
+    ("gpipe", 4, 6, 1),
+    ("1f1b", 4, 6, 1),
+    ("interleaved_1f1b", 4, 8, 2),
+    ("interleaved_1f1b", 3, 8, 3),
+    ("looped_bfs", 3, 5, 2),
+    ("zb_h1", 4, 6, 1),
+    ("zb_h1", 4, 8, 2),
+    ("zb_h2", 4, 9, 1),
+    ("zbv", 4, 8, 2),
+    ("zbv", 3, 2, 2),
+    ("dualpipev", 4, 9, 2),
 ]
 
 
@@ -76,24 +84,37 @@ def test_dualpipev_mixes_full_and_split_backwards():
     assert kinds == {"F", "B", "I", "W"}
 
 
-@pytest.mark.parametrize(("name", "pp", "m", "vpp", "needle"), [
-    ("nope", 4, 8, 1, "unknown schedule"),
-    ("1f1b", 4, 8, 2, "vpp 1"),
-    ("interleaved_1f1b", 4, 8, 1, "vpp >= 2"),
-    ("zbv", 4, 8, 3, "vpp 2"),
-    ("1f1b", 4, 3, 1, "microbatches >= 4"),
-    ("dualpipev", 4, 7, 2, "microbatches >= 8"),
-    ("interleaved_1f1b", 4, 9, 2, "multiple of 2"),
-    ("gpipe", 0, 8, 1, "positive"),
-])
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "vpp", "needle"),
+    [
+        ("nope", 4, 8, 1, "unknown schedule"),
+        ("1f1b", 4, 8, 2, "vpp 1"),
+        ("interleaved_1f1b", 4, 8, 1, "vpp >= 2"),
+        ("zbv", 4, 8, 3, "vpp 2"),
+        ("1f1b", 4, 3, 1, "microbatches >= 4"),
+        ("dualpipev", 4, 7, 2, "microbatches >= 8"),
+        ("interleaved_1f1b", 4, 9, 2, "multiple of 2"),
+        ("gpipe", 0, 8, 1, "positive"),
+    ],
+)
 def test_bad_shapes_name_the_numbers_and_the_fix(name, pp, m, vpp, needle):
     with pytest.raises(ScheduleError, match=needle):
         generate(name, pp, m, vpp)
 
 
 def test_schedule_table():
-    assert list(SCHEDULES) == ["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs", "zb_h1", "zb_h2", "zbv", "dualpipev",
-                              "chimera", "seq1f1b"]
+    assert list(SCHEDULES) == [
+        "gpipe",
+        "1f1b",
+        "interleaved_1f1b",
+        "looped_bfs",
+        "zb_h1",
+        "zb_h2",
+        "zbv",
+        "dualpipev",
+        "chimera",
+        "seq1f1b",
+    ]
     zbv = schedule_info("zbv")
     assert (zbv.placement, zbv.split_backward, zbv.allows_vpp(2), zbv.allows_vpp(1)) == ("v", True, True, False)
     assert schedule_info("interleaved_1f1b").allows_vpp(7)

@@ -45,7 +45,9 @@ def cases(draw):
         return tuple(tuple(draw(cost_value) for _ in range(vpp)) for _ in range(pp))
 
     costs = StageCosts(
-        forward_s=table(), backward_input_s=table(), backward_weight_s=table(),
+        forward_s=table(),
+        backward_input_s=table(),
+        backward_weight_s=table(),
         p2p_s=draw(st.sampled_from([0.0, 0.0, 0.1, 0.7])),
         slowdown=draw(st.none() | st.tuples(*[st.sampled_from([1.0, 1.25, 2.0])] * pp)),
     )
@@ -82,7 +84,7 @@ def test_schedules_are_valid_and_respect_dependencies(case):
     result = simulate(order, costs, timeline=True)
     times = {e.action: (e.start_s, e.end_s) for e in result.timeline}
     eps = 1e-9
-    for rank, actions in order.items():
+    for actions in order.values():
         spans = [times[a] for a in actions]
         assert all(end0 <= start1 + eps for (_, end0), (start1, _) in zip(spans, spans[1:])), "overlap on a rank"
     rank_of = {a.stage_index: r for r, acts in order.items() for a in acts}
@@ -118,8 +120,12 @@ def test_makespan_bounds_and_reference(case):
     for r in range(pp):
         for c, s in enumerate(rank_stages(r, pp, vpp, style)):
             chunk_of[s] = (r, c)
-    kinds = {(a.stage_index, a.microbatch_index): a.computation_type.value
-             for acts in order.values() for a in acts if a.computation_type.value in "BI"}
+    kinds = {
+        (a.stage_index, a.microbatch_index): a.computation_type.value
+        for acts in order.values()
+        for a in acts
+        if a.computation_type.value in "BI"
+    }
     num_stages = pp * vpp
     for mb in range(m):
         path = 0.0
@@ -130,8 +136,9 @@ def test_makespan_bounds_and_reference(case):
         if kinds[(0, mb)] == "I":
             path += _duration(costs, *chunk_of[0], "W")
         assert result.step_time_s >= path - 1e-9
-    work = [sum(_duration(costs, *chunk_of[a.stage_index], a.computation_type.value) for a in order[r])
-            for r in range(pp)]
+    work = [
+        sum(_duration(costs, *chunk_of[a.stage_index], a.computation_type.value) for a in order[r]) for r in range(pp)
+    ]
     assert max(work) <= result.step_time_s + 1e-9
     assert result.busy_s == pytest.approx(work, rel=1e-9, abs=1e-9)
     reference = max(end for _, end in reference_times(order, costs).values())
@@ -148,6 +155,7 @@ def test_send_recv_lowering_is_consistent(case):
     check_send_recv(lowered)
     sends = sum(1 for acts in lowered.values() for a in acts if a.computation_type.value.startswith("SEND"))
     style = schedule_info(name).placement
-    boundaries = sum(1 for s in range(pp * vpp - 1)
-                     if stage_to_rank(s, pp, vpp, style) != stage_to_rank(s + 1, pp, vpp, style))
+    boundaries = sum(
+        1 for s in range(pp * vpp - 1) if stage_to_rank(s, pp, vpp, style) != stage_to_rank(s + 1, pp, vpp, style)
+    )
     assert sends == 2 * m * boundaries

@@ -33,7 +33,9 @@ def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(name, pp, m, f
     assert result.step_time_s == pytest.approx((m + pp - 1) * (f + b))
 
 
-@pytest.mark.parametrize(("pp", "m", "vpp"), [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2), (4, 12, 3), (4, 10, 2), (8, 12, 2)])
+@pytest.mark.parametrize(
+    ("pp", "m", "vpp"), [(2, 4, 2), (4, 8, 2), (4, 16, 4), (8, 16, 2), (4, 12, 3), (4, 10, 2), (8, 12, 2)]
+)
 def test_interleaved_bubble_is_p_minus_1_over_vm_plus_p_minus_1(pp, m, vpp):
     """Megatron interleaving (Narayanan et al. 2021): with each chunk costing 1/V of the
     rank's F and B, the bubble is (P-1)/(V*M+P-1) when M is a multiple of P; torch's rounds
@@ -109,20 +111,38 @@ def test_peak_bytes_split_backward_accounting():
     pp, m, a, g = 4, 8, 10.0, 3.0
     table = tuple((a,) for _ in range(pp))
     held = tuple((g,) for _ in range(pp))
-    costs = StageCosts(forward_s=((1.0,),) * pp, backward_input_s=((1.0,),) * pp, backward_weight_s=((1.0,),) * pp,
-                       activation_bytes=table, weight_grad_bytes=held)
+    costs = StageCosts(
+        forward_s=((1.0,),) * pp,
+        backward_input_s=((1.0,),) * pp,
+        backward_weight_s=((1.0,),) * pp,
+        activation_bytes=table,
+        weight_grad_bytes=held,
+    )
     zb = simulate(generate("zb_h1", pp, m), costs)
     assert zb.peak_activation_bytes == tuple((pp - r) * a + r * g for r in range(pp))
     one = simulate(generate("1f1b", pp, m), costs)
     assert one.peak_activation_bytes == tuple((pp - r) * a for r in range(pp))
-    conservative = StageCosts(forward_s=((1.0,),) * pp, backward_input_s=((1.0,),) * pp,
-                              backward_weight_s=((1.0,),) * pp, activation_bytes=table)
+    conservative = StageCosts(
+        forward_s=((1.0,),) * pp,
+        backward_input_s=((1.0,),) * pp,
+        backward_weight_s=((1.0,),) * pp,
+        activation_bytes=table,
+    )
     assert simulate(generate("zb_h1", pp, m), conservative).peak_activation_bytes == (pp * a,) * pp
     assert simulate(generate("1f1b", pp, m), _uniform(pp, 1, 1, 1, 1)).peak_activation_bytes is None
 
 
-NAMES = [("gpipe", 4, 6, 1), ("1f1b", 4, 6, 1), ("interleaved_1f1b", 4, 8, 2), ("looped_bfs", 3, 5, 2),
-         ("zb_h1", 4, 6, 1), ("zb_h1", 4, 8, 2), ("zb_h2", 4, 9, 1), ("zbv", 4, 8, 2), ("dualpipev", 4, 9, 2)]
+NAMES = [
+    ("gpipe", 4, 6, 1),
+    ("1f1b", 4, 6, 1),
+    ("interleaved_1f1b", 4, 8, 2),
+    ("looped_bfs", 3, 5, 2),
+    ("zb_h1", 4, 6, 1),
+    ("zb_h1", 4, 8, 2),
+    ("zb_h2", 4, 9, 1),
+    ("zbv", 4, 8, 2),
+    ("dualpipev", 4, 9, 2),
+]
 
 
 @pytest.mark.parametrize(("name", "pp", "m", "vpp"), NAMES)
@@ -137,8 +157,13 @@ def test_heterogeneous_costs_match_the_reference_evaluation(name, pp, m, vpp):
     f[last_rank][-1] += 0.9
     i[last_rank][-1] += 0.5
     slowdown = tuple(1.3 if r == 1 else 1.0 for r in range(pp))
-    costs = StageCosts(forward_s=tuple(map(tuple, f)), backward_input_s=tuple(map(tuple, i)),
-                       backward_weight_s=tuple(map(tuple, w)), p2p_s=0.15, slowdown=slowdown)
+    costs = StageCosts(
+        forward_s=tuple(map(tuple, f)),
+        backward_input_s=tuple(map(tuple, i)),
+        backward_weight_s=tuple(map(tuple, w)),
+        p2p_s=0.15,
+        slowdown=slowdown,
+    )
     order = generate(name, pp, m, vpp)
     result = simulate(order, costs, timeline=True)
     reference = reference_times(order, costs)
@@ -152,8 +177,12 @@ def test_heterogeneous_costs_match_the_reference_evaluation(name, pp, m, vpp):
 def test_straggler_slows_the_whole_pipeline():
     pp, m = 4, 16
     base = simulate(generate("1f1b", pp, m), _uniform(pp, 1, 1, 1, 1))
-    slow = StageCosts(forward_s=((1.0,),) * pp, backward_input_s=((1.0,),) * pp, backward_weight_s=((1.0,),) * pp,
-                      slowdown=(1.0, 1.0, 1.5, 1.0))
+    slow = StageCosts(
+        forward_s=((1.0,),) * pp,
+        backward_input_s=((1.0,),) * pp,
+        backward_weight_s=((1.0,),) * pp,
+        slowdown=(1.0, 1.0, 1.5, 1.0),
+    )
     result = simulate(generate("1f1b", pp, m), slow)
     assert result.busy_s[2] == pytest.approx(1.5 * base.busy_s[2])
     assert result.step_time_s >= m * 3 * 1.5
@@ -164,28 +193,35 @@ def test_p2p_adds_latency_on_the_critical_path():
     order = generate("1f1b", pp, m)
     result = simulate(order, _uniform(pp, 1, 1, 1, 1, p2p=c))
     assert result.step_time_s > simulate(order, _uniform(pp, 1, 1, 1, 1)).step_time_s
-    assert result.step_time_s == pytest.approx(max(e for _, e in reference_times(order, _uniform(pp, 1, 1, 1, 1, c)).values()))
+    assert result.step_time_s == pytest.approx(
+        max(e for _, e in reference_times(order, _uniform(pp, 1, 1, 1, 1, c)).values())
+    )
 
 
 def test_deadlock_is_refused_naming_the_waiting_ranks():
-    order = {0: [Action.from_str(t) for t in "0F0 0B0 0F1 0B1".split()],
-             1: [Action.from_str(t) for t in "1F1 1F0 1B0 1B1".split()]}
+    order = {
+        0: [Action.from_str(t) for t in ["0F0", "0B0", "0F1", "0B1"]],
+        1: [Action.from_str(t) for t in ["1F1", "1F0", "1B0", "1B1"]],
+    }
     with pytest.raises(ScheduleError, match=r"deadlocks: rank 0 waits at 0B0 for 1B0 \(rank 1\); rank 1 waits at 1F1"):
         simulate(order, _uniform(2, 1, 1, 1, 1))
 
 
-@pytest.mark.parametrize(("texts", "needle"), [
-    ({0: "0F0 0F1 0B0", 1: "1F0 1F1 1B0 1B1"}, "never runs 0B1"),
-    ({0: "0F0 0F0 0B0", 1: "1F0 1B0"}, "listed twice"),
-    ({0: "0F0 0I0 0B0", 1: "1F0 1B0"}, "both a full backward"),
-    ({0: "0F0 0I0", 1: "1F0 1B0"}, "never runs 0W0"),
-    ({0: "0B0 0F0", 1: "1F0 1B0"}, "put the forward first"),
-    ({0: "0F0 0W0 0I0", 1: "1F0 1B0"}, "W needs I first"),
-    ({0: "0F0 0B0 1F0", 1: "1F0 1B0"}, "stage 1 appears on rank 0 and rank 1"),
-    ({0: "0F0 0SEND_F0 0B0", 1: "1F0 1B0"}, "not a compute action"),
-    ({0: "0F0 0B0", 2: "1F0 1B0"}, "numbered 0..P-1"),
-    ({0: "0F0 0B0 2F0 2B0", 1: "1F0 1B0"}, "same number of stages"),
-])
+@pytest.mark.parametrize(
+    ("texts", "needle"),
+    [
+        ({0: "0F0 0F1 0B0", 1: "1F0 1F1 1B0 1B1"}, "never runs 0B1"),
+        ({0: "0F0 0F0 0B0", 1: "1F0 1B0"}, "listed twice"),
+        ({0: "0F0 0I0 0B0", 1: "1F0 1B0"}, "both a full backward"),
+        ({0: "0F0 0I0", 1: "1F0 1B0"}, "never runs 0W0"),
+        ({0: "0B0 0F0", 1: "1F0 1B0"}, "put the forward first"),
+        ({0: "0F0 0W0 0I0", 1: "1F0 1B0"}, "W needs I first"),
+        ({0: "0F0 0B0 1F0", 1: "1F0 1B0"}, "stage 1 appears on rank 0 and rank 1"),
+        ({0: "0F0 0SEND_F0 0B0", 1: "1F0 1B0"}, "not a compute action"),
+        ({0: "0F0 0B0", 2: "1F0 1B0"}, "numbered 0..P-1"),
+        ({0: "0F0 0B0 2F0 2B0", 1: "1F0 1B0"}, "same number of stages"),
+    ],
+)
 def test_malformed_orders_are_refused(texts, needle):
     order = {r: [Action.from_str(t) for t in text.split()] for r, text in texts.items()}
     with pytest.raises(ScheduleError, match=needle):
@@ -200,15 +236,27 @@ def test_costs_must_fit_the_schedule():
     with pytest.raises(ScheduleError, match="negative"):
         _uniform(2, 1, -1, 1, 1)
     with pytest.raises(ScheduleError, match="cannot exceed"):
-        StageCosts(forward_s=((1.0,),), backward_input_s=((1.0,),), backward_weight_s=((1.0,),),
-                   activation_bytes=((1.0,),), weight_grad_bytes=((2.0,),))
+        StageCosts(
+            forward_s=((1.0,),),
+            backward_input_s=((1.0,),),
+            backward_weight_s=((1.0,),),
+            activation_bytes=((1.0,),),
+            weight_grad_bytes=((2.0,),),
+        )
     with pytest.raises(ScheduleError, match="retained_bytes .* cannot exceed weight_grad_bytes"):
-        StageCosts(forward_s=((1.0,),), backward_input_s=((1.0,),), backward_weight_s=((1.0,),),
-                   activation_bytes=((3.0,),), weight_grad_bytes=((1.0,),), retained_bytes=((2.0,),))
+        StageCosts(
+            forward_s=((1.0,),),
+            backward_input_s=((1.0,),),
+            backward_weight_s=((1.0,),),
+            activation_bytes=((3.0,),),
+            weight_grad_bytes=((1.0,),),
+            retained_bytes=((2.0,),),
+        )
 
 
-@pytest.mark.parametrize(("name", "pp", "m", "vpp"), [("1f1b", 4, 8, 1), ("zb_h1", 4, 8, 1), ("zbv", 2, 8, 2),
-                                                   ("interleaved_1f1b", 2, 4, 2)])
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "vpp"), [("1f1b", 4, 8, 1), ("zb_h1", 4, 8, 1), ("zbv", 2, 8, 2), ("interleaved_1f1b", 2, 4, 2)]
+)
 def test_retained_bytes_stay_until_the_step_ends(name, pp, m, vpp):
     """Bytes retained after each backward pile up: with everything retained a rank ends holding
     every micro-batch of every chunk; with a part r retained, the last of them adds r per
@@ -218,9 +266,13 @@ def test_retained_bytes_stay_until_the_step_ends(name, pp, m, vpp):
     ones = tuple((1.0,) * vpp for _ in range(pp))
 
     def peaks(retained):
-        costs = StageCosts(forward_s=base.forward_s, backward_input_s=base.backward_input_s,
-                           backward_weight_s=base.backward_weight_s, activation_bytes=ones,
-                           retained_bytes=retained)
+        costs = StageCosts(
+            forward_s=base.forward_s,
+            backward_input_s=base.backward_input_s,
+            backward_weight_s=base.backward_weight_s,
+            activation_bytes=ones,
+            retained_bytes=retained,
+        )
         return simulate(compiled, costs).peak_activation_bytes
 
     assert peaks(ones) == (float(m * vpp),) * pp

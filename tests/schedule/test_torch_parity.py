@@ -82,13 +82,40 @@ SINGLE = [("gpipe", pp, m) for pp, m in [(1, 3), (2, 1), (2, 5), (4, 3), (4, 8),
 ]
 
 MULTI = (
-    [("interleaved_1f1b", pp, m, v) for pp, m, v in [
-        (2, 4, 2), (4, 8, 2), (4, 16, 2), (4, 3, 2), (4, 6, 2), (4, 7, 2), (4, 10, 2),
-        (4, 12, 3), (3, 5, 2), (8, 16, 4), (8, 12, 2), (1, 3, 2)]]
+    [
+        ("interleaved_1f1b", pp, m, v)
+        for pp, m, v in [
+            (2, 4, 2),
+            (4, 8, 2),
+            (4, 16, 2),
+            (4, 3, 2),
+            (4, 6, 2),
+            (4, 7, 2),
+            (4, 10, 2),
+            (4, 12, 3),
+            (3, 5, 2),
+            (8, 16, 4),
+            (8, 12, 2),
+            (1, 3, 2),
+        ]
+    ]
     + [("looped_bfs", pp, m, v) for pp, m, v in [(2, 3, 1), (4, 8, 2), (4, 5, 3), (3, 7, 2)]]
-    + [("zb_h1", pp, m, v) for pp, m, v in [
-        (2, 4, 1), (4, 8, 1), (4, 3, 1), (4, 10, 1), (8, 16, 1),
-        (4, 8, 2), (4, 10, 2), (4, 6, 2), (4, 3, 2), (3, 9, 3), (8, 24, 2)]]
+    + [
+        ("zb_h1", pp, m, v)
+        for pp, m, v in [
+            (2, 4, 1),
+            (4, 8, 1),
+            (4, 3, 1),
+            (4, 10, 1),
+            (8, 16, 1),
+            (4, 8, 2),
+            (4, 10, 2),
+            (4, 6, 2),
+            (4, 3, 2),
+            (3, 9, 3),
+            (8, 24, 2),
+        ]
+    ]
     + [("zbv", pp, m, 2) for pp, m in [(1, 2), (2, 4), (4, 2), (4, 5), (4, 7), (4, 8), (4, 11), (8, 16), (8, 20)]]
     + [("dualpipev", pp, m, 2) for pp, m in [(1, 2), (2, 4), (2, 7), (4, 8), (4, 11), (3, 9), (8, 16), (8, 21)]]
 )
@@ -104,9 +131,15 @@ def test_multi_stage_schedules_match_torch_pipeline_order(name, pp, m, vpp):
     assert _ours(name, pp, m, vpp) == _torch_multi_stage_order(name, pp, m, vpp)
 
 
-@pytest.mark.parametrize(("name", "pp", "m", "vpp"), [
-    ("1f1b", 4, 3, 1), ("dualpipev", 4, 7, 2), ("interleaved_1f1b", 4, 9, 2), ("zb_h1", 4, 9, 2),
-])
+@pytest.mark.parametrize(
+    ("name", "pp", "m", "vpp"),
+    [
+        ("1f1b", 4, 3, 1),
+        ("dualpipev", 4, 7, 2),
+        ("interleaved_1f1b", 4, 9, 2),
+        ("zb_h1", 4, 9, 2),
+    ],
+)
 def test_shapes_torch_refuses_are_refused(name, pp, m, vpp):
     with pytest.raises(ScheduleError):
         generate(name, pp, m, vpp)
@@ -140,8 +173,13 @@ def test_sweep_of_small_shapes():
     schedule our order is the same, and where torch refuses the shape so do we (except
     zb_h1 at V = 1, see above)."""
     compared = 0
-    for name, vpps in (("interleaved_1f1b", (2, 3)), ("looped_bfs", (1, 2)), ("zb_h1", (1, 2, 3)),
-                       ("zbv", (2,)), ("dualpipev", (2,))):
+    for name, vpps in (
+        ("interleaved_1f1b", (2, 3)),
+        ("looped_bfs", (1, 2)),
+        ("zb_h1", (1, 2, 3)),
+        ("zbv", (2,)),
+        ("dualpipev", (2,)),
+    ):
         for pp in range(1, 6):
             for m in range(1, 11):
                 for vpp in vpps:

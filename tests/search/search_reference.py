@@ -44,10 +44,23 @@ def even_cut_reference(model: CostModel, batch: int, seq: int, space: SearchSpac
         if c.empty_ends:
             continue
         for mode in RECOMPUTE_MODES:
-            layout = Layout(tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, vpp=c.vpp, mbs=c.mbs, num_microbatches=c.num_microbatches,
-                            schedule=c.schedule, recompute=(mode,) * c.pp, sequence_parallel=c.sequence_parallel,
-                            zero_stage=c.zero_stage, segments=c.segments, ep=c.ep, etp=c.etp,
-                            stage_layers=even_stage_layers(spec.num_layers, c.pp, c.vpp, c.schedule))
+            layout = Layout(
+                tp=c.tp,
+                pp=c.pp,
+                dp=c.dp,
+                cp=c.cp,
+                vpp=c.vpp,
+                mbs=c.mbs,
+                num_microbatches=c.num_microbatches,
+                schedule=c.schedule,
+                recompute=(mode,) * c.pp,
+                sequence_parallel=c.sequence_parallel,
+                zero_stage=c.zero_stage,
+                segments=c.segments,
+                ep=c.ep,
+                etp=c.etp,
+                stage_layers=even_stage_layers(spec.num_layers, c.pp, c.vpp, c.schedule),
+            )
             check_layout(layout, spec, model.cluster, batch, seq)
             p = predict(model, layout, batch, seq)
             if p.peak_memory_bytes <= model.cluster.memory_limit_bytes:
@@ -70,8 +83,9 @@ def draw_layout(data, candidate: Candidate, num_layers: int) -> Layout:
     chunk, or empty end stages for such candidates) and any recompute mode per rank."""
     pp, vpp = candidate.pp, candidate.vpp
     inner = pp * vpp - (2 if candidate.empty_ends else 0)
-    cuts = sorted(data.draw(st.lists(st.integers(1, num_layers - 1), min_size=inner - 1, max_size=inner - 1,
-                                     unique=True)))
+    cuts = sorted(
+        data.draw(st.lists(st.integers(1, num_layers - 1), min_size=inner - 1, max_size=inner - 1, unique=True))
+    )
     counts = [b - a for a, b in zip([0, *cuts], [*cuts, num_layers])]
     if candidate.empty_ends:
         counts = [0, *counts, 0]

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_reference import draw_layout
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
@@ -24,12 +25,13 @@ from planner.search.costing import (
 )
 from planner.search.space import Candidate, SearchSpace, candidates
 from planner.spec import Cluster
-from search_reference import draw_layout
 
 
 @st.composite
 def shapes(draw):
-    name = draw(st.sampled_from(sorted(n for n, i in SCHEDULES.items() if i.searched_by_default)))  # the bounds serve the search
+    name = draw(
+        st.sampled_from(sorted(n for n, i in SCHEDULES.items() if i.searched_by_default))
+    )  # the bounds serve the search
     info = SCHEDULES[name]
     pp = draw(st.integers(2, 5))
     vpp = draw(st.integers(info.min_vpp, min(info.max_vpp or 3, 3)))
@@ -54,11 +56,20 @@ def test_layout_bound_never_exceeds_the_simulated_step(shape, data):
     f, i, w = (_table(draw, pp, vpp, 0.1, 3.0) for _ in range(3))
     p2p = draw(st.floats(0.0, 0.5))
     acts = _table(draw, pp, vpp, 1.0, 5.0)
-    sim = simulate(compile_schedule(name, pp, m, vpp),
-                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p, activation_bytes=acts))
-    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
-                       backward_weight_s=[list(r) for r in w], activation_bytes=[list(r) for r in acts],
-                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p)
+    sim = simulate(
+        compile_schedule(name, pp, m, vpp),
+        StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p, activation_bytes=acts),
+    )
+    costs = ChunkCosts(
+        forward_s=[list(r) for r in f],
+        backward_input_s=[list(r) for r in i],
+        backward_weight_s=[list(r) for r in w],
+        activation_bytes=[list(r) for r in acts],
+        extra_bytes=[0.0] * pp,
+        params=[0.0] * pp,
+        tp_comm_s=[0.0] * pp,
+        p2p_s=p2p,
+    )
     bound = layout_bound(costs, m, SCHEDULES[name].split_backward)
     assert bound <= sim.step_time_s * (1 + 1e-9)
     # with work each rank runs after its last action (exposed DP communication)
@@ -91,11 +102,21 @@ def test_sequencing_bound_never_exceeds_the_simulated_step(shape, data):
     draw = data.draw
     f, i, w = (_table(draw, pp, vpp, 0.0, 3.0) for _ in range(3))
     p2p = draw(st.floats(0.0, 0.5))
-    sim = simulate(compile_schedule(name, pp, m, vpp, k),
-                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p))
-    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
-                       backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
-                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p, segments=k)
+    sim = simulate(
+        compile_schedule(name, pp, m, vpp, k),
+        StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p),
+    )
+    costs = ChunkCosts(
+        forward_s=[list(r) for r in f],
+        backward_input_s=[list(r) for r in i],
+        backward_weight_s=[list(r) for r in w],
+        activation_bytes=[[0.0] * vpp] * pp,
+        extra_bytes=[0.0] * pp,
+        params=[0.0] * pp,
+        tp_comm_s=[0.0] * pp,
+        p2p_s=p2p,
+        segments=k,
+    )
     split, v_shaped = SCHEDULES[name].split_backward, SCHEDULES[name].v_shaped
     bound = sequencing_bound(costs, m, split, v_shaped)
     assert bound <= sim.step_time_s * (1 + 1e-9)
@@ -108,8 +129,12 @@ def test_sequencing_bound_never_exceeds_the_simulated_step(shape, data):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs"]), st.integers(2, 5),
-       st.integers(1, 3), st.data())
+@given(
+    st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "looped_bfs"]),
+    st.integers(2, 5),
+    st.integers(1, 3),
+    st.data(),
+)
 def test_sequencing_bound_of_one_micro_batch_is_its_round_trip(name, pp, vpp, data):
     """With one micro-batch every schedule runs it through all P x V stages and back, one
     action at a time: the bound is exactly that sum (the chain bound holds only the first
@@ -118,9 +143,16 @@ def test_sequencing_bound_of_one_micro_batch_is_its_round_trip(name, pp, vpp, da
     draw = data.draw
     f, i, w = (_table(draw, pp, vpp, 0.1, 3.0) for _ in range(3))
     p2p = draw(st.floats(0.0, 0.5))
-    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
-                       backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
-                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p)
+    costs = ChunkCosts(
+        forward_s=[list(r) for r in f],
+        backward_input_s=[list(r) for r in i],
+        backward_weight_s=[list(r) for r in w],
+        activation_bytes=[[0.0] * vpp] * pp,
+        extra_bytes=[0.0] * pp,
+        params=[0.0] * pp,
+        tp_comm_s=[0.0] * pp,
+        p2p_s=p2p,
+    )
     round_trip = sum(map(sum, f)) + sum(map(sum, i)) + sum(map(sum, w)) + 2 * (pp * vpp - 1) * p2p
     bound = sequencing_bound(costs, 1, False)
     assert math.isclose(bound, round_trip, rel_tol=1e-12)
@@ -136,8 +168,10 @@ def test_round_trip_bound_never_exceeds_the_simulated_step(shape, data):
     name, pp, m, vpp, k = shape
     draw = data.draw
     f, i, w = (_table(draw, pp, vpp, 0.0, 3.0) for _ in range(3))
-    sim = simulate(compile_schedule(name, pp, m, vpp, k),
-                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=draw(st.floats(0.0, 0.5))))
+    sim = simulate(
+        compile_schedule(name, pp, m, vpp, k),
+        StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=draw(st.floats(0.0, 0.5))),
+    )
     forward, backward = sum(map(sum, f)), sum(map(sum, i))
     if not SCHEDULES[name].split_backward:
         backward += sum(map(sum, w))
@@ -169,8 +203,10 @@ def test_work_bound_never_exceeds_the_simulated_step(shape, data):
         f.append(tuple(c * forward_share for c in chunks))
         i.append(tuple(c * (1 - forward_share) / 2 for c in chunks))
         w.append(tuple(c * (1 - forward_share) / 2 for c in chunks))
-    sim = simulate(compile_schedule(name, pp, m, vpp),
-                   StageCosts(forward_s=tuple(f), backward_input_s=tuple(i), backward_weight_s=tuple(w)))
+    sim = simulate(
+        compile_schedule(name, pp, m, vpp),
+        StageCosts(forward_s=tuple(f), backward_input_s=tuple(i), backward_weight_s=tuple(w)),
+    )
     share = FIRST_CHUNK_SHARE / vpp * (forward_share if split else 1.0)
     assert work_bound(sum(rank_work), share, m, pp) <= sim.step_time_s * (1 + 1e-9)
 
@@ -222,6 +258,7 @@ def test_layout_step_bound_with_dp_and_tail_never_exceeds_the_predicted_step(dat
     plus the loss-scale check, gradient norm and Adam step) is at most `predict`'s step."""
     from planner.predict import chunk_costs
     from planner.search.search import _bound, _LayoutBounds
+
     model = _small_model()
     _, layout = _draw_layout(data, model)
     step = predict(model, layout, BATCH, SEQ).step_time_s
@@ -236,6 +273,7 @@ def test_layout_sequencing_bound_with_dp_and_tail_never_exceeds_the_predicted_st
     (its rounding margin taken, no tolerance)."""
     from planner.predict import chunk_costs
     from planner.search.search import _LayoutBounds
+
     model = _small_model()
     _, layout = _draw_layout(data, model)
     step = predict(model, layout, BATCH, SEQ).step_time_s

@@ -6,6 +6,7 @@ runs one), closed forms, the simulator's send count, and brute force."""
 import math
 
 import pytest
+from search_reference import assert_never_worse, even_cut_reference
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import DENSE_BLOCK, CostModel, CostOptions
@@ -17,8 +18,6 @@ from planner.search.search import search
 from planner.search.space import SearchSpace
 from planner.spec import Cluster
 
-from search_reference import assert_never_worse, even_cut_reference
-
 SEQ = 1024
 SPEC = resolve_model("tiny-moe").model_copy(update={"mtp_depth": 1})  # one dense layer, 5 MoE, MTP
 
@@ -28,9 +27,21 @@ def _model(gpus, limit=None, **options):
 
 
 def _layout(schedule, pp, m, *, vpp=1, segments=1, dp=4, ep=2, zero=1):
-    return Layout(tp=1, pp=pp, dp=dp, vpp=vpp, mbs=1, num_microbatches=m, schedule=schedule,
-                  recompute=("none",) * pp, zero_stage=zero, ep=ep, etp=1, segments=segments,
-                  stage_layers=even_stage_layers(SPEC.num_layers, pp, vpp, schedule))
+    return Layout(
+        tp=1,
+        pp=pp,
+        dp=dp,
+        vpp=vpp,
+        mbs=1,
+        num_microbatches=m,
+        schedule=schedule,
+        recompute=("none",) * pp,
+        zero_stage=zero,
+        ep=ep,
+        etp=1,
+        segments=segments,
+        stage_layers=even_stage_layers(SPEC.num_layers, pp, vpp, schedule),
+    )
 
 
 @pytest.mark.parametrize("pp", [2, 6])
@@ -110,8 +121,18 @@ def test_search_with_chimera_and_seq1f1b_on_an_moe_model_is_never_worse_than_bru
     """The floors and bounds (two layer kinds, MTP, replicas, segments) prune nothing better
     than what even cuts reach."""
     model = _model(16, limit, p2p_mode=p2p_mode)
-    space = SearchSpace(tp=(1, 2), pp=(2,), cp=(1,), mbs=(1, 2), schedules=("chimera", "seq1f1b", "1f1b"),
-                        segments=(2, 4), sequence_parallel=(True,), zero=(1,), ep=(1, 2, 4), etp=(1,))
+    space = SearchSpace(
+        tp=(1, 2),
+        pp=(2,),
+        cp=(1,),
+        mbs=(1, 2),
+        schedules=("chimera", "seq1f1b", "1f1b"),
+        segments=(2, 4),
+        sequence_parallel=(True,),
+        zero=(1,),
+        ep=(1, 2, 4),
+        etp=(1,),
+    )
     result = search(model, 64, SEQ, space, top=3)
     reference = even_cut_reference(model, 64, SEQ, space)
     assert result.plans and math.isfinite(reference)

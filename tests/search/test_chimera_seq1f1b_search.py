@@ -6,6 +6,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_reference import assert_never_worse, even_cut_reference
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import memory
@@ -22,8 +23,6 @@ from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
 
-from search_reference import assert_never_worse, even_cut_reference
-
 SEQ = 4096
 
 
@@ -32,9 +31,19 @@ def _model(name="llama3-8b", gpus=8, limit=None):
 
 
 def _layout(schedule, pp, m, *, tp=1, dp=1, vpp=1, segments=1, mode="none", layers=32, zero=1):
-    return Layout(tp=tp, pp=pp, dp=dp, vpp=vpp, mbs=1, num_microbatches=m, schedule=schedule,
-                  recompute=(mode,) * pp, zero_stage=zero, segments=segments,
-                  stage_layers=even_stage_layers(layers, pp, vpp, schedule))
+    return Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        vpp=vpp,
+        mbs=1,
+        num_microbatches=m,
+        schedule=schedule,
+        recompute=(mode,) * pp,
+        zero_stage=zero,
+        segments=segments,
+        stage_layers=even_stage_layers(layers, pp, vpp, schedule),
+    )
 
 
 @pytest.mark.parametrize("pp", [2, 4, 8])
@@ -139,26 +148,46 @@ def _costs(draw, name):
 @given(data=st.data())
 def test_layout_bound_never_exceeds_the_simulated_step(name, data):
     pp, vpp, m, k, f, i, w, p2p, after = data.draw(_costs(name))
-    sim = simulate(compile_schedule(name, pp, m, vpp, k),
-                   StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p))
-    costs = ChunkCosts(forward_s=[list(r) for r in f], backward_input_s=[list(r) for r in i],
-                       backward_weight_s=[list(r) for r in w], activation_bytes=[[0.0] * vpp] * pp,
-                       extra_bytes=[0.0] * pp, params=[0.0] * pp, tp_comm_s=[0.0] * pp, p2p_s=p2p,
-                       segments=k)
+    sim = simulate(
+        compile_schedule(name, pp, m, vpp, k),
+        StageCosts(forward_s=f, backward_input_s=i, backward_weight_s=w, p2p_s=p2p),
+    )
+    costs = ChunkCosts(
+        forward_s=[list(r) for r in f],
+        backward_input_s=[list(r) for r in i],
+        backward_weight_s=[list(r) for r in w],
+        activation_bytes=[[0.0] * vpp] * pp,
+        extra_bytes=[0.0] * pp,
+        params=[0.0] * pp,
+        tp_comm_s=[0.0] * pp,
+        p2p_s=p2p,
+        segments=k,
+    )
     chimera = name == "chimera"
     assert layout_bound(costs, m, False, bidirectional=chimera) <= sim.step_time_s * (1 + 1e-9)
     ends = max(sim.step_time_s, *(sim.finish_s[r] + after[r] for r in range(pp)))
     assert layout_bound(costs, m, False, after, bidirectional=chimera) <= ends * (1 + 1e-9)
 
 
-@pytest.mark.parametrize(("schedules", "limit", "seq"), [
-    (("chimera", "seq1f1b"), 40.0, 4096),
-    (("chimera", "seq1f1b", "1f1b", "zbv"), 30.0, 8192),
-])
+@pytest.mark.parametrize(
+    ("schedules", "limit", "seq"),
+    [
+        (("chimera", "seq1f1b"), 40.0, 4096),
+        (("chimera", "seq1f1b", "1f1b", "zbv"), 30.0, 8192),
+    ],
+)
 def test_search_is_never_worse_than_brute_force(schedules, limit, seq):
     model = _model(gpus=16, limit=limit)
-    space = SearchSpace(tp=(1, 2, 4), pp=(2, 4, 8), cp=(1,), mbs=(1, 2), schedules=schedules, segments=(2, 4),
-                        sequence_parallel=(True,), zero=(1,))
+    space = SearchSpace(
+        tp=(1, 2, 4),
+        pp=(2, 4, 8),
+        cp=(1,),
+        mbs=(1, 2),
+        schedules=schedules,
+        segments=(2, 4),
+        sequence_parallel=(True,),
+        zero=(1,),
+    )
     result = search(model, 64, seq, space, top=3)
     reference = even_cut_reference(model, 64, seq, space)
     assert result.plans and math.isfinite(reference)

@@ -29,9 +29,11 @@ def test_solver_proves_the_brute_force_optimum_without_deprecation_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         best, chosen = _knapsack(mip_solver(10.0))
     values, weights = [10, 13, 7, 8, 4], [5, 6, 3, 4, 2]
-    brute = max(sum(v for v, t in zip(values, pick) if t)
-                for pick in itertools.product((0, 1), repeat=5)
-                if sum(w for w, t in zip(weights, pick) if t) <= 10)
+    brute = max(
+        sum(v for v, t in zip(values, pick) if t)
+        for pick in itertools.product((0, 1), repeat=5)
+        if sum(w for w, t in zip(weights, pick) if t) <= 10
+    )
     assert best == brute and sum(w for w, t in zip(weights, chosen) if t) <= 10
 
 
@@ -41,7 +43,16 @@ def test_planner_milps_run_without_deprecation_warnings():
         costs = StageCosts.uniform(2, 1, 1.0, 1.0, 1.0)
         order = optimal_schedule(costs, 4, 2)
         assert simulate(order, costs).step_time_s > 0
-        cuts = ilp_cuts(RankCosts(modes=("none",), layer_s=(1.0,), fixed_s=(0.0, 0.0),
-                                  layer_bytes=((1.0,), (1.0,)), fixed_bytes=((0.0,), (0.0,)),
-                                  limit_bytes=10.0, min_layers=1), 4)
+        cuts = ilp_cuts(
+            RankCosts(
+                modes=("none",),
+                layer_s=(1.0,),
+                fixed_s=(0.0, 0.0),
+                layer_bytes=((1.0,), (1.0,)),
+                fixed_bytes=((0.0,), (0.0,)),
+                limit_bytes=10.0,
+                min_layers=1,
+            ),
+            4,
+        )
         assert cuts is not None and cuts.layers == (2, 2)

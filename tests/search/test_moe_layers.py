@@ -40,7 +40,8 @@ def test_dense_block_differs_from_the_moe_block_by_its_mlp(model):
     dense = model.layer_costs(DENSE_BLOCK, shard())
     moe = model.layer_costs("transformer", shard())
     assert dense.param_count - moe.param_count == pytest.approx(
-        3 * h * f / 8 - (h * 256 + 3 * h * fe / 8 + 8 * 3 * h * fe))
+        3 * h * f / 8 - (h * 256 + 3 * h * fe / 8 + 8 * 3 * h * fe)
+    )
     assert dense.expert_param_count == 0 and moe.expert_param_count == 8 * 3 * h * fe
     assert dense.moe_comm_s == 0 < moe.moe_comm_s
     # a dense block has no all-to-all, and its MLP is ~2.2x narrower than top-8 + shared x 2048
@@ -49,9 +50,22 @@ def test_dense_block_differs_from_the_moe_block_by_its_mlp(model):
 
 def layout(pp, cuts):
     bounds = list(itertools.accumulate(cuts, initial=0))
-    return Layout(tp=8, pp=pp, dp=256 // (8 * pp), cp=1, vpp=1, mbs=1, num_microbatches=16, schedule="1f1b",
-                  recompute=("full",) * pp, sequence_parallel=True, zero_stage=1,
-                  stage_layers=tuple(((a, b),) for a, b in zip(bounds, bounds[1:])), ep=32, etp=1)
+    return Layout(
+        tp=8,
+        pp=pp,
+        dp=256 // (8 * pp),
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=16,
+        schedule="1f1b",
+        recompute=("full",) * pp,
+        sequence_parallel=True,
+        zero_stage=1,
+        stage_layers=tuple(((a, b),) for a, b in zip(bounds, bounds[1:])),
+        ep=32,
+        etp=1,
+    )
 
 
 def test_chunk_costs_are_hand_sums_of_each_layer_kind(model):
@@ -84,23 +98,37 @@ def brute_force_bottleneck(model, pp):
     """Least over every cut of max over ranks of (embedding | head + MTP) + the sum of each
     layer's own cost, all in full recompute."""
     s = shard()
-    per_layer = [total_s(model.layer_costs("transformer" if model.spec.is_moe_layer(i) else DENSE_BLOCK, s, "full"))
-                 for i in range(61)]
+    per_layer = [
+        total_s(model.layer_costs("transformer" if model.spec.is_moe_layer(i) else DENSE_BLOCK, s, "full"))
+        for i in range(61)
+    ]
     prefix = list(itertools.accumulate(per_layer, initial=0.0))
     first = total_s(model.layer_costs("embedding", s))
     last = total_s(model.layer_costs("head", s)) + total_s(model.layer_costs("mtp", s, "full"))
     best = math.inf
     for cut in itertools.combinations(range(1, 61), pp - 1):
         bounds = (0, *cut, 61)
-        worst = max(prefix[b] - prefix[a] + (first if r == 0 else 0) + (last if r == pp - 1 else 0)
-                    for r, (a, b) in enumerate(zip(bounds, bounds[1:])))
+        worst = max(
+            prefix[b] - prefix[a] + (first if r == 0 else 0) + (last if r == pp - 1 else 0)
+            for r, (a, b) in enumerate(zip(bounds, bounds[1:]))
+        )
         best = min(best, worst)
     return best
 
 
 def test_search_cuts_shift_to_the_stage_holding_the_dense_layers(model):
-    space = SearchSpace(tp=(8,), pp=(4,), cp=(1,), vpp=(1,), mbs=(1,), schedules=("1f1b",), recompute=("full",),
-                        sequence_parallel=(True,), ep=(32,), etp=(1,))
+    space = SearchSpace(
+        tp=(8,),
+        pp=(4,),
+        cp=(1,),
+        vpp=(1,),
+        mbs=(1,),
+        schedules=("1f1b",),
+        recompute=("full",),
+        sequence_parallel=(True,),
+        ep=(32,),
+        etp=(1,),
+    )
     candidate = next(c for c in candidates(model.spec, model.cluster, 256, SEQ, space))
     parts = parts_of(model, candidate, SEQ)
     costs = rank_costs(model, candidate, parts, inflight_of(candidate), model.cluster.memory_limit_bytes)
@@ -121,9 +149,22 @@ def test_a_layer_frequency_pattern_is_costed_layer_by_layer():
     spec = resolve_model("tiny-moe").model_copy(update={"first_dense_layers": 0, "moe_layer_freq": 2})
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 8))
     assert model.block_kinds == (DENSE_BLOCK, "transformer") * 3
-    lay = Layout(tp=1, pp=2, dp=4, cp=1, vpp=1, mbs=1, num_microbatches=4, schedule="1f1b",
-                 recompute=("none", "none"), sequence_parallel=False, zero_stage=1,
-                 stage_layers=(((0, 3),), ((3, 6),)), ep=2, etp=1)
+    lay = Layout(
+        tp=1,
+        pp=2,
+        dp=4,
+        cp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=4,
+        schedule="1f1b",
+        recompute=("none", "none"),
+        sequence_parallel=False,
+        zero_stage=1,
+        stage_layers=(((0, 3),), ((3, 6),)),
+        ep=2,
+        etp=1,
+    )
     costs = chunk_costs(model, lay, 1024)
     s = Shard(mbs=1, seq=1024, ep=2, etp=1)
     dense, moe, embedding, head = (model.layer_costs(k, s) for k in (DENSE_BLOCK, "transformer", "embedding", "head"))
@@ -134,5 +175,6 @@ def test_a_layer_frequency_pattern_is_costed_layer_by_layer():
     assert costs.forward_s[0][0] == pytest.approx(2 * fwd(dense) + fwd(moe) + fwd(embedding), rel=1e-12)
     assert costs.forward_s[1][0] == pytest.approx(fwd(dense) + 2 * fwd(moe) + fwd(head), rel=1e-12)
     assert costs.activation_bytes[1][0] == pytest.approx(
-        dense.activation_bytes + 2 * moe.activation_bytes + head.activation_bytes)
+        dense.activation_bytes + 2 * moe.activation_bytes + head.activation_bytes
+    )
     assert costs.expert_params == [pytest.approx(moe.expert_param_count), pytest.approx(2 * moe.expert_param_count)]

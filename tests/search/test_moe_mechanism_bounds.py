@@ -5,11 +5,12 @@ predict may pair a layout's layers, predict blends in the warm-up passes that ru
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_reference import draw_layout
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
@@ -28,13 +29,12 @@ from planner.search.costing import (
 from planner.search.search import _bound, _LayoutBounds, search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
-from search_reference import draw_layout
 
 SEQ, BATCH, GPUS = 4096, 512, 64
 MECHANISMS = [(d, o) for d in ("alltoall", "deepep") for o in (False, True)]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model(dispatcher: str, overlap: bool) -> CostModel:
     """Qwen3-30B-A3B (128 experts, top-8) on 8 nodes of 8 H100s: EP up to 64, across nodes."""
     options = CostOptions.of(moe_dispatcher=dispatcher, moe_ep_overlap=overlap)
@@ -79,8 +79,11 @@ def test_floors_and_bounds_never_exceed_the_predicted_step_and_memory(data):
 
 
 def _interleaved(model: CostModel):
-    return next(c for c in _moe_candidates() if c.schedule == "interleaved_1f1b" and c.ep == 32
-                and c.modes == ("none", "selective", "full"))
+    return next(
+        c
+        for c in _moe_candidates()
+        if c.schedule == "interleaved_1f1b" and c.ep == 32 and c.modes == ("none", "selective", "full")
+    )
 
 
 def test_the_candidate_floors_price_the_overlap_where_predict_does():
@@ -109,8 +112,16 @@ def test_the_search_returns_the_best_of_the_even_cut_layouts_it_prices(dispatche
     slower than `predict` of every even-cut layout of it in every recompute mode: its floors
     pruned nothing that would have won."""
     model = _model(dispatcher, overlap)
-    space = SearchSpace(tp=(1,), pp=(2,), vpp=(2,), mbs=(1,), schedules=("interleaved_1f1b",), ep=(8, 16),
-                        etp=(1,), per_rank_recompute=False)
+    space = SearchSpace(
+        tp=(1,),
+        pp=(2,),
+        vpp=(2,),
+        mbs=(1,),
+        schedules=("interleaved_1f1b",),
+        ep=(8, 16),
+        etp=(1,),
+        per_rank_recompute=False,
+    )
     best = search(model, BATCH, SEQ, space, top=1).plans[0].prediction.step_time_s
     limit = model.cluster.memory_limit_bytes
     layers = model.spec.num_layers

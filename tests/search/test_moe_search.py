@@ -7,17 +7,15 @@ from __future__ import annotations
 import math
 
 import pytest
+from search_reference import assert_never_worse, pipeline_schedules
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
 from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
-from planner.search.space import DEFAULT_SCHEDULES
 from planner.search.search import search
-from planner.search.space import SearchSpace, candidates
+from planner.search.space import DEFAULT_SCHEDULES, SearchSpace, candidates
 from planner.spec import Cluster
-
-from search_reference import assert_never_worse, pipeline_schedules
 
 
 def brute_force(model: CostModel, global_batch: int, seq: int, space: SearchSpace) -> tuple[float, Layout | None]:
@@ -41,9 +39,21 @@ def brute_force(model: CostModel, global_batch: int, seq: int, space: SearchSpac
                         for name, vpp in pipeline_schedules(space, pp, m, spec.num_layers):
                             for mode in space.recompute:
                                 layout = Layout(
-                                    tp=tp, pp=pp, dp=dp, cp=1, vpp=vpp, mbs=mbs, num_microbatches=m, schedule=name,
-                                    recompute=(mode,) * pp, sequence_parallel=tp > 1, zero_stage=1,
-                                    stage_layers=even_stage_layers(spec.num_layers, pp, vpp, name), ep=ep, etp=etp)
+                                    tp=tp,
+                                    pp=pp,
+                                    dp=dp,
+                                    cp=1,
+                                    vpp=vpp,
+                                    mbs=mbs,
+                                    num_microbatches=m,
+                                    schedule=name,
+                                    recompute=(mode,) * pp,
+                                    sequence_parallel=tp > 1,
+                                    zero_stage=1,
+                                    stage_layers=even_stage_layers(spec.num_layers, pp, vpp, name),
+                                    ep=ep,
+                                    etp=etp,
+                                )
                                 p = predict(model, layout, global_batch, seq)
                                 if p.peak_memory_bytes <= cluster.memory_limit_bytes and p.step_time_s < best:
                                     best, arg = p.step_time_s, layout
@@ -54,9 +64,19 @@ def brute_force(model: CostModel, global_batch: int, seq: int, space: SearchSpac
 def test_moe_search_is_never_worse_than_brute_force(limit):
     spec = resolve_model("tiny-moe")
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 16, memory_limit_gib=limit))
-    space = SearchSpace(tp=(1, 2), pp=(1, 2), cp=(1,), vpp=(1, 2), mbs=(1, 2, 4), schedules=DEFAULT_SCHEDULES,
-                        sequence_parallel=(True,), zero=(1,), ep=(1, 2, 4, 8), etp=(1, 2),
-                        recompute=("none", "full"))
+    space = SearchSpace(
+        tp=(1, 2),
+        pp=(1, 2),
+        cp=(1,),
+        vpp=(1, 2),
+        mbs=(1, 2, 4),
+        schedules=DEFAULT_SCHEDULES,
+        sequence_parallel=(True,),
+        zero=(1,),
+        ep=(1, 2, 4, 8),
+        etp=(1, 2),
+        recompute=("none", "full"),
+    )
     result = search(model, 64, 1024, space, top=3)
     reference, layout = brute_force(model, 64, 1024, space)
     assert layout is not None and result.plans

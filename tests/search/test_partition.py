@@ -32,8 +32,11 @@ def brute_force(costs: RankCosts, num_layers: int) -> float | None:
             continue
         value = 0.0
         for r, n in enumerate(counts):
-            fitting = [costs.fixed_s[r] + n * costs.layer_s[m] for m in modes
-                       if costs.fixed_bytes[r][m] + n * costs.layer_bytes[r][m] <= costs.limit_bytes]
+            fitting = [
+                costs.fixed_s[r] + n * costs.layer_s[m]
+                for m in modes
+                if costs.fixed_bytes[r][m] + n * costs.layer_bytes[r][m] <= costs.limit_bytes
+            ]
             if not fitting:
                 value = math.inf
                 break
@@ -55,8 +58,9 @@ def problems(draw):
         fixed_bytes=tuple(tuple(draw(st.floats(0.0, 10.0)) for _ in range(num_modes)) for _ in range(ranks)),
         layer_s=tuple(base),
         # slower modes save memory, as recompute does
-        layer_bytes=tuple(tuple(sorted((draw(st.floats(0.5, 6.0)) for _ in range(num_modes)), reverse=True))
-                          for _ in range(ranks)),
+        layer_bytes=tuple(
+            tuple(sorted((draw(st.floats(0.5, 6.0)) for _ in range(num_modes)), reverse=True)) for _ in range(ranks)
+        ),
         limit_bytes=draw(st.floats(5.0, 60.0)),
         min_layers=draw(st.integers(1, 2)),
     )
@@ -111,8 +115,9 @@ def test_dynamic_programming_with_layers_that_differ():
     """A heavy last layer (e.g. a wide MoE block) pulls the cut forward: checked by hand."""
     layer_s = [[1.0, 1.0, 1.0, 1.0, 4.0]]
     layer_bytes = [[[1.0] * 5], [[1.0] * 5]]
-    cuts = dp_cuts(layer_s, layer_bytes, fixed_s=[0.0, 0.0], fixed_bytes=[[0.0], [0.0]],
-                   limit_bytes=100.0, modes=("none",))
+    cuts = dp_cuts(
+        layer_s, layer_bytes, fixed_s=[0.0, 0.0], fixed_bytes=[[0.0], [0.0]], limit_bytes=100.0, modes=("none",)
+    )
     assert cuts is not None
     assert cuts.layers == (4, 1) and cuts.bottleneck_s == 4.0
 
@@ -134,9 +139,11 @@ def brute_force_sequence(costs: RankCosts) -> float | None:
             continue
         value = 0.0
         for r, (a, b) in enumerate(bounds):
-            fitting = [costs.fixed_s[r] + sum(costs.kind_s[k][m] for k in kinds[a:b]) for m in modes
-                       if costs.fixed_bytes[r][m] + sum(costs.kind_bytes[r][k][m] for k in kinds[a:b])
-                       <= costs.limit_bytes]
+            fitting = [
+                costs.fixed_s[r] + sum(costs.kind_s[k][m] for k in kinds[a:b])
+                for m in modes
+                if costs.fixed_bytes[r][m] + sum(costs.kind_bytes[r][k][m] for k in kinds[a:b]) <= costs.limit_bytes
+            ]
             value = max(value, min(fitting, default=math.inf))
         best = min(best, value)
     return None if best == math.inf else best
@@ -148,10 +155,15 @@ def sequence_problems(draw):
     num_modes, ranks = len(costs.modes), costs.num_ranks
     kinds = tuple(draw(st.lists(st.integers(0, 1), min_size=layers, max_size=layers)))
     other_s = tuple(sorted(draw(st.lists(st.floats(0.2, 5.0), min_size=num_modes, max_size=num_modes))))
-    other_bytes = tuple(tuple(sorted((draw(st.floats(0.5, 9.0)) for _ in range(num_modes)), reverse=True))
-                        for _ in range(ranks))
-    return replace(costs, layer_kinds=kinds, kind_s=(costs.layer_s, other_s),
-                   kind_bytes=tuple((own, other) for own, other in zip(costs.layer_bytes, other_bytes)))
+    other_bytes = tuple(
+        tuple(sorted((draw(st.floats(0.5, 9.0)) for _ in range(num_modes)), reverse=True)) for _ in range(ranks)
+    )
+    return replace(
+        costs,
+        layer_kinds=kinds,
+        kind_s=(costs.layer_s, other_s),
+        kind_bytes=tuple((own, other) for own, other in zip(costs.layer_bytes, other_bytes)),
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -167,7 +179,7 @@ def test_sequence_cuts_is_optimal(costs):
     assert math.isclose(cuts.bottleneck_s, expected, rel_tol=1e-9, abs_tol=1e-9)
     start = 0
     for r, (n, mode) in enumerate(zip(cuts.layers, cuts.modes)):  # the answer itself is feasible
-        m, kinds = costs.modes.index(mode), costs.layer_kinds[start:start + n]
+        m, kinds = costs.modes.index(mode), costs.layer_kinds[start : start + n]
         assert costs.fixed_bytes[r][m] + sum(costs.kind_bytes[r][k][m] for k in kinds) <= costs.limit_bytes * (1 + 1e-9)
         assert costs.fixed_s[r] + sum(costs.kind_s[k][m] for k in kinds) <= cuts.bottleneck_s * (1 + 1e-9)
         start += n
@@ -176,8 +188,16 @@ def test_sequence_cuts_is_optimal(costs):
 def test_sequence_cuts_give_cheap_leading_layers_to_the_first_rank():
     """Three cheap layers (DeepSeek-V3's dense ones) then six heavy ones on two ranks: the
     first rank takes the cheap three and two heavy (3 + 2 x 2 = 7 against 4 x 2 = 8), by hand."""
-    costs = RankCosts(modes=("none",), fixed_s=(0.0, 0.0), fixed_bytes=((0.0,), (0.0,)), layer_s=(2.0,),
-                      layer_bytes=((1.0,), (1.0,)), limit_bytes=100.0, layer_kinds=(1, 1, 1, 0, 0, 0, 0, 0, 0),
-                      kind_s=((2.0,), (1.0,)), kind_bytes=(((1.0,), (1.0,)), ((1.0,), (1.0,))))
+    costs = RankCosts(
+        modes=("none",),
+        fixed_s=(0.0, 0.0),
+        fixed_bytes=((0.0,), (0.0,)),
+        layer_s=(2.0,),
+        layer_bytes=((1.0,), (1.0,)),
+        limit_bytes=100.0,
+        layer_kinds=(1, 1, 1, 0, 0, 0, 0, 0, 0),
+        kind_s=((2.0,), (1.0,)),
+        kind_bytes=(((1.0,), (1.0,)), ((1.0,), (1.0,))),
+    )
     cuts = exact_cuts(costs, 9)
     assert cuts is not None and cuts.layers == (5, 4) and cuts.bottleneck_s == 8.0

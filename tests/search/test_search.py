@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from search_reference import assert_never_worse, pipeline_schedules
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel
@@ -15,8 +16,6 @@ from planner.schedule import SCHEDULES
 from planner.search.search import search
 from planner.search.space import SearchSpace, candidates
 from planner.spec import Cluster
-
-from search_reference import assert_never_worse, pipeline_schedules
 
 GiB = 2**30
 
@@ -41,10 +40,19 @@ def brute_force(model: CostModel, global_batch: int, seq: int, space: SearchSpac
                             for zero in space.zero:
                                 for mode in space.recompute:
                                     layout = Layout(
-                                        tp=tp, pp=pp, dp=dp, cp=cp, vpp=vpp, mbs=mbs, num_microbatches=m,
-                                        schedule=name, recompute=(mode,) * pp, sequence_parallel=sp,
+                                        tp=tp,
+                                        pp=pp,
+                                        dp=dp,
+                                        cp=cp,
+                                        vpp=vpp,
+                                        mbs=mbs,
+                                        num_microbatches=m,
+                                        schedule=name,
+                                        recompute=(mode,) * pp,
+                                        sequence_parallel=sp,
                                         zero_stage=zero,
-                                        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, name))
+                                        stage_layers=even_stage_layers(spec.num_layers, pp, vpp, name),
+                                    )
                                     check_layout(layout, spec, cluster, global_batch, seq)
                                     p = predict(model, layout, global_batch, seq)
                                     if p.peak_memory_bytes <= cluster.memory_limit_bytes:
@@ -64,8 +72,16 @@ CASES = [
 def test_search_is_never_worse_than_brute_force(name, gpus, limit, batch, seq):
     spec = resolve_model(name)
     model = CostModel(spec, Cluster.of(resolve_gpu("h100"), gpus, memory_limit_gib=limit))
-    space = SearchSpace(tp=(1, 2, 4, 8), pp=(1, 2, 4, 8), cp=(1,), vpp=(1, 2, 3, 4), mbs=(1, 2, 4),
-                        schedules=tuple(n for n, i in SCHEDULES.items() if i.searched_by_default), sequence_parallel=(True, False), zero=(1,))
+    space = SearchSpace(
+        tp=(1, 2, 4, 8),
+        pp=(1, 2, 4, 8),
+        cp=(1,),
+        vpp=(1, 2, 3, 4),
+        mbs=(1, 2, 4),
+        schedules=tuple(n for n, i in SCHEDULES.items() if i.searched_by_default),
+        sequence_parallel=(True, False),
+        zero=(1,),
+    )
     result = search(model, batch, seq, space, top=3)
     reference = brute_force(model, batch, seq, space)
     assert result.plans, "brute force found a plan, the search did not"
@@ -79,16 +95,18 @@ def test_candidates_cover_every_factorisation():
     spec = resolve_model("llama3-8b")
     cluster = Cluster.of(resolve_gpu("h100"), 32)
     found = {(c.tp, c.pp, c.dp, c.cp) for c in candidates(spec, cluster, 256, 4096, SearchSpace())}
-    expected = {(tp, pp, 32 // (tp * pp), 1) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16, 32)
-                if 32 % (tp * pp) == 0}
+    expected = {
+        (tp, pp, 32 // (tp * pp), 1) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8, 16, 32) if 32 % (tp * pp) == 0
+    }
     assert found == expected  # tp stays within the 8-GPU node; cp only for long sequences
 
 
 def test_restrictions_hold():
     spec = resolve_model("llama3-70b")
     cluster = Cluster.of(resolve_gpu("h100"), 256)
-    space = SearchSpace(tp=(8,), pp=(4, 8), schedules=("1f1b", "zb_h1"), mbs=(1,), recompute=("full",),
-                        per_rank_recompute=False)
+    space = SearchSpace(
+        tp=(8,), pp=(4, 8), schedules=("1f1b", "zb_h1"), mbs=(1,), recompute=("full",), per_rank_recompute=False
+    )
     seen = list(candidates(spec, cluster, 512, 8192, space))
     assert seen
     for c in seen:

@@ -19,7 +19,12 @@ from planner.cost.comm.placement import GroupPlacement, group_placement
 from planner.spec import Cluster
 
 __all__ = [
-    "GroupPlacement", "MeasuredCurve", "Network", "OPS", "grad_bucket_count", "group_placement",
+    "GroupPlacement",
+    "MeasuredCurve",
+    "Network",
+    "OPS",
+    "grad_bucket_count",
+    "group_placement",
     "megatron_bucket_params",
 ]
 
@@ -34,8 +39,7 @@ class Network:
 
     __slots__ = ("fabric", "gpus_per_node", "measured", "_cache")
 
-    def __init__(self, fabric: Fabric, gpus_per_node: int,
-                 measured: Mapping[str, MeasuredCurve] | None = None):
+    def __init__(self, fabric: Fabric, gpus_per_node: int, measured: Mapping[str, MeasuredCurve] | None = None):
         unknown = set(measured or {}) - set(OPS)
         if unknown:
             raise ValueError(f"measured curves for unknown collectives: {sorted(unknown)}; known: {OPS}")

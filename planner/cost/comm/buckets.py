@@ -22,8 +22,9 @@ def megatron_bucket_params(dp: int) -> int:
     return max(MIN_BUCKET_PARAMS, BUCKET_PARAMS_PER_DP_RANK * dp)
 
 
-def grad_bucket_count(params: float, dp: int, pipeline_rank: int = 0, overlap: bool = True,
-                      every_rank: bool = False) -> int:
+def grad_bucket_count(
+    params: float, dp: int, pipeline_rank: int = 0, overlap: bool = True, every_rank: bool = False
+) -> int:
     """Number of gradient buckets (one collective each) for `params` local parameters;
     `every_rank`: the runtime buckets on every pipeline rank (ZeRO-2: DeepSpeed), not only
     on the first as Megatron's DDP does."""

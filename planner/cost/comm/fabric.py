@@ -108,8 +108,11 @@ def fabric_of(cluster: Cluster) -> Fabric:
         nvlink_busbw=nvlink,
         nic_busbw=nic,
         nvls_efficiency=table["nvls_efficiency"].get(generation, 0.0) if fabric["nvls"] else 0.0,
-        ll_max_busbw=(table["ll_max_busbw_one_node"][generation], table["ll_max_busbw_two_nodes"][cpu],
-                      table["ll_max_busbw_many_nodes"][cpu]),
+        ll_max_busbw=(
+            table["ll_max_busbw_one_node"][generation],
+            table["ll_max_busbw_two_nodes"][cpu],
+            table["ll_max_busbw_many_nodes"][cpu],
+        ),
         net_overhead_us=table["net_overhead_us"][cpu],
         launch_us=eff.kernel_overhead_us,
         nccl=nccl,

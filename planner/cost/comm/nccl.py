@@ -84,7 +84,8 @@ def tree_all_reduce_us(f: Fabric, nbytes: float, n: int, k: int, proto: int) -> 
         busbw *= c.tree_ll128_fraction_one_node if nodes == 1 else c.tree_ll128_fraction_nodes
     algbw = 0.5 * busbw * _tree_correction(f, proto, nbytes)
     latency = c.base_latency_us["tree"][proto] + 2 * (
-        (k - 1) * c.nvlink_latency_us["tree"][proto] + _log2i(nodes) * c.net_latency_us["tree"][proto])
+        (k - 1) * c.nvlink_latency_us["tree"][proto] + _log2i(nodes) * c.net_latency_us["tree"][proto]
+    )
     return latency + nbytes / (algbw * 1e3)
 
 
