@@ -1,4 +1,4 @@
-"""Search speed: the issue's two reference requests, timed end to end in-process.
+"""Search speed: three reference requests, timed end to end in-process.
 
     taskset -c 0 python tests/bench/bench_plan.py            # one core, as the README's figures
     python tests/bench/bench_plan.py --repeats 3 --json
@@ -24,10 +24,10 @@ from planner.search.search import search
 from planner.spec import Cluster
 
 REQUESTS = [
-    # model, GPUs, global batch, seq, target seconds (issue 4)
+    # model, GPUs, global batch, seq, target seconds
     ("llama3-405b", 16384, 2048, 8192, 10.0),
     ("llama3-70b", 1024, 1024, 8192, 2.0),
-    ("deepseek-v3", 2048, 4096, 4096, 10.0),  # MoE: EP x ETP in the space (issue 14)
+    ("deepseek-v3", 2048, 4096, 4096, 10.0),  # MoE: EP x ETP in the space
 ]
 
 

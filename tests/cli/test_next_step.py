@@ -1,4 +1,4 @@
-"""From the recommended plan to a running job without a dead end (issue 17): the three
+"""From the recommended plan to a running job without a dead end: the three
 situations a new user met, each answered with what to type next."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def _has_mesh(spec, gpus: int, batch: int) -> bool:
 
 
 def test_no_layout_names_the_nearest_gpu_counts_and_batches(cli):
-    """The issue's request: 1000 GPUs do not split global batch 1536 for GPT-3 175B."""
+    """A user's request: 1000 GPUs do not split global batch 1536 for GPT-3 175B."""
     from planner.catalog import resolve_model
 
     spec = resolve_model("gpt3-175b")

@@ -41,7 +41,7 @@ SMALL = Shard(mbs=1, seq=2048, tp=8)
 LARGE = Shard(mbs=4, seq=8192, tp=8)
 MEASURED_SMALL_MS = (0.94, 1.13)
 """Llama-3-8B block at TP 8, mbs 1, seq 2048 on one H100 (torch eager, bf16, SDPA flash):
-0.94 ms forward and 1.13 ms backward (issue 12, measured with `planner profile`)."""
+0.94 ms forward and 1.13 ms backward (measured with `planner profile`)."""
 
 
 def test_forward_per_op_host_time_is_the_small_shape_measurement():

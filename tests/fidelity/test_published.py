@@ -50,12 +50,12 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     # not a hold after each sender: a real mechanism that makes this optimistic source 0.9 points worse)
     "mosaic-llmfoundry": 0.055,  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 5.4% at the sustained clock; 8.7% with
     # llm-foundry's Triton attention at its own rates (9.7%), composer's per-tensor AdamW (9.3%), FSDP1's grad cat
-    "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 12.9% with issue 12's fourth round, 11.0% with FEPLB's imbalance
+    "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 11.0% with FEPLB's imbalance
     "megatron-moe-modelzoo": 0.145,  # 14.1% with the measured forward per-op host time (held-out TP 4 row -27.4% -> -17.9%)
     # and the fused weight-gradient accumulation's fp32 traffic (-27.9% -> -27.4%); 16.1% at the sustained clock; 31.0% (3 runs) -> 22.3% (4 runs) with DeepEP kernels and combined 1F1B; 18.4%, 18.9% with FEPLB's imbalance (MOE_BOUND);
     # 18.3% with DeepEP's 20 SMs beside compute and combined 1F1B's per-step join and unequal chunks ('+1f1b overlap' -24.8% -> -22.3%);
     # raised from 0.185 when the table's fifth row (A2A dispatcher, TP 2 EP 8 PP 32 V 3: -30.3%) joined the set
-    # in issue 12's sixth round with no model change: new data, 20.7% over the five (docs/moe.md); 17.8% once the
+    # with no model change: new data, 20.7% over the five (docs/moe.md); 17.8% once the
     # rows ran Megatron's unfused vocab-parallel loss, as the table's May 2025 yaml did (A2A row -30.3% -> -21.2%)
 }
 """Mean |step-time error| per source, just above what the model reaches today
@@ -83,7 +83,7 @@ planner/presets/gemm_h100_sxm_xla.toml, agreeing with the MAMF finder's independ
 TFLOP/s) instead of the unmeasured prior 0.75 x s(m)s(n)s(k): the measurements are 5-12% faster
 than the prior at training shapes, so these runs, already optimistic, became more so
 (docs/h100_rates.md). All four then tightened when the H100 family took `layer_scale` 0.948,
-the ratio of the one transformer block measured on a real H100 (issue 12) to what these
+the ratio of the one transformer block measured on a real H100 to what these
 component rates predict for it (docs/h100_rates.md section d). Two were raised when the
 backward's TP collectives came to be charged as Megatron-LM's
 LinearWithGradAccumulationAndAsyncCommunication and Transformer Engine's linears issue them
@@ -108,11 +108,11 @@ MSMF over MAMF on the GH100 die: docs/h100_rates.md section e): llama3-2024 14.0
 torchtitan 12.2% -> 3.9%, nemotron4-2024 9.3% -> 1.0%, mosaic-llmfoundry 8.7% -> 5.4%,
 megatron-moe-modelzoo 17.8% -> 16.1%."""
 OVERALL_BOUND = 0.05
-"""Today 4.9% over 47 runs (7.6% before the sustained clock, 7.7% before Nemotron-4's own config, 7.8% before inductor's counted bytes, 7.7% before full recompute's early stop under torch's checkpoint, 8.0% before torchtitan's sequence-dim copies, 8.9% before issue 12's fifth round, 11.5% before the slowest-GPU charge, 11.1% before the asynchronous
+"""Today 4.9% over 47 runs (7.6% before the sustained clock, 7.7% before Nemotron-4's own config, 7.8% before inductor's counted bytes, 7.7% before full recompute's early stop under torch's checkpoint, 8.0% before torchtitan's sequence-dim copies, 11.5% before the slowest-GPU charge, 11.1% before the asynchronous
 TP backward, 12.3% before the H100 measured-layer anchor, 11.3% before the measured H100 GEMM
-table and 12.0% before issue 12's component changes, same runs)."""
+table and 12.0% before the component changes, same runs)."""
 HELD_OUT_BOUND = 0.055
-"""Today 5.5% over the 13 held-out runs (8.1% before the sustained clock, 8.3% before inductor's counted bytes, 7.9% before full recompute's early stop; 8.4% before torchtitan's sequence-dim copies; 9.5% before issue 12's fifth round; 13.6% before the slowest-GPU charge)."""
+"""Today 5.5% over the 13 held-out runs (8.1% before the sustained clock, 8.3% before inductor's counted bytes, 7.9% before full recompute's early stop; 8.4% before torchtitan's sequence-dim copies; 13.6% before the slowest-GPU charge)."""
 MEMORY_BOUND = 0.045
 """Mean |peak-memory error| over the 8 runs that publish memory: today 4.1% (torchtitan's
 four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four
@@ -122,7 +122,7 @@ BLOOM_MEMORY_BOUND = 0.04
 """Mean |peak-memory error| of BLOOM's four runs: today 3.7% (+6.6, +1.8, +5.7, +0.7%;
 docs/accuracy_published.md, 'BLOOM's memory')."""
 SIGNED_BOUND = 0.035
-"""Mean signed step error over all runs, dense and MoE (issue 12's clause: within +-5%): today
+"""Mean signed step error over all runs, dense and MoE (the goal: within +-5%): today
 -2.8% (-2.9% before the measured forward per-op host time), -6.2% before the sustained clock."""
 ISSUE_WORST_BOUND = 0.20
 """Issue 12's clause: no published run, dense or MoE, worse than 20% (today 18.3%)."""
@@ -138,13 +138,13 @@ measured-layer anchor; MPT-13B on 64 H100s: 32.5% until composer's 'DEFAULT' mix
 was read right, bf16 gradient reduction, which makes it faster still; 33.7% until the measured
 H100 GEMM table, raised for the reason given with MEAN_ABS_STEP_ERROR_BOUND)."""
 MOE_SOURCES = frozenset({"deepseek-v3-2024", "megatron-moe-modelzoo"})
-"""Mixture-of-experts runs (issue 14): bounded on their own below; the dense bounds above
+"""Mixture-of-experts runs: bounded on their own below; the dense bounds above
 (OVERALL, HELD_OUT, WORST) stay over the dense runs they were recorded on."""
 MOE_BOUND = 0.14
 """Mean |step error| over the 6 MoE runs: 13.6% with the measured forward per-op host time on the H100
 presets (docs/kernel_floor.md; the held-out TP 4 row -27.4% -> -17.9%), 15.3% at the sustained clock (docs/h100_rates.md section e), 16.7% with the ModelZoo rows' unfused loss (docs/moe.md, "What
 main 1e057005 runs"), 19.1% since the ModelZoo's A2A row (TP 2 EP 8 PP 32 V 3,
--30.3%, main 1e057005 like the held-out TP 4 row) was added in issue 12's sixth round with no model
+-30.3%, main 1e057005 like the held-out TP 4 row) was added with no model
 change (raised from 0.17 for that new data, not to let a change through); over the first 5: 16.8% with combined 1F1B's DeepEP SM share,
 per-step join and unequal chunk pairing (docs/moe.md; the '+1f1b overlap' row -24.8% -> -22.3%);
 17.3% before them (the same with the imbalance default at
