@@ -206,3 +206,35 @@ def provenance_readme(
     body += ["", "## Files", ""]
     body += [f"- `{name}`: {what}" for name, what in files.items()]
     return "\n".join(body) + "\n"
+
+
+def node_shape(plan_file: PlanFile, entry: PlanEntry) -> tuple[int, int]:
+    """(nodes, GPUs per node) the plan runs on: the plan file's cluster, else nodes of up to 8."""
+    per_node = plan_file.cluster.gpus_per_node if plan_file.cluster else min(8, entry.num_gpus)
+    per_node = min(per_node, entry.num_gpus)
+    return max(1, entry.num_gpus // per_node), per_node
+
+
+def torchrun_script(
+    plan_file: PlanFile, entry: PlanEntry, header: str, what: str, setup: str, program: list[str]
+) -> str:
+    """A bash launch script that runs `program` (torchrun's program and its arguments, one per
+    line) under torchrun on every node of the plan's cluster, after the `setup` lines."""
+    nodes, per_node = node_shape(plan_file, entry)
+    arguments = "".join(f"    {word} \\\n" for word in program)
+    return f"""#!/usr/bin/env bash
+# Launch {what} for the planned layout ({entry.num_gpus} GPUs:
+# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
+# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
+#
+{header.rstrip()}
+set -euo pipefail
+{setup.rstrip()}
+torchrun \\
+    --nproc-per-node {per_node} \\
+    --nnodes {nodes} \\
+    --node-rank "${{NODE_RANK:-0}}" \\
+    --master-addr "${{MASTER_ADDR:-localhost}}" \\
+    --master-port "${{MASTER_PORT:-6000}}" \\
+{arguments}    "$@"
+"""

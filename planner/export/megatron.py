@@ -38,6 +38,7 @@ from planner.export.common import (
     select_plan,
     stage_sizes,
     summary_lines,
+    torchrun_script,
     uniform_recompute,
 )
 from planner.hints import planner_command
@@ -575,28 +576,16 @@ def _device_connections(entry: PlanEntry) -> str:
 
 
 def _launch_file(plan_file: PlanFile, entry: PlanEntry, header: str) -> str:
-    per_node = plan_file.cluster.gpus_per_node if plan_file.cluster else min(8, entry.num_gpus)
-    per_node = min(per_node, entry.num_gpus)
-    nodes = max(1, entry.num_gpus // per_node)
-    connections = _device_connections(entry)
-    return f"""#!/usr/bin/env bash
-# Launch Megatron-LM's GPT pretraining for the planned layout ({entry.num_gpus} GPUs:
-# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
-# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
-#
-{header.rstrip()}
-set -euo pipefail
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
-MEGATRON_LM_DIR="${{MEGATRON_LM_DIR:?set MEGATRON_LM_DIR to a Megatron-LM checkout}}"
-source "$HERE/{ARGS_FILE}"
-{connections}
-torchrun \\
-    --nproc-per-node {per_node} \\
-    --nnodes {nodes} \\
-    --node-rank "${{NODE_RANK:-0}}" \\
-    --master-addr "${{MASTER_ADDR:-localhost}}" \\
-    --master-port "${{MASTER_PORT:-6000}}" \\
-    "$MEGATRON_LM_DIR/pretrain_gpt.py" \\
-    "${{MEGATRON_ARGS[@]}}" \\
-    "$@"
-"""
+    setup = (
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        'MEGATRON_LM_DIR="${MEGATRON_LM_DIR:?set MEGATRON_LM_DIR to a Megatron-LM checkout}"\n'
+        f'source "$HERE/{ARGS_FILE}"\n{_device_connections(entry)}'
+    )
+    return torchrun_script(
+        plan_file,
+        entry,
+        header,
+        "Megatron-LM's GPT pretraining",
+        setup,
+        ['"$MEGATRON_LM_DIR/pretrain_gpt.py"', '"${MEGATRON_ARGS[@]}"'],
+    )

@@ -55,12 +55,14 @@ from planner.export.common import (
     require_model,
     select_plan,
     summary_lines,
+    torchrun_script,
     uniform_recompute,
 )
 from planner.plan import PlanEntry, PlanFile
 from planner.spec import ModelSpec
 
 RUNTIME = "torchtitan"
+LAUNCH_FILE = "launch_torchtitan.sh"
 RECIPE_FILE = "planner_recipe.py"
 CSV_FILE = "schedule.csv"
 CONFIG_FUNCTION = "planner_plan"
@@ -79,11 +81,10 @@ def export_torchtitan(plan_file: PlanFile, index: int = 0) -> Files:
     _check_model(entry, spec)
     settings = recipe_settings(entry, spec)
     files = {RECIPE_FILE: _recipe(plan_file, entry, index, spec, settings)}
+    files[LAUNCH_FILE] = _launch_file(plan_file, entry, index)
     described = {
-        RECIPE_FILE: (
-            f"torchtitan {TORCHTITAN_VERSION} recipe: `PYTHONPATH=. torchrun --nproc-per-node "
-            f"{min(8, entry.num_gpus)} -m torchtitan.train --module planner_recipe --config {CONFIG_FUNCTION}`"
-        )
+        RECIPE_FILE: f"torchtitan {TORCHTITAN_VERSION} recipe (`--module planner_recipe --config {CONFIG_FUNCTION}`)",
+        LAUNCH_FILE: "torchrun launch of torchtitan.train with the recipe, on every node",
     }
     if entry.pp > 1:
         from planner.schedule import generate, to_csv
@@ -372,10 +373,10 @@ def _recipe(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec, 
     imports, function = _model_source(spec)
     return f'''"""torchtitan {TORCHTITAN_VERSION} recipe for a planned layout, written by `planner export --to torchtitan`.
 
-    PYTHONPATH=. torchrun --nproc-per-node {min(8, entry.num_gpus)} [--nnodes ...] -m torchtitan.train \\
-        --module planner_recipe --config {CONFIG_FUNCTION}
+    bash {LAUNCH_FILE}      # on every node, with NODE_RANK and MASTER_ADDR set
 
-Start from this folder (the schedule CSV path is relative). Optimizer, LR schedule, data and
+It runs torchrun with `torchtitan.train --module planner_recipe --config {CONFIG_FUNCTION}` from
+this folder (the schedule CSV path is relative). Optimizer, LR schedule, data and
 checkpointing come from torchtitan's stock llama3_8b recipe; override them on the command
 line (e.g. --hf_assets_path, --dataloader.dataset) or below.
 """
@@ -656,3 +657,17 @@ def planner_loss():
     + _NORM_EPS
 )
 """The recipe's `planner_model_spec` for latent attention (torchtitan's DeepSeek-V3 model)."""
+
+
+def _launch_file(plan_file: PlanFile, entry: PlanEntry, index: int) -> str:
+    """The torchrun launch of torchtitan's trainer with this folder's recipe, on every node."""
+    header = comment_block(summary_lines(plan_file, entry, index, RUNTIME))
+    setup = 'cd "$(dirname "${BASH_SOURCE[0]}")"\nexport PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"\n'
+    return torchrun_script(
+        plan_file,
+        entry,
+        header,
+        f"torchtitan {TORCHTITAN_VERSION}'s trainer",
+        setup,
+        ["-m", "torchtitan.train", "--module", "planner_recipe", "--config", CONFIG_FUNCTION],
+    )

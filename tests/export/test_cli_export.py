@@ -34,7 +34,7 @@ def plan_path(tmp_path: Path, plan_file) -> Path:
     "runtime, expected",
     [
         ("megatron", {"megatron_args.sh", "launch_megatron.sh"}),
-        ("torchtitan", {"planner_recipe.py", "schedule.csv"}),
+        ("torchtitan", {"planner_recipe.py", "schedule.csv", "launch_torchtitan.sh"}),
         ("torch", {"train_pipeline.py", "schedule.csv"}),
         ("deepspeed", {"ds_config.json", "deepspeed_pipeline.py"}),
     ],
