@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from planner.errors import LayoutError
 from planner.plan import PlanEntry, Predicted
-from planner.schedule.registry import virtual_stage
+from planner.schedule.registry import schedule_info, virtual_stage
 from planner.spec import Cluster, ModelSpec
 
 LayerRange = tuple[int, int]
@@ -101,7 +101,7 @@ def even_stage_layers(num_layers: int, pp: int, vpp: int, schedule: str) -> tupl
     """Cut `num_layers` into pp * vpp contiguous virtual stages as evenly as possible
     (`even_stage_counts`), as [rank][chunk] layer ranges (chimera: the model into pp stages,
     each run by both pipelines)."""
-    stages = pp if schedule == "chimera" else pp * vpp
+    stages = pp if schedule_info(schedule).bidirectional else pp * vpp
     if num_layers < stages:
         raise LayoutError(
             f"{num_layers} layers cannot fill {pp} pipeline ranks x {vpp} chunks = {stages} "
@@ -115,7 +115,7 @@ def stage_layers_from_counts(
 ) -> tuple[tuple[LayerRange, ...], ...]:
     """[rank][chunk] layer ranges from the layer count of each virtual stage in model order
     (chimera: of each of the model's pp stages; rank r runs stage r down and stage pp-1-r up)."""
-    if schedule == "chimera":
+    if schedule_info(schedule).bidirectional:
         if len(counts) != pp or vpp != 2:
             raise LayoutError(f"chimera cuts the model into pp {pp} stages (vpp 2), got {len(counts)} counts")
         down = stage_layers_from_counts(counts, num_layers, pp, 1, "1f1b")

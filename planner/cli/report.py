@@ -14,7 +14,7 @@ from planner.errors import PlannerError
 from planner.hints import planner_command
 from planner.output import write_atomic
 from planner.plan import ClusterSummary, PlanEntry, PlanFile, time_part_name
-from planner.schedule.registry import SCHEDULES
+from planner.schedule.registry import SCHEDULES, schedule_info
 from planner.spec import Cluster, ModelSpec
 from planner.version import __version__
 
@@ -49,7 +49,7 @@ def cut_sizes(entry: PlanEntry) -> list[int]:
     """Layers per virtual stage in model order (chimera: per model stage, each run by both
     directions)."""
     ordered = entry.ranges_in_model_order()
-    if entry.schedule == "chimera" and entry.vpp == 2:
+    if schedule_info(entry.schedule).bidirectional and entry.vpp == 2:
         ordered = ordered[: entry.pp]
     return [end - start for start, end in ordered]
 

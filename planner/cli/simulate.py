@@ -95,7 +95,7 @@ def simulate_command(
             highlight=False,
         )
     # a Chimera micro-batch runs one of a rank's two chunks (a whole stage); a seq1f1b unit is 1/k
-    pieces = 1 if schedule == "chimera" else segments if info.segmented else vpp
+    pieces = 1 if info.bidirectional else segments if info.segmented else vpp
     costs = _costs(stages, vpp, f, b, w, comm, pieces)
     if attention_share:
         if not info.segmented:

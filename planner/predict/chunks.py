@@ -23,7 +23,7 @@ from planner.predict.shards import (
     replica_ends,
     two_replicas,
 )
-from planner.runtimes.megatron_exchange import exchange_program
+from planner.runtimes.megatron_exchange import exchange_program, megatron_send_mode
 from planner.schedule import head_rank
 from planner.schedule.registry import SCHEDULES
 
@@ -236,9 +236,7 @@ def p2p_mode(model: CostModel, layout: Layout) -> str:
     """The layout's pipeline send mode, CostOptions.pipeline.p2p_mode with "megatron-lm" resolved:
     "blocking" in plain 1F1B, "overlapped" in interleaved 1F1B."""
     mode = model.options.pipeline.p2p_mode
-    if mode == "megatron-lm":
-        return "overlapped" if layout.schedule == "interleaved_1f1b" and layout.vpp > 1 else "blocking"
-    return mode
+    return megatron_send_mode(layout.schedule, layout.vpp) if mode == "megatron-lm" else mode
 
 
 def send_holds(model: CostModel, layout: Layout, p2p_bytes: float) -> tuple[float, float]:

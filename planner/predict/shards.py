@@ -6,7 +6,7 @@ from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.shapes import Shard
 from planner.layout import Layout
-from planner.schedule import head_rank
+from planner.schedule import head_rank, schedule_info
 
 
 def layout_shard(layout: Layout, seq: int) -> Shard:
@@ -31,7 +31,7 @@ def kind_counts(model: CostModel, start: int, end: int) -> tuple[tuple[str, int]
 
 def two_replicas(layout: Layout) -> bool:
     """Whether the pipeline ranks hold two copies of the model (chimera's two directions)."""
-    return layout.schedule == "chimera" and layout.pp > 1
+    return schedule_info(layout.schedule).bidirectional and layout.pp > 1
 
 
 def replica_ends(layout: Layout, embedding: LayerCosts, head: LayerCosts) -> tuple[tuple[LayerCosts, int, int], ...]:

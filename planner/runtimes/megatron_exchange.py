@@ -83,3 +83,11 @@ def exchange_program(schedule: str, pp: int, num_microbatches: int) -> MegatronE
     if schedule == "interleaved_1f1b" and pp > 2 and num_microbatches % pp == 0 and num_microbatches > pp:
         return INTERLEAVED_1F1B
     return None
+
+
+def megatron_send_mode(schedule: str, vpp: int) -> str:
+    """How today's Megatron-LM training script runs a schedule's pipeline sends: "blocking" in
+    plain 1F1B (send_forward_recv_backward waits on its requests), "overlapped" in interleaved
+    1F1B (--overlap-p2p-communication is on by default there). Source: megatron/training/
+    arguments.py, megatron-core pipeline_parallel/schedules.py."""
+    return "overlapped" if schedule == "interleaved_1f1b" and vpp > 1 else "blocking"

@@ -42,6 +42,7 @@ from planner.schedule import (
     generated_order,
     head_rank,
     peak_held_counts,
+    schedule_info,
     virtual_stage,
 )
 from planner.schedule.closed_form import inflight_closed_form
@@ -151,7 +152,7 @@ def layer_counts(model: CostModel) -> tuple[int, int]:
 def replicas(candidate: Candidate) -> int:
     """Copies of the model the pipeline ranks hold together: 2 under chimera (one per
     direction), else 1."""
-    return 2 if candidate.schedule == "chimera" and candidate.pp > 1 else 1
+    return 2 if schedule_info(candidate.schedule).bidirectional and candidate.pp > 1 else 1
 
 
 def total_s(costs: LayerCosts) -> float:

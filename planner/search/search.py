@@ -38,7 +38,7 @@ from planner.predict import (
     predict,
     replica_sync_times,
 )
-from planner.schedule import SCHEDULES
+from planner.schedule import SCHEDULES, schedule_info
 from planner.search.bounds import layout_bound, sequencing_bound
 from planner.search.costing import (
     Parts,
@@ -323,7 +323,7 @@ class _LayoutBounds:
         collectives of every rank."""
         layout, costs = self.layout, self.costs
         split = SCHEDULES[layout.schedule].split_backward and layout.pp > 1
-        bidirectional = layout.schedule == "chimera" and layout.pp > 1
+        bidirectional = schedule_info(layout.schedule).bidirectional and layout.pp > 1
         without_dp = layout_bound(costs, layout.num_microbatches, split, bidirectional=bidirectional) + self.tail
         if without_dp >= threshold:
             return without_dp
@@ -336,7 +336,7 @@ class _LayoutBounds:
         tail, shaved by a relative 1e-9 against rounding (its paths sum the simulator's
         terms in another order, and may equal its step); the chain bound under chimera."""
         layout = self.layout
-        if layout.schedule == "chimera" and layout.pp > 1:
+        if schedule_info(layout.schedule).bidirectional and layout.pp > 1:
             return self.chain()
         bound = sequencing_bound(
             self.costs,

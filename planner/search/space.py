@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from planner.errors import LayoutError, ScheduleError
 from planner.layout import check_expert_parallel, check_tensor_parallel
 from planner.plan import RECOMPUTE_MODES
-from planner.schedule import SCHEDULES, check_shape
+from planner.schedule import SCHEDULES, check_shape, schedule_info
 from planner.spec import Cluster, ModelSpec
 
 LONG_SEQUENCE = 16384
@@ -130,7 +130,7 @@ def candidates(
                     for e in (False, True)
                     if pp * vpp - (2 if e else 0) in range(1, spec.num_layers + 1)
                     and (pp > 1 or not e)
-                    and not (e and schedule == "chimera")
+                    and not (e and schedule_info(schedule).bidirectional)
                 ]
                 for sp in sorted({bool(v) and tp > 1 for v in sp_values}, reverse=True):
                     for zero in space.zero:
@@ -189,7 +189,7 @@ def schedule_shapes(
     for name in names:
         info = SCHEDULES[name]
         top = info.max_vpp if info.max_vpp is not None else MAX_DEFAULT_VPP
-        stages = pp if name == "chimera" else None  # the model's stages (each run by both directions)
+        stages = pp if schedule_info(name).bidirectional else None  # the model's stages (each run by both directions)
         for vpp in space.vpp or range(info.min_vpp, top + 1):
             if not info.allows_vpp(vpp) or (stages or pp * vpp) > spec.num_layers + 2:  # + embedding, head stages
                 continue
