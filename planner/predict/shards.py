@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.cost import memory
 from planner.cost.model import DENSE_BLOCK, CostModel, LayerCosts
 from planner.cost.shapes import Shard
@@ -9,8 +11,9 @@ from planner.layout import Layout
 from planner.schedule import head_rank, schedule_info
 
 
-def layout_shard(layout: Layout, seq: int) -> Shard:
-    """The micro-batch shape one GPU of the layout sees."""
+def layout_shard(layout: Layout | Any, seq: int) -> Shard:
+    """The micro-batch shape one GPU of the layout (or of a search candidate, which holds the
+    same degrees: layout.SHARED_FIELDS) sees."""
     return Shard(
         mbs=layout.mbs,
         seq=seq,

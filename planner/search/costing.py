@@ -35,6 +35,7 @@ from planner.predict import (
     combined_1f1b_runs,
     dp_equivalent_params,
     layout_memory,
+    layout_shard,
     optimizer_time,
 )
 from planner.schedule import (
@@ -90,24 +91,11 @@ class Parts:
         return (self.blocks[mode], self.dense[mode]) if self.dense else (self.blocks[mode],)
 
 
-def shard_of(candidate: Candidate, seq: int) -> Shard:
-    """The micro-batch shape one GPU of the candidate sees."""
-    return Shard(
-        mbs=candidate.mbs,
-        seq=seq,
-        tp=candidate.tp,
-        cp=candidate.cp,
-        sequence_parallel=candidate.sequence_parallel,
-        ep=candidate.ep,
-        etp=candidate.etp,
-    )
-
-
 def parts_of(model: CostModel, candidate: Candidate, seq: int) -> Parts:
     """The candidate's layer costs (cached: candidates share a few shapes), per sequence
     segment under seq1f1b."""
     return _parts(
-        model, shard_of(candidate, seq), candidate.modes, candidate_pairing(model, candidate), candidate.segments
+        model, layout_shard(candidate, seq), candidate.modes, candidate_pairing(model, candidate), candidate.segments
     )
 
 
