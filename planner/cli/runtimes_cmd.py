@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 
 import typer
 from rich.table import Table
@@ -62,16 +63,16 @@ def runtimes_command(
     if as_json:
         print_json(json.dumps({"runtimes": rows}, indent=2, default=list))
         return
-    table = Table(title="Runtimes (--runtime NAME runs the newest version; NAME@VERSION an older one)", show_lines=True)
-    for column in ("runtime", "version", "what it is and what it changes", "cost options it sets", "export"):
-        table.add_column(column, overflow="fold")
+    stdout.print("Runtimes (--runtime NAME runs the newest version, NAME@VERSION an older one)", markup=False)
     for row in rows:
-        costs = ", ".join(f"{name}={option_text(value)}" for name, value in row["costs"].items()) or "-"
-        table.add_row(
-            row["runtime"],
-            row["version"],
-            row["summary"] + "\nsources: " + "; ".join(row["sources"]),
-            costs,
-            f"--to {row['exporter']}" if row["exporter"] else "-",
-        )
-    stdout.print(table)
+        costs = ", ".join(f"{name}={option_text(value)}" for name, value in row["costs"].items()) or "none"
+        export = f"export: --to {row['exporter']}" if row["exporter"] else "priced only, no exporter"
+        stdout.print(f"\n{row['runtime']}@{row['version']}  ({export})", markup=False, highlight=False)
+        for label, text in (("", row["summary"]), ("sets: ", costs), ("sources: ", "; ".join(row["sources"]))):
+            stdout.print(
+                textwrap.fill(
+                    f"{label}{text}", width=max(40, stdout.width), initial_indent="  ", subsequent_indent="    "
+                ),
+                markup=False,
+                highlight=False,
+            )
