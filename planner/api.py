@@ -32,14 +32,11 @@ from planner.plan import RECOMPUTE_MODES, ClusterSummary, PlanEntry, PlanFile
 from planner.predict import Prediction, predict, priced_options
 from planner.request import Request
 from planner.schedule import check_shape
-from planner.schedule.registry import schedule_info
+from planner.schedule.registry import default_segments, schedule_info
 from planner.search.space import SearchSpace
 from planner.spec import ModelSpec
 from planner.uncertainty import Interval, interval_from_errors, step_interval
 from planner.version import __version__
-
-DEFAULT_SEGMENTS = 4
-"""Seq1F1B's sequence segments per micro-batch when none is named."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +115,7 @@ def layout_of(
     num_microbatches = global_batch // (dp * mbs)
     schedule = schedule or ("interleaved_1f1b" if vpp > 1 else "1f1b")
     if segments is None:
-        segments = DEFAULT_SEGMENTS if schedule_info(schedule).segmented else 1
+        segments = default_segments(schedule)
     check_shape(schedule, pp, num_microbatches, vpp, segments)
     if stage_layers is None:
         cuts = even_stage_layers(spec.num_layers, pp, vpp, schedule)

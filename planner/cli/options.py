@@ -9,7 +9,6 @@ from typing import Any
 
 import typer
 
-from planner.calibration import schema as calibration_schema
 from planner.catalog import resolve_model
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import LAYER_KINDS
@@ -234,11 +233,6 @@ def profile_check(cost_model: CostModel, seq: int, profile_only: bool) -> Accept
         return None
 
     return check
-
-
-def load_calibration(path: Path | None) -> calibration_schema.CalibrationFile | None:
-    """The calibration file named by --calibration, or None."""
-    return None if path is None else calibration_schema.load(path)
 
 
 def load_model(name_or_path: str) -> ModelSpec:

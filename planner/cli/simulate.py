@@ -13,11 +13,11 @@ from planner.cli.app import app, print_json, stderr, stdout
 from planner.errors import ScheduleError
 from planner.output import refuse_existing, write_atomic
 from planner.schedule import SCHEDULES, SimResult, StageCosts, check_shape, compile_schedule, schedule_info, simulate
+from planner.schedule.registry import DEFAULT_SEGMENTS, default_segments
 from planner.schedule.render import timeline_renderable, timeline_svg
 from planner.schedule.seq1f1b import causal_segment_scales
 from planner.units import MS_PER_S
 
-DEFAULT_SEGMENTS = 4
 """seq1f1b's default k (Sun et al. 2024 evaluate k = 2, 4, 8)."""
 
 
@@ -86,7 +86,7 @@ def simulate_command(
     if vpp is None:
         vpp = schedule_info(schedule).min_vpp
     if segments is None:
-        segments = DEFAULT_SEGMENTS if schedule_info(schedule).segmented else 1
+        segments = default_segments(schedule)
     info = check_shape(schedule, stages, microbatches, vpp, segments)
     if w is not None and not info.split_backward:
         stderr.print(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from planner.errors import ExportError
-from planner.export.common import Files, mechanism_refusal
+from planner.export.common import Files
 from planner.export.deepspeed import export_deepspeed
 from planner.export.megatron import export_megatron
 from planner.export.torch_pp import export_torch
@@ -71,7 +71,6 @@ __all__ = [
     "export_plan",
     "export_torch",
     "export_torchtitan",
-    "mechanism_refusal",
     "refusal",
     "runs_on",
 ]

@@ -208,6 +208,15 @@ def pipeline_starts(name: str, pp: int, vpp: int) -> frozenset[int]:
     return frozenset({pp}) if schedule_info(name).bidirectional and vpp == 2 else frozenset()
 
 
+DEFAULT_SEGMENTS = 4
+"""Seq1F1B's sequence segments per micro-batch when none is named (`planner evaluate`, `simulate`)."""
+
+
+def default_segments(name: str) -> int:
+    """The sequence segments per micro-batch schedule `name` runs when none is named."""
+    return DEFAULT_SEGMENTS if schedule_info(name).segmented else 1
+
+
 def schedule_info(name: str) -> ScheduleInfo:
     """The table row of schedule `name` (ScheduleError naming the valid names if unknown)."""
     try:
