@@ -13,21 +13,8 @@ from rich.text import Text
 from planner.errors import PlannerError
 from planner.hints import planner_command
 from planner.output import write_atomic
-from planner.plan import ClusterSummary, PlanEntry, PlanFile, time_part_name
+from planner.plan import PlanEntry, PlanFile, time_part_name
 from planner.schedule.registry import SCHEDULES, schedule_info
-from planner.spec import Cluster, ModelSpec
-from planner.version import __version__
-
-
-def plan_file(entries: list[PlanEntry], spec: ModelSpec, cluster: Cluster, cost_source: str) -> PlanFile:
-    """The DESIGN JSON contract, with what an exporter needs to rebuild model and cluster."""
-    return PlanFile(
-        plans=entries,
-        model=spec,
-        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node),
-        planner_version=__version__,
-        cost_source=cost_source,
-    )
 
 
 def plan_json(document: PlanFile) -> str:
