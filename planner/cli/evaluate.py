@@ -15,6 +15,7 @@ from planner.errors import PlannerError
 from planner.job import build
 from planner.layout import check_layout
 from planner.output import refuse_existing
+from planner.run_length import expand_counts
 from planner.units import GiB
 
 
@@ -53,7 +54,7 @@ def evaluate_command(
     stage_layers: str | None = typer.Option(
         None,
         "--stage-layers",
-        help="Layers per virtual stage in model order, comma-separated (default: as even as possible).",
+        help="Layers per virtual stage in model order, comma-separated, runs as COUNTxREPEATS (e.g. 2,3x26,2; default: as even as possible).",
     ),
     runtime: str | None = opt.RUNTIME,
     sets: list[str] | None = opt.SET,
@@ -94,7 +95,7 @@ def evaluate_command(
         zero=zero,
         ep=ep,
         etp=etp,
-        stage_layers=None if stage_layers is None else list(opt.int_list(stage_layers, "--stage-layers")),
+        stage_layers=None if stage_layers is None else expand_counts(stage_layers, "--stage-layers"),
     )
     check_layout(layout, spec, cluster, global_batch, seq)
     sources = opt.cost_sources(cost_model, layout, seq)

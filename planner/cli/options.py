@@ -17,6 +17,7 @@ from planner.layout import Layout
 from planner.predict import layout_shard
 from planner.request import Request
 from planner.search.search import Accept
+from planner.search.space import SearchSpace
 from planner.spec import ModelSpec
 
 MODEL = typer.Option(
@@ -330,6 +331,61 @@ def request_of(
         profile_only=profile_only,
         calibration=None if calibration is None else str(calibration),
     )
+
+
+def space_of(
+    tp: str | None = None,
+    pp: str | None = None,
+    cp: str | None = None,
+    vpp: str | None = None,
+    mbs: str | None = None,
+    ep: str | None = None,
+    etp: str | None = None,
+    segments: str | None = None,
+    schedules: str | None = None,
+    recompute: str | None = None,
+    per_rank: bool = True,
+    sequence_parallel: bool | None = None,
+    zero: str | None = None,
+    runtime: str | None = None,
+) -> SearchSpace:
+    """The search space the shared layout restrictions describe (each a comma list as typed;
+    None: the search's own range), restricted to what `runtime` runs."""
+    from planner.plan import RECOMPUTE_MODES
+    from planner.search.runtimes import restrict
+
+    degrees = {
+        name: int_list(text, flag)
+        for name, text, flag in (
+            ("tp", tp, "--tp"),
+            ("pp", pp, "--pp"),
+            ("cp", cp, "--cp"),
+            ("vpp", vpp, "--vpp"),
+            ("mbs", mbs, "--mbs"),
+            ("ep", ep, "--ep"),
+            ("etp", etp, "--etp"),
+            ("segments", segments, "--segments"),
+        )
+    }
+    for name, values in degrees.items():
+        if values is not None and 0 in values:
+            raise LayoutError(f"--{name} values must be at least 1")
+    space = SearchSpace(
+        **degrees,
+        schedules=name_list(schedules),
+        recompute=name_list(recompute) or RECOMPUTE_MODES,
+        per_rank_recompute=per_rank,
+        sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
+        zero=int_list(zero, "--zero") or (1,),
+    )
+    return restrict(space, runtime) if runtime else space
+
+
+def space_from(params: Mapping[str, Any], **overrides: Any) -> SearchSpace:
+    """The search space of a command's parsed options (typer's `ctx.params`, by parameter
+    name: those `space_of` takes), with `overrides`."""
+    names = inspect.signature(space_of).parameters
+    return space_of(**{name: value for name, value in {**params, **overrides}.items() if name in names})
 
 
 def request_from(params: Mapping[str, Any], **overrides: Any) -> Request:

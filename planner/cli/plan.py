@@ -25,60 +25,13 @@ from planner.hints import planner_command
 from planner.job import build
 from planner.layout import Layout
 from planner.output import refuse_existing, write_atomic
-from planner.plan import RECOMPUTE_MODES, PlanEntry
+from planner.plan import PlanEntry
 from planner.report import require_plotly
 from planner.search.explain import alternatives, layout_changes, layout_text, nearest_layouts, what_would_fit
-from planner.search.runtimes import model_refusal, model_runtimes, restrict, runtime_check
+from planner.search.runtimes import model_refusal, model_runtimes, runtime_check
 from planner.search.search import CUT_SOLVERS, SearchResult, search
 from planner.search.space import SearchSpace
 from planner.units import GiB
-
-
-def build_space(
-    tp,
-    pp,
-    cp,
-    vpp,
-    mbs,
-    schedules,
-    recompute,
-    per_rank,
-    sequence_parallel,
-    zero,
-    runtime,
-    ep=None,
-    etp=None,
-    segments=None,
-) -> SearchSpace:
-    """The search space from the command-line restrictions (and the runtime's rules)."""
-    for flag, values in (
-        ("--tp", tp),
-        ("--pp", pp),
-        ("--cp", cp),
-        ("--vpp", vpp),
-        ("--mbs", mbs),
-        ("--ep", ep),
-        ("--etp", etp),
-        ("--segments", segments),
-    ):
-        if values is not None and 0 in values:
-            raise LayoutError(f"{flag} values must be at least 1")
-    space = SearchSpace(
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        vpp=vpp,
-        mbs=mbs,
-        schedules=schedules,
-        recompute=recompute or RECOMPUTE_MODES,
-        per_rank_recompute=per_rank,
-        sequence_parallel=None if sequence_parallel is None else (sequence_parallel,),
-        zero=zero or (1,),
-        ep=ep,
-        etp=etp,
-        segments=segments,
-    )
-    return restrict(space, runtime) if runtime else space
 
 
 def run_search(
@@ -199,22 +152,7 @@ def plan_command(
         raise LayoutError(f"--cut-solver must be one of {', '.join(CUT_SOLVERS)}, got '{cut_solver}'")
     job = build(opt.request_from(ctx.params))
     spec, cluster, cost_model = job.spec, job.cluster, job.cost_model
-    space = build_space(
-        opt.int_list(tp, "--tp"),
-        opt.int_list(pp, "--pp"),
-        opt.int_list(cp, "--cp"),
-        opt.int_list(vpp, "--vpp"),
-        opt.int_list(mbs, "--mbs"),
-        opt.name_list(schedules),
-        opt.name_list(recompute),
-        per_rank,
-        sequence_parallel,
-        opt.int_list(zero, "--zero"),
-        runtime,
-        opt.int_list(ep, "--ep"),
-        opt.int_list(etp, "--etp"),
-        opt.int_list(segments, "--segments"),
-    )
+    space = opt.space_from(ctx.params)
     accept = opt.accept_checks(
         runtime_check(runtime, spec, cluster, global_batch, seq, cost_model.options) if runtime else None,
         opt.profile_check(cost_model, seq, profile_only),

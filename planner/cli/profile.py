@@ -65,6 +65,7 @@ def _import_measure():
 
 @app.command("profile")
 def profile_command(
+    ctx: typer.Context,
     model: str = opt.MODEL,
     output: Path = typer.Option(..., "--output", "-o", help="Profile file (JSON) to write."),
     tp: str | None = typer.Option(
@@ -136,33 +137,15 @@ def profile_command(
         raise PlannerError(f"--dtype: unknown '{dtype}'; choose from {', '.join(PROFILE_DTYPES)}")
     if memory_cap_gb is not None and memory_cap_gb <= 0:
         raise PlannerError(f"--memory-cap-gb must be positive, got {memory_cap_gb}")
-    request = for_plan_mod.PlanRequest(
-        gpus=gpus,
-        gpu=gpu,
-        global_batch=global_batch,
-        seq=seq,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        vpp=vpp,
-        mbs=mbs,
-        schedules=schedules,
-        recompute=recompute,
-        per_rank=per_rank,
-        sequence_parallel=sequence_parallel,
-        zero=zero,
-        runtime=runtime,
-        gpus_per_node=gpus_per_node,
-    )
     selection = None
     if for_plan:
         selection = for_plan_mod.select(
-            spec, request, tuple(_choices(kinds, LAYER_KINDS, "--kinds")), dtype, max_shapes
+            spec, ctx.params, tuple(_choices(kinds, LAYER_KINDS, "--kinds")), dtype, max_shapes
         )
         if dry_run:
             for_plan_mod.print_dry_run(selection, output, gpu, 2 * (warmup + repeats), device)
             return
-    elif given := for_plan_mod.plan_only_options_given(request, max_shapes, dry_run):
+    elif given := for_plan_mod.plan_only_options_given(ctx.params):
         raise PlannerError(f"{', '.join(given)}: options of --for-plan (the plan request to profile for)")
     measure = _import_measure()
     settings = measure.Settings(

@@ -4,43 +4,21 @@ and measured by `planner profile`'s loop."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
 from planner.cli import options as opt
 from planner.cli.app import stdout
-from planner.cli.plan import build_space
 from planner.errors import PlannerError
 from planner.job import build_cluster
 from planner.profile import store
 from planner.profile.schema import ShapeKey
-from planner.request import Request
 from planner.search.profile_shapes import PlannedShape, ShapePlan, cheapest, plan_shapes
 from planner.spec import ModelSpec
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlanRequest:
-    """The `plan` arguments `profile --for-plan` takes (restrictions as typed)."""
-
-    gpus: int | None
-    gpu: str
-    global_batch: int | None
-    seq: str | None
-    tp: str | None
-    pp: str | None
-    cp: str | None
-    vpp: str | None
-    mbs: str | None
-    schedules: str | None
-    recompute: str | None
-    per_rank: bool
-    sequence_parallel: bool | None
-    zero: str | None
-    runtime: str | None
-    gpus_per_node: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,37 +36,25 @@ class Selection:
 
 
 def select(
-    spec: ModelSpec, request: PlanRequest, kinds: tuple[str, ...], dtype: str, max_shapes: int | None
+    spec: ModelSpec, params: Mapping[str, Any], kinds: tuple[str, ...], dtype: str, max_shapes: int | None
 ) -> Selection:
-    """The shapes of the request's search space, capped to the `max_shapes` cheapest."""
-    if request.gpus is None or request.global_batch is None or request.seq is None:
+    """The shapes of the search space of the `plan` request in `params` (`profile`'s parsed
+    options, named as plan's), capped to the `max_shapes` cheapest."""
+    if params["gpus"] is None or params["global_batch"] is None or params["seq"] is None:
         raise PlannerError("--for-plan takes the plan request: --gpus, --global-batch and --seq are required")
-    seqs = opt.int_list(request.seq, "--seq")
+    seqs = opt.int_list(params["seq"], "--seq") or ()
     if len(seqs) != 1 or seqs[0] < 1:
-        raise PlannerError(f"--for-plan takes one sequence length, as plan does; got --seq {request.seq}")
+        raise PlannerError(f"--for-plan takes one sequence length, as plan does; got --seq {params['seq']}")
     seq = seqs[0]
     if spec.position_embedding == "learned" and seq > spec.max_position_embeddings:
         raise PlannerError(f"--seq {seq} exceeds the {spec.max_position_embeddings} learned positions of {spec.name}")
-    cluster = build_cluster(
-        Request(model=spec.name, gpu=request.gpu, num_gpus=request.gpus, gpus_per_node=request.gpus_per_node)
-    )
-    space = build_space(
-        opt.int_list(request.tp, "--tp"),
-        opt.int_list(request.pp, "--pp"),
-        opt.int_list(request.cp, "--cp"),
-        opt.int_list(request.vpp, "--vpp"),
-        opt.int_list(request.mbs, "--mbs"),
-        opt.name_list(request.schedules),
-        opt.name_list(request.recompute),
-        request.per_rank,
-        request.sequence_parallel,
-        opt.int_list(request.zero, "--zero"),
-        request.runtime,
-    )
+    request = opt.request_from(params, seq=seq)
+    cluster = build_cluster(request)
+    space = opt.space_from(params)
     plan = plan_shapes(spec, cluster, request.global_batch, seq, space, kinds, dtype)
     if not plan.shapes:
         raise PlannerError(
-            f"no layout of {spec.name} on {request.gpus} GPUs matches the restrictions with global batch "
+            f"no layout of {spec.name} on {request.num_gpus} GPUs matches the restrictions with global batch "
             f"{request.global_batch}: there is nothing to profile for this request"
         )
     if max_shapes is not None and max_shapes < 1:
@@ -159,20 +125,23 @@ def print_calibration_note(selection: Selection) -> None:
         )
 
 
-def plan_only_options_given(request: PlanRequest, max_shapes: int | None, dry_run: bool) -> list[str]:
+FOR_PLAN_ONLY = {
+    "gpus": "--gpus",
+    "global_batch": "--global-batch",
+    "pp": "--pp",
+    "cp": "--cp",
+    "vpp": "--vpp",
+    "schedules": "--schedules",
+    "sequence_parallel": "--sp/--no-sp",
+    "zero": "--zero",
+    "runtime": "--runtime",
+    "gpus_per_node": "--gpus-per-node",
+    "max_shapes": "--max-shapes",
+}
+"""`profile`'s options that belong to --for-plan's request (parameter name -> flag)."""
+
+
+def plan_only_options_given(params: Mapping[str, Any]) -> list[str]:
     """The --for-plan options given without --for-plan."""
-    named = {
-        "--gpus": request.gpus,
-        "--global-batch": request.global_batch,
-        "--pp": request.pp,
-        "--cp": request.cp,
-        "--vpp": request.vpp,
-        "--schedules": request.schedules,
-        "--sp/--no-sp": request.sequence_parallel,
-        "--zero": request.zero,
-        "--runtime": request.runtime,
-        "--gpus-per-node": request.gpus_per_node,
-        "--max-shapes": max_shapes,
-    }
-    given = [name for name, value in named.items() if value is not None]
-    return given + (["--dry-run"] if dry_run else [])
+    given = [flag for name, flag in FOR_PLAN_ONLY.items() if params.get(name) is not None]
+    return given + (["--dry-run"] if params.get("dry_run") else [])

@@ -14,6 +14,7 @@ from planner.errors import PlannerError
 from planner.hints import planner_command
 from planner.output import write_atomic
 from planner.plan import PlanEntry, PlanFile, time_part_name
+from planner.run_length import run_length
 from planner.schedule.registry import SCHEDULES, schedule_info
 
 
@@ -44,17 +45,6 @@ def cut_sizes(entry: PlanEntry) -> list[int]:
 def cuts_text(entry: PlanEntry) -> str:
     """Every virtual stage's layer count in model order, e.g. '19|20|21|20'."""
     return "|".join(str(size) for size in cut_sizes(entry))
-
-
-def run_length(values: list) -> str:
-    """A list with its runs written once with their length: [2, 3, 3, 3, 2] -> '2,3×3,2'."""
-    runs: list[list] = []
-    for value in values:
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
-    return ",".join(f"{value}×{count}" if count > 1 else str(value) for value, count in runs)
 
 
 SCHEDULE_SHORT_NAMES = {

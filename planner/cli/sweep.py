@@ -10,7 +10,6 @@ import typer
 from planner.api import Evaluation, cost_source_text, plan_document
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
-from planner.cli.plan import build_space
 from planner.cli.report import plans_view, runs_on_text
 from planner.cli.sweep_plot import chart_points, sweep_html, sweep_svg
 from planner.errors import LayoutError, PlannerError
@@ -87,19 +86,7 @@ def sweep_command(
         if name != vary and value <= 0:
             raise LayoutError(f"--{name} is required (only --{vary} is varied)")
     spec = opt.load_model(model)
-    space = build_space(
-        opt.int_list(tp, "--tp"),
-        opt.int_list(pp, "--pp"),
-        None,
-        None,
-        opt.int_list(mbs, "--mbs"),
-        opt.name_list(schedules),
-        None,
-        True,
-        None,
-        None,
-        runtime,
-    )
+    space = opt.space_from(ctx.params)
     rows = []
     for value in points:
         job = {**fixed, vary: value}

@@ -45,6 +45,7 @@ from planner.job import cost_options as job_cost_options
 from planner.layout import Layout, check_layout
 from planner.predict import Prediction, predict
 from planner.request import Request
+from planner.run_length import run_length
 from planner.runtimes import resolve as resolve_runtime
 from planner.spec import GpuSpec, ModelSpec, validation_message
 from planner.uncertainty import gpu_generation
@@ -315,7 +316,7 @@ def evaluate_command(run: PublishedRun) -> list[str]:
     if run.etp is not None:
         words += ["--etp", str(run.etp)]
     if run.stage_layers is not None:
-        words += ["--stage-layers", ",".join(map(str, run.stage_layers))]
+        words += ["--stage-layers", run_length(run.stage_layers, times="x")]
     return words + request.option_flags()
 
 

@@ -17,6 +17,7 @@ from planner.predict.shards import (
     layers_on,
     two_replicas,
 )
+from planner.runtimes.megatron_exchange import reduces_per_chunk
 from planner.schedule import head_rank
 
 
@@ -215,8 +216,7 @@ def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool, has_experts:
     reduces two groups (DP x CP and EDP), which `interleaved_dp_exposed` does not model: it is
     charged whole, as without interleaving."""
     return (
-        layout.schedule == "interleaved_1f1b"
-        and layout.vpp > 1
+        reduces_per_chunk(layout.schedule, layout.vpp)
         and overlap_grad_reduce
         and layout.zero_stage < 3
         and not has_experts

@@ -8,6 +8,7 @@ from planner.cost.model import DUALPIPEV_PAIRING, CostModel, CostOptions
 from planner.cost.overlap import combined_1f1b_step_excess
 from planner.layout import Layout
 from planner.predict.shards import kind_counts, layout_shard
+from planner.runtimes.megatron_exchange import has_combined_1f1b_loop
 from planner.schedule.registry import SCHEDULES
 from planner.spec import ModelSpec
 
@@ -44,7 +45,7 @@ def combined_1f1b_runs(
         return False
     if ep == 1 or spec.mtp_depth > 1 or "full" in recompute:
         return False
-    return pp == 1 or schedule == "interleaved_1f1b"
+    return has_combined_1f1b_loop(schedule, pp)
 
 
 def priced_options(options: CostOptions, spec: ModelSpec, layout: Layout) -> dict:

@@ -91,3 +91,17 @@ def megatron_send_mode(schedule: str, vpp: int) -> str:
     1F1B (--overlap-p2p-communication is on by default there). Source: megatron/training/
     arguments.py, megatron-core pipeline_parallel/schedules.py."""
     return "overlapped" if schedule == "interleaved_1f1b" and vpp > 1 else "blocking"
+
+
+def reduces_per_chunk(schedule: str, vpp: int) -> bool:
+    """Whether Megatron-LM launches a rank's gradient reduction model chunk by chunk: its
+    interleaved loop (forward_backward_pipelining_with_interleaving) with V > 1, whose
+    `grad_sync_func` runs per chunk; the other loops reduce the rank's gradients once."""
+    return schedule == "interleaved_1f1b" and vpp > 1
+
+
+def has_combined_1f1b_loop(schedule: str, pp: int) -> bool:
+    """Whether megatron-core 0.19.2 has a combined-1F1B loop for this schedule: training
+    without a pipeline (combined_1f1b_schedule_for_no_pipelining) and interleaved 1F1B
+    (combined_1f1b_schedule_for_interleaved_pipelining); plain 1F1B with PP > 1 has none."""
+    return pp == 1 or schedule == "interleaved_1f1b"

@@ -1,6 +1,7 @@
 """The schedule table: one record per schedule name of the plan contract (its generator,
 placement, backward split, allowed V, how it pipelines, whether a runtime runs it, torch's
-name for it), the shape rules, and `generate`, which picks the generator by name.
+name for it, its closed forms and shape rule), the shape check, and `generate`, which picks
+the generator by name.
 
 `TORCH_SCHEDULE_CLASS` maps each name to the key `torch.distributed.pipelining.schedules.
 get_schedule_class` accepts (None where torch has no class; such schedules run in torch from
@@ -14,11 +15,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.errors import ScheduleError
+from planner.schedule import formulas
 from planner.schedule.actions import PipelineOrder, stage_to_rank
 from planner.schedule.chimera import chimera
 from planner.schedule.generators import (
     gpipe,
-    interleave_rounds,
     interleaved_1f1b,
     looped_bfs,
     one_f_one_b,
@@ -31,6 +32,15 @@ from planner.schedule.v_schedules import dualpipev, zbv
 ScheduleGenerator = Callable[[int, int, int, int], PipelineOrder]
 """(P, M, V, segments) -> each rank's compute actions, for a shape `check_shape` accepts."""
 
+BubbleForm = Callable[[int, int, int, int], float | None]
+"""(P, M, V, segments) -> bubble fraction under uniform costs, None where no closed form."""
+
+InflightForm = Callable[[int, int, int, int], tuple[int, ...] | None]
+"""(P, M, V, segments) -> most activations each rank holds at once, None where no closed form."""
+
+ShapeRule = Callable[[int, int, int], str | None]
+"""(P, M, V) -> what the schedule cannot run at this shape (follows its name), None if it can."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleInfo:
@@ -38,6 +48,10 @@ class ScheduleInfo:
 
     name: str
     generator: ScheduleGenerator
+    uniform_bubble: BubbleForm
+    """Its bubble fraction under uniform costs (`planner.schedule.formulas`)."""
+    inflight: InflightForm
+    """Its per-rank peak of held activations (`planner.schedule.formulas`)."""
     placement: str
     """"loop" (stage s on rank s % P) or "v" (rank r holds stages r and 2P-1-r)."""
     split_backward: bool
@@ -61,6 +75,9 @@ class ScheduleInfo:
     """Runs one micro-batch's forward beside another's backward on the same rank and overlaps
     each one's MoE all-to-all with the other's compute (DeepSeek-V3 report, section 3.2.1:
     DualPipe's computation-communication overlap)."""
+    shape_rule: ShapeRule | None = None
+    """What it needs of (P, M, V) beyond positive values and an allowed V (torch's rules where
+    torch runs it); None: nothing more."""
     simulated_only: str | None = None
     """Why no runtime the planner exports to runs it (`planner plan` searches it and `planner
     simulate` draws it, every exporter refuses it); None: some runtime does."""
@@ -87,6 +104,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="gpipe",
             generator=lambda pp, m, vpp, k: gpipe(pp, m),
+            uniform_bubble=formulas.fill_drain_bubble,
+            inflight=formulas.gpipe_inflight,
             placement="loop",
             split_backward=False,
             min_vpp=1,
@@ -97,6 +116,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="1f1b",
             generator=lambda pp, m, vpp, k: one_f_one_b(pp, m),
+            uniform_bubble=formulas.fill_drain_bubble,
+            inflight=formulas.one_f_one_b_inflight,
+            shape_rule=formulas.one_f_one_b_shape,
             placement="loop",
             split_backward=False,
             min_vpp=1,
@@ -107,6 +129,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="interleaved_1f1b",
             generator=lambda pp, m, vpp, k: interleaved_1f1b(pp, m, vpp),
+            uniform_bubble=formulas.looped_bubble,
+            inflight=formulas.interleaved_inflight,
+            shape_rule=formulas.interleaved_shape,
             placement="loop",
             split_backward=False,
             min_vpp=2,
@@ -117,6 +142,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="looped_bfs",
             generator=lambda pp, m, vpp, k: looped_bfs(pp, m, vpp),
+            uniform_bubble=formulas.looped_bubble,
+            inflight=formulas.looped_bfs_inflight,
             placement="loop",
             split_backward=False,
             min_vpp=1,
@@ -127,6 +154,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="zb_h1",
             generator=lambda pp, m, vpp, k: zb_h1(pp, m, vpp),
+            uniform_bubble=formulas.zb_h1_bubble,
+            inflight=formulas.zb_h1_inflight,
+            shape_rule=formulas.interleaved_shape,
             placement="loop",
             split_backward=True,
             min_vpp=1,
@@ -137,6 +167,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="zb_h2",
             generator=lambda pp, m, vpp, k: zb_h2(pp, m),
+            uniform_bubble=formulas.zb_h2_bubble,
+            inflight=formulas.zb_h2_inflight,
             placement="loop",
             split_backward=True,
             min_vpp=1,
@@ -147,6 +179,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="zbv",
             generator=lambda pp, m, vpp, k: zbv(pp, m),
+            uniform_bubble=formulas.zbv_bubble,
+            inflight=formulas.zbv_inflight,
             placement="v",
             split_backward=True,
             min_vpp=2,
@@ -157,6 +191,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="dualpipev",
             generator=lambda pp, m, vpp, k: dualpipev(pp, m),
+            uniform_bubble=formulas.dualpipev_bubble,
+            inflight=formulas.dualpipev_inflight,
+            shape_rule=formulas.dualpipev_shape,
             placement="v",
             split_backward=True,
             min_vpp=2,
@@ -168,6 +205,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="chimera",
             generator=lambda pp, m, vpp, k: chimera(pp, m),
+            uniform_bubble=formulas.chimera_bubble,
+            inflight=formulas.chimera_inflight,
+            shape_rule=formulas.chimera_shape,
             placement="v",
             split_backward=False,
             min_vpp=2,
@@ -183,6 +223,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         ScheduleInfo(
             name="seq1f1b",
             generator=lambda pp, m, vpp, k: seq1f1b(pp, m, k),
+            uniform_bubble=formulas.seq1f1b_bubble,
+            inflight=formulas.seq1f1b_inflight,
             placement="loop",
             split_backward=False,
             min_vpp=1,
@@ -236,9 +278,8 @@ def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: i
     """Raise ScheduleError unless schedule `name` is defined for (P, M, V) and `segments`
     sequence segments per micro-batch; return its row.
 
-    Rules are torch's where torch implements the schedule: 1F1B needs M >= P, DualPipeV
-    M >= 2P, the interleaved schedules M % max(1, M // P) == 0 when V >= 2. Chimera splits
-    M evenly between its two directions (M even); only seq1f1b takes segments > 1.
+    Beyond positive values and an allowed V, each schedule's `shape_rule` (torch's where torch
+    implements the schedule); only a segmented schedule takes segments > 1.
     """
     info = schedule_info(name)
     if segments < 1 or (segments > 1 and not info.segmented):
@@ -247,41 +288,15 @@ def check_shape(name: str, pp: int, num_microbatches: int, vpp: int, segments: i
             f"segments={segments}: only {', '.join(segmented)} splits micro-batches into "
             "sequence segments (segments >= 1); other schedules take segments=1"
         )
-    if name == "chimera" and pp % 2:
-        raise ScheduleError(
-            f"chimera needs an even number of stages (as Li & Hoefler 2021: each direction's fill "
-            f"is the other's drain only for even depth); got stages={pp}"
-        )
-    if name == "chimera" and num_microbatches % 2:
-        raise ScheduleError(
-            f"chimera sends half the micro-batches down and half up, so microbatches must be even; "
-            f"got {num_microbatches}, use {num_microbatches + 1}"
-        )
     if pp < 1 or num_microbatches < 1 or vpp < 1:
         raise ScheduleError(
             f"pipeline shape must be positive: got stages={pp}, microbatches={num_microbatches}, vpp={vpp}"
         )
     if not info.allows_vpp(vpp):
         raise ScheduleError(f"schedule {name} needs vpp {info.vpp_text()} (chunks per rank), got vpp={vpp}")
-    if name == "1f1b" and num_microbatches < pp:
-        raise ScheduleError(
-            f"1f1b needs at least as many micro-batches as stages (as torch's Schedule1F1B): "
-            f"got microbatches={num_microbatches} < stages={pp}; use microbatches >= {pp} or gpipe"
-        )
-    if name == "dualpipev" and num_microbatches < 2 * pp:
-        raise ScheduleError(
-            f"dualpipev needs at least 2 x stages micro-batches (as torch's ScheduleDualPipeV): "
-            f"got microbatches={num_microbatches} < {2 * pp}; use microbatches >= {2 * pp} or zbv"
-        )
-    if name in ("interleaved_1f1b", "zb_h1") and vpp >= 2:
-        rounds, per_round = interleave_rounds(pp, num_microbatches)
-        if num_microbatches % rounds:
-            good = sorted({per_round * rounds, (per_round + 1) * rounds, pp * rounds})
-            raise ScheduleError(
-                f"{name} with vpp={vpp} runs micro-batches in max(1, M // stages) = {rounds} equal rounds "
-                f"(as torch does), but microbatches={num_microbatches} is not a multiple of {rounds}; "
-                f"use e.g. microbatches in {good}"
-            )
+    problem = info.shape_rule(pp, num_microbatches, vpp) if info.shape_rule else None
+    if problem:
+        raise ScheduleError(f"{name} {problem}")
     return info
 
 

@@ -6,7 +6,8 @@ Evaluates every run in published_runs.toml (or `--file`'s: tests/bench/preregist
 is the pre-registered validation set, docs/accuracy_preregistered.md) with planner's cost
 model (no subprocess) and prints, per run, the published and predicted step time and their
 relative error, MFU in planner's (PaLM) convention on both sides, predicted peak memory against
-the GPU's and the published one; then the errors per source and overall (held-out runs also on their own).
+the GPU's and the published one, then each run's `planner evaluate` command by its number; then the
+errors per source and overall (held-out runs also on their own).
 `--markdown` prints the accuracy block the README embeds; `--json` one JSON object, each run
 with its `planner evaluate` command; `--commands` only those commands. Each prediction is the
 one its command prints (tests/fidelity/test_published_commands.py runs a sample).
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     table = Table(title="planner vs published training runs (step error = predicted / published - 1)")
     for column in (
+        "#",
         "run",
         "layout",
         "pub step s",
@@ -116,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         "source",
     ):
         table.add_column(column, justify="left" if column in ("run", "layout", "source") else "right")
-    for r in results:
+    for number, r in enumerate(results, start=1):
         mem = f"{r.peak_memory_gib:.1f}/{r.gpu_memory_gib:.0f}"
         if r.run.memory_gib is not None:
             mem += f" (pub {r.run.memory_gib:.1f})"
         name = r.run.name + (" [held out]" if r.run.held_out else "")
         table.add_row(
+            str(number),
             name,
             layout_label(r.run),
             f"{r.published_step_time_s:.3g}",
@@ -134,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     console = Console(width=200)
     console.print(table)
+    console.print("each prediction is what its command prints:", markup=False, highlight=False)
+    for number, r in enumerate(results, start=1):
+        console.print(
+            f"{number:>3}  {command_text(evaluate_command(r.run))}", markup=False, highlight=False, soft_wrap=True
+        )
     for source, group in [*groups.items(), ("held out", held), ("all", results)]:
         if not group:
             continue

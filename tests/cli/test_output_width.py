@@ -11,8 +11,9 @@ import pytest
 from typer.main import get_command
 
 from planner.cli import app
-from planner.cli.report import cut_sizes, run_length
+from planner.cli.report import cut_sizes
 from planner.plan import parse_plan_file
+from planner.run_length import run_length
 
 # README.md's first command
 README_REQUEST = ("--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024", "--seq", "8192")

@@ -10,7 +10,7 @@ import pytest
 from profile_factories import make_profile, ok_row
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cli.plan import build_space
+from planner.cli.options import space_of
 from planner.cost.calibrate import fit, fit_file
 from planner.cost.compute import AnalyticCompute
 from planner.cost.model import CostModel
@@ -178,7 +178,7 @@ def test_for_plan_then_plan_on_a_fresh_profile(cli, tmp_path, one_thread):
     code, out, err = cli("profile", "--for-plan", *TINY, *FAST, "-o", str(path))
     assert code == 0, err
     spec, cluster = resolve_model("tiny-llama"), Cluster.of(H100, 4)
-    space = build_space(*[None] * 7, True, None, None, None)
+    space = space_of()
     expected = [s.key for s in plan_shapes(spec, cluster, 16, 256, space, dtype="fp32").shapes]
     assert [r.key for r in store.load(path).rows] == expected  # largest first, nothing else
     assert "48 shapes (48 ok)" in out
