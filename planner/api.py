@@ -36,6 +36,7 @@ from planner.schedule.registry import default_segments, schedule_info
 from planner.search.space import SearchSpace
 from planner.spec import ModelSpec
 from planner.uncertainty import Interval, interval_from_errors, step_interval
+from planner.units import GiB
 from planner.version import __version__
 
 
@@ -190,7 +191,13 @@ def plan_document(job: Job, entries: list[PlanEntry]) -> PlanFile:
     document = PlanFile(
         plans=entries,
         model=job.spec,
-        cluster=ClusterSummary(gpu=cluster.gpu.name, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node),
+        cluster=ClusterSummary(
+            gpu=cluster.gpu.name,
+            num_gpus=cluster.num_gpus,
+            gpus_per_node=cluster.gpus_per_node,
+            memory_limit_gb=round(cluster.memory_limit_bytes / GiB, 3),
+            memory_headroom=cluster.memory_headroom,
+        ),
         planner_version=__version__,
         cost_source=cost_source_text(job),
         request=job.request,

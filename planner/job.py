@@ -18,6 +18,7 @@ from planner.errors import ConfigError, LayoutError, PlannerError
 from planner.request import Request, option_flag
 from planner.runtimes import RuntimeVersion, resolve
 from planner.spec import Cluster, GpuSpec, ModelSpec
+from planner.uncertainty import default_memory_headroom
 
 MOE_ONLY_OPTIONS = ("moe_dispatcher", "moe_ep_overlap")
 """Cost options that change nothing on a dense model, so a runtime that lacks them does not
@@ -69,7 +70,16 @@ def build_cluster(
         intra_node_bw_gbps=request.intra_node_bw_gbps,
         inter_node_bw_gbps=request.inter_node_bw_gbps,
         memory_limit_gib=request.max_memory_gb,
+        memory_headroom=memory_headroom(request),
+        memory_scale=calibration.memory_scale if calibration is not None else None,
     )
+
+
+def memory_headroom(request: Request) -> float:
+    """The share of the memory the request's plans keep free: its own, or the default."""
+    if request.memory_headroom is not None:
+        return request.memory_headroom
+    return default_memory_headroom().share
 
 
 def default_attention(runtime: RuntimeVersion | None, gpu: GpuSpec | None) -> str:

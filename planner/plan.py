@@ -204,6 +204,11 @@ class ClusterSummary(BaseModel):
     gpu: str
     num_gpus: int
     gpus_per_node: int
+    memory_limit_gb: float | None = None
+    """The most predicted memory per GPU the plans were held to, GiB: the capacity less
+    `memory_headroom`, over a calibration's memory scale."""
+    memory_headroom: float | None = None
+    """Share of the GPU's memory (or `--max-memory-gb`) the plans keep free."""
 
 
 class PlanInputs(BaseModel):

@@ -44,6 +44,8 @@ class Request(BaseModel):
     intra_node_bw_gbps: float | None = Field(default=None, gt=0)
     inter_node_bw_gbps: float | None = Field(default=None, gt=0)
     max_memory_gb: float | None = Field(default=None, gt=0)
+    memory_headroom: float | None = Field(default=None, ge=0, le=0.5)
+    """Share of the memory plans keep free; None: the default (`planner.uncertainty`)."""
     runtime: str | None = None
     """NAME[@VERSION] (`planner runtimes`); None: planner's defaults (Megatron-LM's kernels)."""
     options: dict[str, Any] = Field(default_factory=dict)
@@ -61,15 +63,15 @@ class Request(BaseModel):
     def cluster_flags(self) -> list[str]:
         """The command-line flags that state this request's model, cluster and batch."""
         flags = [
-            "-m",
+            "--model",
             self.model,
-            "-n",
+            "--gpus",
             str(self.num_gpus),
             "--gpu",
             self.gpu,
-            "-b",
+            "--global-batch",
             str(self.global_batch),
-            "-s",
+            "--seq",
             str(self.seq),
         ]
         for flag, value in (
@@ -77,6 +79,7 @@ class Request(BaseModel):
             ("--intra-node-bw", self.intra_node_bw_gbps),
             ("--inter-node-bw", self.inter_node_bw_gbps),
             ("--max-memory-gb", self.max_memory_gb),
+            ("--memory-headroom", self.memory_headroom),
             ("--runtime", self.runtime),
             ("--profile", self.profile),
             ("--calibration", self.calibration),

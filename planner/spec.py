@@ -353,15 +353,26 @@ class Cluster(BaseModel):
     inter_node_bw_gbps: float = Field(gt=0)
     inter_node_latency_us: float = Field(ge=0)
     memory_limit_gib: float | None = Field(default=None, gt=0)
-    """Memory a plan may use per GPU; the GPU's capacity when unset."""
+    """Memory a job may use per GPU; the GPU's capacity when unset."""
+    memory_headroom: float = Field(default=0.0, ge=0, lt=1)
+    """Share of that memory plans keep free for what the model under-predicts."""
+    memory_scale: float = Field(default=1.0, gt=0)
+    """Measured over predicted peak memory on the user's own runs (a calibration's); 1: none."""
 
     @property
     def num_nodes(self) -> int:
         return max(1, self.num_gpus // self.gpus_per_node)
 
     @property
-    def memory_limit_bytes(self) -> float:
+    def memory_capacity_bytes(self) -> float:
+        """Memory a job may use per GPU: `--max-memory-gb`, or the GPU's."""
         return (self.memory_limit_gib or self.gpu.memory_gib) * GiB
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        """The most predicted memory a plan may use per GPU: the capacity less the headroom,
+        over the calibrated memory scale."""
+        return self.memory_capacity_bytes * (1 - self.memory_headroom) / self.memory_scale
 
     @classmethod
     def of(cls, gpu: GpuSpec, num_gpus: int, **overrides: Any) -> Cluster:

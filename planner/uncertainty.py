@@ -1,4 +1,5 @@
-"""How sure a step-time prediction is: an interval from the residuals of comparable runs.
+"""How sure a prediction is: a step-time interval from the residuals of comparable runs, and
+the memory headroom plans keep for the model's largest memory under-prediction.
 
 The development set (tests/bench/published_runs.toml) gives each published run's step error
 e = predicted / measured - 1. For a new prediction p, a run like it measured p / (1 + e); over
@@ -10,6 +11,10 @@ kind of model is dropped. The development set's rows were examined while the mod
 so its errors are smaller than on runs it never saw (docs/accuracy_preregistered.md): the
 interval is the spread of comparable development runs, not a confidence bound. With a calibration file the interval comes
 from the fit's own residuals on the user's runs instead.
+
+The default memory headroom is the largest share by which the development set's predicted
+peak memory fell short of the published one (-e for the most negative memory error e): a plan
+held to (1 - h) of the memory would have fitted every development run that published memory.
 
 planner/presets/residuals.json holds the development set's residuals; `python
 tests/bench/published_runs.py --residuals` writes it, and a test checks it against a fresh
@@ -45,6 +50,8 @@ class Residual(BaseModel):
     moe: bool
     """A mixture-of-experts model."""
     step_error: float
+    memory_error: float | None = None
+    """Predicted over published peak memory, minus one (None: the run published none)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,3 +128,24 @@ def step_interval(step_time_s: float, runtime: str | None, gpu: str, gpus: int, 
     """The interval of a prediction from the development set's comparable runs."""
     chosen, basis = comparable(development_residuals(), runtime, gpu, gpus, moe)
     return interval_from_errors(step_time_s, [r.step_error for r in chosen], f"{len(chosen)} published runs: {basis}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Headroom:
+    """The share of the memory limit plans keep free by default, and what it rests on."""
+
+    share: float
+    runs: int
+    """Development runs that published their peak memory."""
+    worst_run: str
+
+
+@cache
+def default_memory_headroom() -> Headroom:
+    """The development set's largest memory under-prediction, as a share of the measured peak."""
+    published = [r for r in development_residuals() if r.memory_error is not None]
+    if not published:
+        return Headroom(share=0.0, runs=0, worst_run="none")
+    worst = min(published, key=lambda r: r.memory_error or 0.0)
+    share = max(0.0, -(worst.memory_error or 0.0))
+    return Headroom(share=round(share, 3), runs=len(published), worst_run=worst.name)

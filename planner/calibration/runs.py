@@ -131,6 +131,7 @@ def calibration_file(runs: list[Run], sources: list[Source], result: FitResult) 
         for names in KNOBS.values()
         for field in names
     }
+    residuals = [_residual(res, src) for res, src in zip(result.residuals, sources)]
     return CalibrationFile(
         gpu=gpu.name,
         cluster=ClusterEntry(
@@ -150,10 +151,11 @@ def calibration_file(runs: list[Run], sources: list[Source], result: FitResult) 
         ],
         fields=fields,
         efficiency=efficiency,
-        residuals=[_residual(res, src) for res, src in zip(result.residuals, sources)],
+        residuals=residuals,
         rms_error_before_pct=_rms([r.before_pct for r in result.residuals]),
         rms_error_after_pct=_rms([r.after_pct for r in result.residuals]),
         runs=[_run_entry(run, src) for run, src in zip(runs, sources)],
+        memory_scale=memory_scale(residuals),
         planner_version=__version__,
     )
 
@@ -162,8 +164,20 @@ def _rms(values: list[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values))
 
 
+def memory_scale(residuals: list[RunResidual]) -> float | None:
+    """The largest measured over predicted max reserved memory of the runs that logged it, at
+    least 1; None when none did."""
+    ratios = [
+        m.measured_max_reserved_gib / m.predicted_reserved_gib
+        for m in (r.memory for r in residuals)
+        if m.measured_max_reserved_gib and m.predicted_reserved_gib
+    ]
+    return round(max(1.0, *ratios), 4) if ratios else None
+
+
 def _residual(res: Residual, src: Source) -> RunResidual:
     peak = res.after.peak_memory_bytes / GiB
+    reserved = max(m.reserved for m in res.after.memory) / GiB
     measured = src.measured.max_reserved_gib
     return RunResidual(
         log=src.log_path,
@@ -176,7 +190,8 @@ def _residual(res: Residual, src: Source) -> RunResidual:
             measured_max_reserved_gib=measured,
             measured_max_allocated_gib=src.measured.max_allocated_gib,
             predicted_peak_gib=peak,
-            error_pct=100.0 * (peak / measured - 1) if measured else None,
+            predicted_reserved_gib=reserved,
+            error_pct=100.0 * (reserved / measured - 1) if measured else None,
         ),
     )
 

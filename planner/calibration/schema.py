@@ -57,8 +57,12 @@ class MemoryResidual(BaseModel):
     measured_max_reserved_gib: float | None = None
     measured_max_allocated_gib: float | None = None
     predicted_peak_gib: float
+    """Device memory in use at the peak (the caching allocator's segments, the CUDA context
+    and NCCL's buffers)."""
+    predicted_reserved_gib: float | None = None
+    """The caching allocator's segments at the peak: what max reserved measures."""
     error_pct: float | None = None
-    """Predicted over measured max reserved, minus one, in percent (not fitted)."""
+    """Predicted over measured max reserved, minus one, in percent."""
 
 
 class RunResidual(BaseModel):
@@ -144,6 +148,10 @@ class CalibrationFile(BaseModel):
     rms_error_after_pct: float
     """The same with the fitted efficiencies: the residual of the fit."""
     runs: list[RunEntry]
+    memory_scale: float | None = None
+    """Largest measured over predicted max reserved memory of the runs, at least 1 (a
+    calibration never loosens the memory limit); plans are held to the limit over it. None:
+    no run logged its memory."""
     planner_version: str = ""
 
     @property

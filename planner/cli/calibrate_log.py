@@ -50,6 +50,13 @@ def calibrate_from_logs(
         return
     stdout.print(_knob_table(document))
     stdout.print(_residual_table(document))
+    if document.memory_scale is not None:
+        stdout.print(
+            f"memory: measured up to {document.memory_scale:.3f} x the predicted max reserved; with "
+            f"--calibration, plans are held to the memory limit / {document.memory_scale:.3f}",
+            markup=False,
+            highlight=False,
+        )
     if output is not None:
         stdout.print(
             f"wrote {output}: use it with plan / evaluate / sweep --calibration {output}", markup=False, highlight=False
@@ -81,10 +88,10 @@ def _knob_table(document: schema.CalibrationFile) -> Table:
 def _residual_table(document: schema.CalibrationFile) -> Table:
     table = Table(
         title=f"step time per run: measured vs predicted (error; RMS {document.rms_error_before_pct:.1f}% "
-        f"-> {document.rms_error_after_pct:.1f}%), and peak memory (not fitted)",
+        f"-> {document.rms_error_after_pct:.1f}%), and max reserved memory",
         title_justify="left",
     )
-    for column in ("log", "measured s", "before s", "after s", "mem measured GiB", "mem predicted GiB"):
+    for column in ("log", "measured s", "before s", "after s", "reserved GiB", "predicted GiB"):
         table.add_column(column, justify="left" if column == "log" else "right")
     for r in document.residuals:
         m = r.memory
@@ -94,6 +101,7 @@ def _residual_table(document: schema.CalibrationFile) -> Table:
             f"{r.predicted_before_s:.3f} ({r.error_before_pct:+.1f}%)",
             f"{r.predicted_after_s:.3f} ({r.error_after_pct:+.1f}%)",
             "-" if m.measured_max_reserved_gib is None else f"{m.measured_max_reserved_gib:.1f}",
-            f"{m.predicted_peak_gib:.1f}" + ("" if m.error_pct is None else f" ({m.error_pct:+.1f}%)"),
+            f"{m.predicted_reserved_gib or m.predicted_peak_gib:.1f}"
+            + ("" if m.error_pct is None else f" ({m.error_pct:+.1f}%)"),
         )
     return table

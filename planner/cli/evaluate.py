@@ -10,7 +10,7 @@ from planner.api import evaluate_layout, layout_of, plan_document
 from planner.cli import options as opt
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.plan import print_cost_sources
-from planner.cli.report import breakdown_table, plan_json, plans_view, write_plan_file
+from planner.cli.report import breakdown_table, memory_warning, plan_json, plans_view, write_plan_file
 from planner.errors import PlannerError
 from planner.job import build
 from planner.layout import check_layout
@@ -62,6 +62,7 @@ def evaluate_command(
     intra_node_bw: float | None = opt.INTRA_BW,
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
+    memory_headroom: float | None = opt.MEMORY_HEADROOM,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool | None = opt.CUDA_GRAPHS,
@@ -114,13 +115,8 @@ def evaluate_command(
     document = plan_document(job, [evaluation.entry().model_copy(update={"cost_sources": sources})])
     entry = document.plans[0]
     limit = cluster.memory_limit_bytes
-    if prediction.peak_memory_bytes > limit:
-        stderr.print(
-            f"warning: needs {prediction.peak_memory_bytes / GiB:.1f} GiB on its most loaded GPU, "
-            f"over the {limit / GiB:.1f} GiB limit: this layout runs out of memory",
-            markup=False,
-            highlight=False,
-        )
+    if (warning := memory_warning(prediction.peak_memory_bytes, cluster)) is not None:
+        stderr.print(f"warning: {warning}", markup=False, highlight=False)
     if out is not None:
         write_plan_file(out, document)
     if as_json:
@@ -130,7 +126,7 @@ def evaluate_command(
         f"{spec.name} on {gpus} x {cluster.gpu.name}, global batch {global_batch} x seq {seq} "
         f"({document.cost_source} costs{opt.moe_mechanisms_text(cost_model.options, spec)})"
     )
-    stdout.print(plans_view([entry], title, stdout.width, wide), soft_wrap=False)
+    stdout.print(plans_view([entry], title, stdout.width, wide, plan_path=out), soft_wrap=False)
     if profile is not None:
         print_cost_sources([entry], cost_model)
     stdout.print(breakdown_table(entry, limit / GiB))

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import typer
 
-from planner.api import rechecked
+from planner.api import document_request, rechecked
 from planner.cli.app import app, stdout
-from planner.errors import ConfigError, ExportError
+from planner.errors import ConfigError, ExportError, PlannerError
 from planner.export import EXPORTERS, export_plan
+from planner.hints import serving_request
 from planner.output import refuse_existing, write_atomic
-from planner.plan import parse_plan_file
+from planner.plan import PlanFile, parse_plan_file
 from planner.runtimes import RUNTIMES, resolve
 
 EXECUTABLE_SUFFIXES = (".sh",)
@@ -29,6 +30,15 @@ def exporter_of(target: str) -> str:
             f"runtime ({newest.name}{'' if newest.exporter else ', which has none either'})"
         )
     return version.exporter
+
+
+def request_flags(document: PlanFile) -> list[str]:
+    """The flags of the request the plan file records (none for a file without one)."""
+    try:
+        request, _ = document_request(document)
+    except PlannerError:
+        return []
+    return request.cluster_flags() + request.option_flags()
 
 
 @app.command("export")
@@ -55,9 +65,10 @@ def export_command(
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
     document = parse_plan_file(text, str(plan))
     notes: list[str] = []
-    if index < len(document.plans):
-        document, notes = rechecked(document, index)
-    files = export_plan(document, exporter_of(to), index)
+    with serving_request(request_flags(document)):
+        if index < len(document.plans):
+            document, notes = rechecked(document, index)
+        files = export_plan(document, exporter_of(to), index)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output path {out} exists and is not a folder")
     refuse_existing(*(out / name for name in files), force=force)

@@ -30,7 +30,13 @@ GLOBAL_BATCH = typer.Option(..., "--global-batch", "-b", help="Global batch, seq
 GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", help="Override the preset's GPUs per node.", min=1)
 INTRA_BW = typer.Option(None, "--intra-node-bw", help="Scale-up GB/s per GPU per direction (default: preset).")
 INTER_BW = typer.Option(None, "--inter-node-bw", help="Scale-out GB/s per GPU per direction (default: preset).")
-MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a plan may use per GPU, GiB (default: the GPU's).")
+MAX_MEMORY = typer.Option(None, "--max-memory-gb", help="Memory a job may use per GPU, GiB (default: the GPU's).")
+MEMORY_HEADROOM = typer.Option(
+    None,
+    "--memory-headroom",
+    help="Share of the memory plans keep free, 0 to 0.5 (default: the development set's largest "
+    "memory under-prediction; `planner plan` prints it).",
+)
 PROFILE = typer.Option(
     None,
     "--profile",
@@ -270,6 +276,7 @@ def request_of(
     intra_node_bw: float | None = None,
     inter_node_bw: float | None = None,
     max_memory_gb: float | None = None,
+    memory_headroom: float | None = None,
     runtime: str | None = None,
     attention: str | None = None,
     precision: str | None = None,
@@ -300,6 +307,8 @@ def request_of(
         raise LayoutError(
             f"--moe-imbalance is the busiest rank's tokens over the mean, at least 1; got {moe_imbalance}"
         )
+    if memory_headroom is not None and not 0 <= memory_headroom <= 0.5:
+        raise LayoutError(f"--memory-headroom is a share of the memory, 0 to 0.5; got {memory_headroom}")
     if moe_dispatcher is not None and moe_dispatcher not in MOE_DISPATCHERS:
         raise LayoutError(f"unknown --moe-dispatcher '{moe_dispatcher}': choose {', '.join(MOE_DISPATCHERS)}")
     given = {
@@ -325,6 +334,7 @@ def request_of(
         intra_node_bw_gbps=intra_node_bw,
         inter_node_bw_gbps=inter_node_bw,
         max_memory_gb=max_memory_gb,
+        memory_headroom=memory_headroom,
         runtime=runtime,
         options=settings,
         profile=None if profile is None else str(profile),

@@ -14,6 +14,7 @@ from planner.cli import report_cmd
 from planner.cli.app import app, print_json, stderr, stdout
 from planner.cli.report import (
     breakdown_table,
+    memory_limit_line,
     other_runtimes_hint,
     plan_json,
     plans_view,
@@ -129,6 +130,7 @@ def plan_command(
     intra_node_bw: float | None = opt.INTRA_BW,
     inter_node_bw: float | None = opt.INTER_BW,
     max_memory_gb: float | None = opt.MAX_MEMORY,
+    memory_headroom: float | None = opt.MEMORY_HEADROOM,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool | None = opt.CUDA_GRAPHS,
@@ -200,12 +202,15 @@ def plan_command(
         f"({document.cost_source} costs{', runtime ' + runtime if runtime else ''}"
         f"{opt.moe_mechanisms_text(cost_model.options, spec)})"
     )
-    stdout.print(plans_view(entries, title, stdout.width, wide), soft_wrap=False)
+    stdout.print(plans_view(entries, title, stdout.width, wide, plan_path=out), soft_wrap=False)
     if profile is not None:
         print_cost_sources(entries, cost_model)
     if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
         stdout.print(hint, markup=False, highlight=False, soft_wrap=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
+    stdout.print(
+        memory_limit_line(cluster, memory_headroom is not None), markup=False, highlight=False, soft_wrap=False
+    )
     for line in search_summary(result, runtime, profile_only):
         stdout.print(line, markup=False, highlight=False, soft_wrap=False)
     if explain:

@@ -16,6 +16,9 @@ from planner.output import write_atomic
 from planner.plan import PlanEntry, PlanFile, time_part_name
 from planner.run_length import run_length
 from planner.schedule.registry import SCHEDULES, schedule_info
+from planner.spec import Cluster
+from planner.uncertainty import default_memory_headroom
+from planner.units import GiB
 
 
 def plan_json(document: PlanFile) -> str:
@@ -82,10 +85,17 @@ def runs_on_text(runtimes: list[str] | None) -> str:
     return ",".join(RUNTIME_SHORT_NAMES.get(name, name) for name in runtimes) or "none"
 
 
-def runs_on_meaning() -> str:
-    """What the `runs on` column says, its short names, and the command that exports to one."""
+def runs_on_meaning(plan_path: Path | None) -> str:
+    """What the `runs on` column says, its short names, and the commands that export to one
+    (from `plan_path`, or from the plan file a `-o` writes)."""
     names = ", ".join(f"{short} {name}" if short != name else name for name, short in RUNTIME_SHORT_NAMES.items())
-    return f"the runtimes whose exporter takes the plan as it is ({names}): {planner_command('export', '--to NAME')}"
+    meaning = f"the runtimes whose exporter takes the plan as it is ({names})"
+    if plan_path is not None:
+        return f"{meaning}: {planner_command('export', '--to NAME', '--out launch', arguments=(str(plan_path),))}"
+    return (
+        f"{meaning}: {planner_command('plan', '-o plan.json')}, then "
+        f"{planner_command('export', '--to NAME', '--out launch', arguments=('plan.json',))}"
+    )
 
 
 def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
@@ -223,13 +233,15 @@ def plans_view(
     keys: tuple[str, list[str]] | None = None,
     per_gpu: bool = False,
     movable: tuple[str, ...] = MOVABLE_COLUMNS,
+    plan_path: Path | None = None,
 ) -> Group:
     """The title and one row per plan (mesh, schedule, batching, recompute, cuts, the
     predictions, the runtimes that run it) in `width` columns: the columns that do not fit
     (`movable`, first to last; with `wide` the full cut list always) go under it, a
     line for a column equal in every plan, a second table by plan number for the others; then
     what the short names stand for. `keys`: the first column's name and cells (default: the
-    plans' numbers); `per_gpu`: a tokens/s/GPU column too."""
+    plans' numbers); `per_gpu`: a tokens/s/GPU column too; `plan_path`: the plan file written,
+    which the export command names."""
     key, labels = keys or ("#", [str(rank) for rank in range(1, len(entries) + 1)])
     rows = [{key: label, **plan_cells(entry, wide)} for label, entry in zip(labels, entries)]
     moe = any(entry.etp is not None for entry in entries)
@@ -241,7 +253,7 @@ def plans_view(
     same = [c for c in moved if len({row[c] for row in rows}) == 1]
     if differ := [c for c in moved if c not in same]:
         parts.append(grid(rows, [key, *differ], gap))
-    legend = plans_legend(entries, wide)
+    legend = plans_legend(entries, wide, plan_path)
     parts += [
         Text(f"{column}{every}: {rows[0][column]}" + (f"; {legend.pop(column)}" if column in legend else ""))
         for column in same
@@ -249,14 +261,53 @@ def plans_view(
     return Group(*parts, *(Text(f"{column}: {meaning}") for column, meaning in legend.items()))
 
 
-def plans_legend(entries: list[PlanEntry], wide: bool) -> dict[str, str]:
+def plans_legend(entries: list[PlanEntry], wide: bool, plan_path: Path | None = None) -> dict[str, str]:
     """What the plans table's columns with short names say, by column: the schedules
     shortened, the cuts, the runtimes."""
     shortened = sorted({e.schedule for e in entries if e.schedule in SCHEDULE_SHORT_NAMES})
     legend = {"sched": ", ".join(f"{SCHEDULE_SHORT_NAMES[name]} = {name}" for name in shortened)} if shortened else {}
     legend["cuts"] = "layers per virtual stage in model order" + ("" if wide else ", 3×20 = 20 stages of 3 layers")
-    legend["runs on"] = runs_on_meaning()
+    legend["runs on"] = runs_on_meaning(plan_path)
     return legend
+
+
+def memory_limit_line(cluster: Cluster, headroom_given: bool) -> str:
+    """What memory the plans were held to and why: the capacity, the headroom and where its
+    value comes from, and a calibration's memory scale."""
+    capacity, limit = cluster.memory_capacity_bytes / GiB, cluster.memory_limit_bytes / GiB
+    if headroom_given:
+        basis = "--memory-headroom"
+    else:
+        default = default_memory_headroom()
+        basis = (
+            f"the largest memory under-prediction of {default.runs} published runs, {default.worst_run}; "
+            "--memory-headroom sets it"
+        )
+    line = f"memory: plans use at most {limit:.1f} of {capacity:.1f} GiB per GPU ({cluster.memory_headroom:.1%} headroom: {basis}"
+    if cluster.memory_scale != 1:
+        line += f"; over the calibration's measured/predicted memory {cluster.memory_scale:.3f}"
+    return line + ")"
+
+
+def memory_warning(peak_bytes: float, cluster: Cluster) -> str | None:
+    """What a layout's predicted peak memory risks: over the capacity it runs out of memory;
+    within the headroom it fits the prediction, not the development runs' errors; else None."""
+    peak = peak_bytes * cluster.memory_scale
+    capacity, limit = cluster.memory_capacity_bytes, cluster.memory_limit_bytes
+    calibrated = " (calibrated)" if cluster.memory_scale != 1 else ""
+    if peak > capacity:
+        return (
+            f"needs {peak / GiB:.1f} GiB{calibrated} on its most loaded GPU, over the {capacity / GiB:.1f} GiB "
+            "it has: this layout runs out of memory"
+        )
+    if peak_bytes > limit:
+        return (
+            f"needs {peak / GiB:.1f} GiB{calibrated} of the {capacity / GiB:.1f} GiB on its most loaded GPU, within "
+            f"the {cluster.memory_headroom:.1%} headroom (the model has under-predicted memory by as much): it may "
+            "run out of memory; `planner plan` keeps plans under "
+            f"{limit / GiB:.1f} GiB"
+        )
+    return None
 
 
 def breakdown_table(entry: PlanEntry, memory_limit_gib: float) -> Table:

@@ -50,6 +50,7 @@ def sweep_command(
     moe_ep_overlap: bool | None = opt.MOE_EP_OVERLAP,
     gpus_per_node: int | None = opt.GPUS_PER_NODE,
     max_memory_gb: float | None = opt.MAX_MEMORY,
+    memory_headroom: float | None = opt.MEMORY_HEADROOM,
     profile: Path | None = opt.PROFILE,
     attention: str | None = opt.ATTENTION,
     cuda_graphs: bool | None = opt.CUDA_GRAPHS,

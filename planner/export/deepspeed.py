@@ -1,5 +1,8 @@
-"""Plan -> DeepSpeed: `ds_config.json` and `deepspeed_pipeline.py`, a PipelineModule whose
-stages hold exactly the planned layers.
+"""Plan -> DeepSpeed: `ds_config.json`, the model (`deepspeed_pipeline.py`, a PipelineModule
+whose stages hold exactly the planned layers, or without pipeline parallelism
+`deepspeed_model.py`, one module returning the loss), and the launch side
+(planner/export/deepspeed_launch.py): `launch_deepspeed.sh`, its `hostfile` and the training
+entry `train_deepspeed.py`.
 
 DeepSpeed's layer list counts the embedding and the head as layers: entry 0 is the
 embedding, entry i + 1 transformer block i, then the head (for tied embeddings: a final
@@ -35,37 +38,59 @@ from planner.export.common import (
     summary_lines,
     uniform_recompute,
 )
+from planner.export.deepspeed_launch import ENTRY_FILE, HOSTFILE, LAUNCH_FILE, launch_files
 from planner.export.torch_pp import module_source
 from planner.plan import PlanEntry, PlanFile
+from planner.runtimes import resolve
 from planner.spec import ModelSpec
 
 RUNTIME = "deepspeed"
 CONFIG_FILE = "ds_config.json"
 MODULE_FILE = "deepspeed_pipeline.py"
+MODEL_FILE = "deepspeed_model.py"
+TARGET_KEY = "planner_written_for"
+"""The config's one key DeepSpeed does not read: the runtime version the export targets."""
 
 
 def export_deepspeed(plan_file: PlanFile, index: int = 0) -> Files:
-    """`ds_config.json`, `deepspeed_pipeline.py` (with pipeline parallelism) and the provenance."""
+    """`ds_config.json`, the model module, the launch script, its hostfile, the training entry
+    and the provenance."""
     entry = select_plan(plan_file, index)
     check_attention_kernel(entry, RUNTIME)
     spec = require_model(plan_file, RUNTIME)
     _check(entry, spec)
     check_moe_mechanisms(entry, RUNTIME)
+    header = comment_block(summary_lines(plan_file, entry, index, RUNTIME))
     files = {CONFIG_FILE: json.dumps(deepspeed_config(entry), indent=2) + "\n"}
     described = {CONFIG_FILE: "the DeepSpeed config (deepspeed.initialize(config=...))"}
     if entry.pp > 1:
-        files[MODULE_FILE] = _module_file(plan_file, entry, index, spec)
-        described[MODULE_FILE] = (
+        model_file = MODULE_FILE
+        files[model_file] = _pipeline_file(entry, spec, header)
+        described[model_file] = (
             "`build_pipeline_module()`: the model as a DeepSpeed PipelineModule cut at the planned stage boundaries"
         )
+    else:
+        model_file = MODEL_FILE
+        files[model_file] = _model_file(entry, spec, header)
+        described[model_file] = "`build_model()`: the model as one module whose forward returns the loss"
+    files |= launch_files(plan_file, entry, header, CONFIG_FILE, model_file)
+    described[LAUNCH_FILE] = (
+        f"the `deepspeed` launcher (no ssh: run it on every node) of `{ENTRY_FILE}` on the plan's nodes and GPUs"
+    )
+    described[HOSTFILE] = "the launcher's hostfile: one line per node, its GPUs as slots"
+    described[ENTRY_FILE] = (
+        f"the training entry: deepspeed.initialize from `{model_file}` and `{CONFIG_FILE}`, synthetic data"
+    )
     files[PROVENANCE_FILE] = provenance_readme(plan_file, entry, index, "DeepSpeed", described, RUNTIME)
     return files
 
 
 def deepspeed_config(entry: PlanEntry) -> dict:
-    """The DeepSpeed JSON config: batch split, ZeRO stage, precision, recompute (the optimizer
-    and clipping are placeholders, not part of the plan)."""
+    """The DeepSpeed JSON config: the runtime version it targets, batch split, ZeRO stage,
+    precision, recompute (the optimizer and clipping are placeholders, not part of the plan)."""
+    target = resolve(RUNTIME)
     config: dict = {
+        TARGET_KEY: f"{target.name}: {target.summary}",
         "train_batch_size": entry.global_batch,
         "train_micro_batch_size_per_gpu": entry.mbs,
         "gradient_accumulation_steps": entry.num_microbatches,
@@ -122,11 +147,20 @@ def _check(entry: PlanEntry, spec: ModelSpec) -> None:
         raise ExportError(f"{RUNTIME}: dtype '{entry.dtype}' is not exported (bf16, fp16, fp32)")
 
 
-def _module_file(plan_file: PlanFile, entry: PlanEntry, index: int, spec: ModelSpec) -> str:
+def _blocks_source() -> str:
+    """planner/torch_blocks.py to embed after the exported file's own `__future__` import."""
+    return module_source("planner.torch_blocks").replace("from __future__ import annotations\n", "").rstrip()
+
+
+def _recompute_interval(entry: PlanEntry) -> int:
+    """1 under full recompute (every transformer block recomputed in the backward pass), else 0."""
+    return 1 if uniform_recompute(entry, RUNTIME) == "full" else 0
+
+
+def _pipeline_file(entry: PlanEntry, spec: ModelSpec, header: str) -> str:
+    """`deepspeed_pipeline.py`: the blocks embedded and a PipelineModule cut at the planned stages."""
     parts = stage_boundaries(entry, spec)
     method = "uniform" if parts == uniform_boundaries(layer_list_length(spec), entry.pp) else "planner"
-    blocks = module_source("planner.torch_blocks").replace("from __future__ import annotations\n", "")
-    interval = 1 if uniform_recompute(entry, RUNTIME) == "full" else 0
     model = spec.block_fields(tp=1, seq=entry.seq)
     return f'''"""DeepSpeed PipelineModule for a planned layout, written by `planner export --to deepspeed`.
 
@@ -140,12 +174,12 @@ Layer list: [embedding, block 0 .. block {spec.num_layers - 1}, {"final norm, ti
 
 from __future__ import annotations
 
-{comment_block(summary_lines(plan_file, entry, index, RUNTIME)).rstrip()}
+{header.rstrip()}
 
 from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
 # ---- model blocks: planner/torch_blocks.py, embedded verbatim ----
-{blocks.rstrip()}
+{_blocks_source()}
 # ---- end of model blocks ----
 
 MODEL = {pprint.pformat(model, sort_dicts=False)}
@@ -155,7 +189,7 @@ PARTS = {parts}
 """Planned stage boundaries in the layer list: stage s holds entries PARTS[s]..PARTS[s+1]-1."""
 PARTITION_METHOD = "{method}"
 """DeepSpeed's "uniform" when it gives PARTS, else "planner" (PARTS set explicitly)."""
-ACTIVATION_CHECKPOINT_INTERVAL = {interval}
+ACTIVATION_CHECKPOINT_INTERVAL = {_recompute_interval(entry)}
 """1: recompute every transformer block in the backward pass (full recompute); 0: keep
 activations. Only blocks are checkpointed (DeepSpeed's reentrant checkpoint cannot start at
 the embedding, whose integer inputs carry no gradient)."""
@@ -217,4 +251,56 @@ def build_pipeline_module(topology=None) -> PipelineModule:
         layers=layer_specs(cfg), num_stages=None if topology is not None else NUM_STAGES,
         topology=topology, loss_fn=lm_loss, partition_method=PARTITION_METHOD,
         activation_checkpoint_interval=ACTIVATION_CHECKPOINT_INTERVAL, checkpointable_layers=["BlockPipe"])
+'''
+
+
+def _model_file(entry: PlanEntry, spec: ModelSpec, header: str) -> str:
+    """`deepspeed_model.py` (no pipeline parallelism): the blocks embedded and one module for
+    DeepSpeed's plain engine, its forward returning the loss."""
+    model = spec.block_fields(tp=1, seq=entry.seq)
+    return f'''"""The planned model as one module for DeepSpeed's engine, written by `planner export --to deepspeed`.
+
+    from deepspeed_model import build_model
+    engine, *_ = deepspeed.initialize(model=build_model(), config="ds_config.json",
+                                      model_parameters=...)
+    loss = engine(tokens, targets)   # then engine.backward(loss); engine.step()
+
+The plan has no pipeline parallelism, so DeepSpeed's plain engine runs it (its pipeline engine
+refuses ZeRO-2/3); build the model inside deepspeed.zero.Init under ZeRO-3.
+"""
+
+from __future__ import annotations
+
+{header.rstrip()}
+
+import deepspeed
+
+# ---- model blocks: planner/torch_blocks.py, embedded verbatim ----
+{_blocks_source()}
+# ---- end of model blocks ----
+
+MODEL = {pprint.pformat(model, sort_dicts=False)}
+"""BlockConfig arguments of the model."""
+ACTIVATION_CHECKPOINT_INTERVAL = {_recompute_interval(entry)}
+"""1: recompute every transformer block in the backward pass (full recompute, through
+deepspeed.checkpointing); 0: keep activations."""
+
+
+class PlannedModel(nn.Module):
+    """Embedding, blocks and head (planner/torch_blocks.py's Transformer); forward returns the loss."""
+
+    def __init__(self, cfg: BlockConfig):
+        super().__init__()
+        self.model = Transformer(cfg)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = self.model.tok_embeddings(tokens)
+        for layer in self.model.layers.values():
+            h = deepspeed.checkpointing.checkpoint(layer, h) if ACTIVATION_CHECKPOINT_INTERVAL else layer(h)
+        return lm_loss(self.model.head(h), targets)
+
+
+def build_model() -> PlannedModel:
+    """The model, whole, as DeepSpeed's engine takes it."""
+    return PlannedModel(BlockConfig(**MODEL))
 '''

@@ -348,7 +348,7 @@ def evaluate_run(run: PublishedRun, gpu: GpuSpec | None = None) -> RunResult:
         predicted_mfu=prediction.mfu,
         published_mfu=published * palm / peak,
         peak_memory_gib=prediction.peak_memory_bytes / GiB,
-        gpu_memory_gib=model.cluster.memory_limit_bytes / GiB,
+        gpu_memory_gib=model.cluster.memory_capacity_bytes / GiB,
         compared_memory_gib=_predicted_memory_bytes(prediction, run.memory_kind) / GiB,
     )
 
@@ -421,7 +421,7 @@ def result_row(result: RunResult) -> dict[str, object]:
 
 
 def residuals_json(results: list[RunResult]) -> str:
-    """The development set's step errors as planner/presets/residuals.json holds them
+    """The development set's step and memory errors as planner/presets/residuals.json holds them
     (planner/uncertainty.py reads them)."""
     rows = [
         {
@@ -431,6 +431,7 @@ def residuals_json(results: list[RunResult]) -> str:
             "gpus": r.run.gpus,
             "moe": resolve_model(r.run.model).is_moe,
             "step_error": round(r.step_error, 6),
+            "memory_error": None if r.memory_error is None else round(r.memory_error, 6),
         }
         for r in results
     ]

@@ -67,6 +67,10 @@ def test_calibrate_a_published_torchtitan_log(cli, tmp_path, titan_plan):
     assert calibration.rms_error_before_pct == pytest.approx(abs(residual.error_before_pct))
     assert calibration.rms_error_after_pct < 1
     assert residual.memory.measured_max_reserved_gib == 49.66
+    # memory carries over: the log's max reserved over the predicted one, which plans are then held to
+    measured_over_predicted = 49.66 / residual.memory.predicted_reserved_gib
+    assert residual.memory.error_pct == pytest.approx(100 * (1 / measured_over_predicted - 1))
+    assert calibration.memory_scale == pytest.approx(max(1.0, measured_over_predicted), abs=1e-4)
     knobs = {k.name: k for k in calibration.knobs}
     assert knobs["compute"].fitted and not knobs["comm"].fitted and not knobs["overhead"].fitted
     low, high = knobs["compute"].bounds
@@ -177,7 +181,9 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
         gpus, tokens = int(argv[3]), int(argv[7]) * int(argv[9])
         tflops = model_flops_per_token(resolve_model("llama3-8b"), int(argv[9])) * tokens / true["step_time_s"] / gpus
         log.write_text(
-            megatron_log(true["step_time_s"], tflops / 1e12, int(argv[7]), {0: max(true["memory_gb_per_stage"]) * 1024})
+            megatron_log(
+                true["step_time_s"], tflops / 1e12, int(argv[7]), {0: max(true["memory_reserved_gb_per_stage"]) * 1024}
+            )
         )
         args += ["--from-log", str(log), "--plan", str(plan_path)]
     code, out, err = cli("calibrate", *args, "--json")
@@ -189,6 +195,7 @@ def test_two_synthetic_megatron_runs_fit_compute_and_comm(cli, tmp_path):
     assert not knobs["overhead"]["fitted"]
     assert all(abs(r["error_after_pct"]) < 0.2 for r in document["residuals"])
     assert all(abs(r["memory"]["error_pct"]) < 0.1 for r in document["residuals"])
+    assert document["memory_scale"] == pytest.approx(1.0, abs=2e-3)
 
 
 def _truth_file(tmp_path, factors):

@@ -10,7 +10,7 @@ from planner.cli.report import RUNTIME_SHORT_NAMES
 from planner.plan import parse_plan_file
 
 README_REQUEST = ["--model", "llama3-70b", "--gpus", "1024", "--gpu", "h100", "--global-batch", "1024", "--seq", "8192"]
-COMMAND = re.compile(r"`planner (\w+) \.\.\. ([^`]*)`")
+COMMAND = re.compile(r"`planner (\w+) ([^`]*)`")
 
 
 def _tables(out: str) -> list[list[dict[str, str]]]:
@@ -49,13 +49,13 @@ def test_readme_request_says_where_each_plan_runs_and_export_follows_it(cli, tmp
     # the recommended plan does not run on some runtime: the table says so, and says how to get one
     best = document.plans[0]
     missing = next(name for name in RUNTIME_SHORT_NAMES if name not in best.runtimes)
-    assert f"`planner plan ... --runtime {missing}`" in out
+    assert f"`planner plan {' '.join(README_REQUEST)} --runtime {missing}`" in out
     # exporting it there anyway is refused with the same two ways forward
     code, _, err = cli("export", str(path), "--to", missing, "-o", str(tmp_path / "refused"))
     assert code == 2 and len(err.strip().splitlines()) == 1
-    commands = COMMAND.findall(err)
-    assert ("plan", f"--runtime {missing}") in commands
-    assert ("export", f"--to {best.runtimes[0]}") in commands
+    commands = COMMAND.findall(err)  # whole commands: the plan file's request, the export's own arguments
+    assert ("plan", f"{' '.join(README_REQUEST)} --runtime {missing}") in commands
+    assert ("export", f"{path} --out {tmp_path / 'refused'} --to {best.runtimes[0]}") in commands
     code, _, err = cli("export", str(path), "--to", best.runtimes[0], "-o", str(tmp_path / "ok"))
     assert code == 0, err
     # and following the advice gives a plan that runtime runs
@@ -108,8 +108,13 @@ def test_no_layout_names_the_nearest_gpu_counts_and_batches(cli):
     smaller = next(b for b in range(1535, 0, -1) if _has_mesh(spec, 1000, b))
     larger = next(b for b in range(1537, 4000) if _has_mesh(spec, 1000, b))
     commands = COMMAND.findall(err)
-    assert ("plan", f"--gpus {below}") in commands and ("plan", f"--gpus {above}") in commands
-    assert ("plan", f"--global-batch {smaller}") in commands and ("plan", f"--global-batch {larger}") in commands
+    typed = dict(zip(request[::2], request[1::2]))  # each hint is the user's command with one value changed
+
+    def changed(flag, value):
+        return ("plan", " ".join(f"{f} {v}" for f, v in typed.items() if f != flag) + f" {flag} {value}")
+
+    assert changed("--gpus", below) in commands and changed("--gpus", above) in commands
+    assert changed("--global-batch", smaller) in commands and changed("--global-batch", larger) in commands
     # the tokens/s it names for the GPU count below is what `plan` finds there
     tokens = re.search(rf"--gpus {below}` \(best ([\d,]+) tokens/s", err).group(1)
     code, out, err = cli("plan", *request[:2], "--gpus", str(below), *request[4:], "--top", "1", "--json")

@@ -36,7 +36,10 @@ def plan_path(tmp_path: Path, plan_file) -> Path:
         ("megatron", {"megatron_args.sh", "launch_megatron.sh"}),
         ("torchtitan", {"planner_recipe.py", "schedule.csv", "launch_torchtitan.sh"}),
         ("torch", {"train_pipeline.py", "schedule.csv"}),
-        ("deepspeed", {"ds_config.json", "deepspeed_pipeline.py"}),
+        (
+            "deepspeed",
+            {"ds_config.json", "deepspeed_pipeline.py", "launch_deepspeed.sh", "hostfile", "train_deepspeed.py"},
+        ),
     ],
 )
 def test_export_writes_the_runtime_files(runtime, expected, tmp_path, capsys):

@@ -1,12 +1,18 @@
 """DeepSpeed export, checked by DeepSpeed: the JSON by `DeepSpeedConfig` (with a
-data-parallel mpu stub), the partition by DeepSpeed's own partitioner, and a two-process
-CPU run of the exported PipelineModule through `deepspeed.initialize` / `train_batch`."""
+data-parallel mpu stub), the partition by DeepSpeed's own partitioner, a two-process
+CPU run of the exported PipelineModule through `deepspeed.initialize` / `train_batch`, and
+two-process CPU runs of the exported launch script itself (DeepSpeed's launcher starting the
+exported training entry), with and without pipeline parallelism."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,8 +20,10 @@ from pathlib import Path
 import pytest
 from export_helpers import make_plan, write_files
 
+from planner.cost.memory import total_param_count
 from planner.errors import ExportError
 from planner.export.deepspeed import export_deepspeed, layer_list_length, stage_boundaries, uniform_boundaries
+from planner.runtimes import resolve
 
 deepspeed = pytest.importorskip("deepspeed", reason="deepspeed not installed (see docs/exporters.md)")
 
@@ -68,6 +76,7 @@ def test_deepspeed_config_accepts_the_batch_split(fields, tmp_path, monkeypatch)
     assert config.bfloat16_config.enabled == (entry.dtype == "bf16")
     assert config.float16_config.enabled == (entry.dtype == "fp16")
     assert (folder / "deepspeed_pipeline.py").exists() == (entry.pp > 1)
+    assert (folder / "deepspeed_model.py").exists() == (entry.pp == 1)
 
 
 @pytest.mark.parametrize(
@@ -117,6 +126,101 @@ def test_exported_pipeline_trains_in_deepspeed(tmp_path):
     assert ranks[0]["layers"] == ["EmbeddingPipe", "BlockPipe"]
     assert ranks[1]["layers"] == ["BlockPipe"] * 3 + ["FinalNormPipe", "partial"]  # partial: tied head
     assert all(math.isfinite(x) for x in ranks[1]["losses"])
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cpu_config(folder: Path) -> Path:
+    """The exported config for a CPU run: fp32 (no bf16 kernels needed), torch's AdamW (DeepSpeed's
+    fused Adam is CUDA); written beside it, so the launch script is run as exported."""
+    config = json.loads((folder / "ds_config.json").read_text())
+    config.pop("bf16", None)
+    config.pop("fp16", None)
+    config["optimizer"]["params"]["torch_adam"] = True
+    path = folder / "cpu_config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize(
+    "model, fields",
+    [
+        ("tiny-llama", dict(pp=2, dp=1, zero_stage=0)),  # DeepSpeed's pipeline engine
+        ("tiny-gpt", dict(pp=1, dp=2, zero_stage=3, stage_layers=[[0, 4]], recompute="full")),  # plain engine
+    ],
+)
+def test_launch_script_trains_on_the_planned_ranks(model, fields, tmp_path):
+    """`bash launch_deepspeed.sh` as exported (one node of two CPU processes): DeepSpeed's launcher
+    starts the training entry on every planned rank, and the engine it builds has the plan's
+    world size, pipeline stages, data-parallel size and ZeRO stage, then trains two steps."""
+    bin_dir = Path(sys.executable).parent
+    if shutil.which("deepspeed", path=str(bin_dir)) is None:
+        pytest.skip("DeepSpeed's `deepspeed` launcher is not beside this Python")
+    plan_file = make_plan(model, **fields)
+    entry = plan_file.plans[0]
+    folder = write_files(export_deepspeed(plan_file), tmp_path)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(free_port()),
+    }
+    env.pop("NODE_RANK", None)
+    env.pop("MASTER_ADDR", None)
+    extra = ["--steps", "2", "--deepspeed_config", str(cpu_config(folder))]
+    done = subprocess.run(
+        ["bash", str(folder / "launch_deepspeed.sh"), *extra],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    engine = re.search(r"world size (\d+), pipeline stages (\d+), data parallel (\d+), ZeRO stage (\d+)", done.stdout)
+    assert engine is not None, done.stdout[-3000:]
+    assert tuple(map(int, engine.groups())) == (entry.num_gpus, entry.pp, entry.dp, entry.zero_stage)
+    losses = [float(x) for x in re.findall(r"^step \d+: loss (\S+)$", done.stdout, flags=re.MULTILINE)]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt"])
+def test_model_module_builds_the_model(model, tmp_path, monkeypatch):
+    """Without pipeline parallelism `deepspeed_model.py` builds the whole model, a tied matrix once."""
+    import torch  # deepspeed, present here, needs it
+
+    plan_file = make_plan(model, pp=1, dp=2, stage_layers=[[0, 4]])
+    folder = write_files(export_deepspeed(plan_file), tmp_path)
+    spec = importlib.util.spec_from_file_location("deepspeed_model", folder / "deepspeed_model.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "deepspeed_model", module)
+    spec.loader.exec_module(module)
+    with torch.device("meta"):
+        built = module.build_model()
+    assert sum(p.numel() for p in built.parameters()) == total_param_count(plan_file.model)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pp=2, dp=4, num_microbatches=4),
+        dict(pp=1, dp=8, zero_stage=3, stage_layers=[[0, 4]], gpus_per_node=4),
+    ],
+)
+def test_every_file_names_the_runtime_version(fields):
+    """Each written file says which DeepSpeed version it targets (planner/runtimes/deepspeed.py),
+    the JSON config too (in a key DeepSpeedConfig ignores: the config test above loads it)."""
+    target = resolve("deepspeed")
+    files = export_deepspeed(make_plan("tiny-llama", **fields))
+    assert {"launch_deepspeed.sh", "hostfile", "train_deepspeed.py", "ds_config.json"} <= set(files)
+    for name, text in files.items():
+        assert f"{target.name}: {target.summary}" in text, name
+    assert any(target.name in value for value in json.loads(files["ds_config.json"]).values() if isinstance(value, str))
 
 
 @pytest.mark.parametrize(
