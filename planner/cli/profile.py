@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -178,16 +180,40 @@ def profile_command(
         TextColumn("eta"),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=stderr, transient=False) as progress:
-        task = progress.add_task("profiling", total=len(pending))
-        for key in pending:
-            progress.update(task, description=key.describe())
-            profile = profile.with_row(measure.measure_shape(spec, key, settings))
-            store.save(output, profile)
-            progress.advance(task)
+    try:
+        with Progress(*columns, console=stderr, transient=False) as progress:
+            task = progress.add_task("profiling", total=len(pending))
+            for key in pending:
+                progress.update(task, description=key.describe())
+                profile = profile.with_row(measure.measure_shape(spec, key, settings))
+                store.save(output, profile)
+                progress.advance(task)
+    except KeyboardInterrupt:
+        store.save(output, profile)
+        raise _interrupted(profile, keys, output) from None
     _summary(profile, keys, len(keys) - len(pending), output)
     if selection:
         for_plan_mod.print_calibration_note(selection)
+
+
+EXIT_INTERRUPTED = 130
+"""The exit status of a run stopped by Ctrl-C (128 + SIGINT), as shells report it."""
+
+
+def _interrupted(profile: Profile, keys: list, output: Path) -> typer.Exit:
+    """Print how many shapes `output` holds and the command (as typed, plus --resume) that measures the rest."""
+    rows = profile.row_map()
+    measured = sum(1 for key in keys if key in rows and rows[key].status in ("ok", "oom"))
+    words = sys.argv[1:] + ([] if "--resume" in sys.argv[1:] else ["--resume"])
+    program = [sys.executable, "-m", "planner"] if Path(sys.argv[0]).name == "__main__.py" else ["planner"]
+    stderr.print(
+        f"interrupted: {measured} of {len(keys)} shapes measured are in {output}; "
+        f"resume with: {shlex.join(program + words)}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return typer.Exit(EXIT_INTERRUPTED)
 
 
 def _grid_keys(spec: ModelSpec, tp: str, mbs: str, seq: str, kinds: str, recompute: str) -> list:

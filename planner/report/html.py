@@ -6,6 +6,7 @@ error sets `data-script-error` (what the browser test reads from the DOM)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from html import escape
 
@@ -44,28 +45,44 @@ window.addEventListener('error', function (e) {
 @dataclass(frozen=True, slots=True)
 class Table:
     """A table for the page: header cells, rows of cells, which columns are text (left
-    aligned), and which row to highlight (-1: none)."""
+    aligned), which row to highlight (-1: none), and per row the cells' titles by column (what
+    hovering a cell shows)."""
 
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     text_columns: frozenset[str] = frozenset()
     highlight: int = -1
+    titles: tuple[dict[str, str], ...] = ()
 
 
-def table_html(table: Table) -> str:
-    """The table as an HTML <table>, every cell escaped."""
+BREAK_AFTER = re.compile(r"([,|])(?=\S)")
+"""Where a text cell may wrap: after a comma or bar that a word follows ('2,3×26,2')."""
 
-    def cls(column: str) -> str:
-        return ' class="text"' if column in table.text_columns else ""
 
-    head = "".join(f"<th{cls(c)}>{escape(c)}</th>" for c in table.header)
+def cell_text(value: str, text: bool) -> str:
+    """A cell's escaped text; in a text cell a line may break after each comma or bar (<wbr>)."""
+    escaped = escape(value)
+    return BREAK_AFTER.sub(r"\1<wbr>", escaped) if text else escaped
+
+
+def table_html(table: Table, element_id: str = "") -> str:
+    """The table as an HTML <table> (with the id `element_id`), every cell escaped."""
+
+    def cell(tag: str, column: str, value: str, title: str | None = None) -> str:
+        text = column in table.text_columns
+        attributes = (' class="text"' if text else "") + (f' title="{escape(title)}"' if title else "")
+        return f"<{tag}{attributes}>{cell_text(value, text and tag == 'td')}</{tag}>"
+
+    titles = table.titles or ({},) * len(table.rows)
+    head = "".join(cell("th", c, c) for c in table.header)
     body = "".join(
         ("<tr class='best'>" if i == table.highlight else "<tr>")
-        + "".join(f"<td{cls(c)}>{escape(v)}</td>" for c, v in zip(table.header, row))
+        + "".join(cell("td", c, v, title.get(c)) for c, v in zip(table.header, row))
         + "</tr>"
-        for i, row in enumerate(table.rows)
+        for i, (row, title) in enumerate(zip(table.rows, titles))
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    opening = f'<table id="{escape(element_id)}">' if element_id else "<table>"
+    return f"{opening}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def page(title: str, sections: list[tuple[str, str]], figures: dict) -> str:

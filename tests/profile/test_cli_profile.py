@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -24,11 +25,12 @@ class Crash(Exception):
 
 
 class Recorder:
-    """The shapes measured, and the call (1-based) at which to interrupt the run."""
+    """The shapes measured, the call (1-based) at which to interrupt the run, and what it raises then."""
 
     def __init__(self):
         self.calls: list = []
         self.fail_at: int | None = None
+        self.failure: type[BaseException] = Crash
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def counted(monkeypatch):
     def measure_shape(spec, key, settings):
         recorder.calls.append(key)
         if len(recorder.calls) == recorder.fail_at:
-            raise Crash
+            raise recorder.failure
         return real_measure(spec, key, settings)
 
     def save(path, profile):
@@ -96,6 +98,33 @@ def test_resume_after_an_interruption_measures_only_the_rest(cli, tmp_path, one_
     assert counted.calls == keys[4:]
     assert sorted(r.key for r in store.load(path).rows) == sorted(keys)
     assert "4 were already in" in out
+
+
+def test_ctrl_c_keeps_the_measured_shapes_and_prints_the_command_that_resumes(
+    cli, tmp_path, one_thread, counted, monkeypatch
+):
+    """Ctrl-C during the second shape: exit 130, the first shape in the file, and one line on
+    stderr whose command (the one typed, shell-quoted, plus --resume) measures only the rest."""
+    path = tmp_path / "my profiles" / "llama.json"
+    argv = ["profile", "--model", "tiny-llama", "--kinds", "transformer", "--mbs", "1,2,4", "--seq", "32"]
+    argv += [*FAST, "-o", str(path)]
+    monkeypatch.setattr(sys, "argv", ["/opt/venv/bin/planner", *argv])
+    counted.fail_at, counted.failure = 2, KeyboardInterrupt
+    code, _, err = cli(*argv)
+    assert code == 130, err
+    keys = shape_keys(["transformer"], [1], [1, 2, 4], [32], ["none"])
+    assert [r.key for r in store.load(path).rows] == keys[:1]
+    [line] = [line for line in err.splitlines() if line.startswith("interrupted")]
+    assert line.startswith(f"interrupted: 1 of 3 shapes measured are in {path}; resume with: planner profile ")
+    command = shlex.split(line.partition("resume with: ")[2])
+    assert command == ["planner", *argv, "--resume"]
+    counted.calls.clear()
+    counted.fail_at = None
+    code, out, err = cli(*command[1:])
+    assert code == 0, err
+    assert counted.calls == keys[1:]
+    assert [r.key for r in store.load(path).rows] == keys
+    assert "1 were already in" in out
 
 
 def test_resume_with_a_wider_grid_adds_the_missing_shapes(cli, tmp_path, one_thread, counted):

@@ -138,3 +138,17 @@ def test_sweep_report_labels_the_winning_layout_at_each_value(tmp_path, cli):
     # as the GPU count varies the second series is MFU (the scaling efficiency), not tokens/s per GPU
     assert traces[1]["name"] == "MFU (%)"
     assert figure["sweep"]["layout"]["xaxis2"]["tickvals"] == [2, 4, 8]
+
+
+def test_text_cells_may_wrap_after_commas_and_numbers_never():
+    """A list in a text column ('2,3×26,2') breaks after its commas; a number's thousands
+    separators ('157,957') do not break; titles and cells are escaped."""
+    from planner.report.html import Table, table_html
+
+    table = Table(
+        ("cuts", "tokens/s"), (("2,3×26,2", "157,957"), ("<1>", "1")), frozenset({"cuts"}), titles=({"cuts": 'a"b'}, {})
+    )
+    html = table_html(table, element_id="plans")
+    assert html.startswith('<table id="plans">')
+    assert '<td class="text" title="a&quot;b">2,<wbr>3×26,<wbr>2</td><td>157,957</td>' in html
+    assert '<td class="text">&lt;1&gt;</td><td>1</td>' in html
