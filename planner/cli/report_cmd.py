@@ -45,6 +45,8 @@ PLAN_COLUMNS = (
     "pp",
     "dp",
     "cp",
+    "ep",
+    "etp",
     "schedule",
     "V",
     "mbs",
@@ -63,7 +65,10 @@ PLAN_COLUMNS = (
 
 
 def plans_rows(entries: list[PlanEntry]) -> Table:
-    """The plan table (as `planner plan` prints it), the best plan highlighted."""
+    """The plan table (as `planner plan` prints it: `ep` and `etp` for an MoE model), the best
+    plan highlighted."""
+    moe = any(e.etp is not None for e in entries)
+    columns = PLAN_COLUMNS if moe else tuple(c for c in PLAN_COLUMNS if c not in ("ep", "etp"))
     rows = []
     for rank, e in enumerate(entries, start=1):
         p = e.predicted
@@ -78,6 +83,7 @@ def plans_rows(entries: list[PlanEntry]) -> Table:
                 f"{max(p.memory_gb_per_stage):.1f}",
             )
         )
+        experts = (str(e.ep), str(e.etp or 1)) if moe else ()
         rows.append(
             (
                 str(rank),
@@ -85,6 +91,7 @@ def plans_rows(entries: list[PlanEntry]) -> Table:
                 str(e.pp),
                 str(e.dp),
                 str(e.cp),
+                *experts,
                 e.schedule,
                 str(e.vpp),
                 str(e.mbs),
@@ -97,7 +104,7 @@ def plans_rows(entries: list[PlanEntry]) -> Table:
                 runs_on_text(e.runtimes),
             )
         )
-    return Table(PLAN_COLUMNS, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
+    return Table(columns, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
 
 
 def explain_rows(items) -> Table:

@@ -1,4 +1,5 @@
-"""Search speed: three reference requests, timed end to end in-process.
+"""Search speed: three reference requests, timed end to end in-process (the job `planner plan` builds
+for them: the runtime defaults and the memory headroom).
 
     taskset -c 0 python tests/bench/bench_plan.py            # one core, as the README's figures
     python tests/bench/bench_plan.py --repeats 3 --json
@@ -15,13 +16,12 @@ import json
 import statistics
 import time
 
-from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.model import CostModel
+from planner.job import build
+from planner.request import Request
 from planner.schedule import registry, v_schedules
 from planner.schedule.simulate import compile_schedule, generated_order
 from planner.search import costing
 from planner.search.search import search
-from planner.spec import Cluster
 
 REQUESTS = [
     # model, GPUs, global batch, seq, target seconds
@@ -51,7 +51,7 @@ def run(repeats: int) -> list[dict]:
         times, result = [], None
         for _ in range(repeats):
             _clear_caches()
-            model = CostModel(resolve_model(name), Cluster.of(resolve_gpu("h100"), gpus))
+            model = build(Request(model=name, gpu="h100", num_gpus=gpus, global_batch=batch, seq=seq)).cost_model
             started = time.perf_counter()
             result = search(model, batch, seq)
             times.append(time.perf_counter() - started)

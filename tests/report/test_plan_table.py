@@ -86,3 +86,22 @@ def test_the_wide_plan_s_cuts_are_written_as_runs(wide_plan_report):
         assert titles[cuts].count("|") == 63
     first = json.loads(plan.read_text())["plans"][0]
     assert first["pp"] * first["vpp"] == 64
+
+
+def test_an_moe_plan_s_table_shows_its_expert_degrees_and_a_dense_one_none():
+    from planner.api import plan
+    from planner.cli.report_cmd import plans_rows
+    from planner.request import Request
+
+    from planner.search.space import SearchSpace
+
+    request = Request(model="tiny-moe", gpu="h100", num_gpus=8, global_batch=16, seq=256)
+    moe = plan(request, SearchSpace(ep=(2, 4)), top=3).plans
+    table = plans_rows(moe)
+    assert {"ep", "etp"} <= set(table.header)
+    for row, entry in zip(table.rows, moe):
+        cells = dict(zip(table.header, row))
+        assert (int(cells["ep"]), int(cells["etp"])) == (entry.ep, entry.etp or 1)
+    assert all(entry.ep > 1 for entry in moe)
+    dense = plan(Request(model="tiny-llama", gpu="h100", num_gpus=8, global_batch=16, seq=256), top=1).plans
+    assert not {"ep", "etp"} & set(plans_rows(dense).header)
