@@ -92,7 +92,6 @@ def test_an_moe_plan_s_table_shows_its_expert_degrees_and_a_dense_one_none():
     from planner.api import plan
     from planner.cli.report_cmd import plans_rows
     from planner.request import Request
-
     from planner.search.space import SearchSpace
 
     request = Request(model="tiny-moe", gpu="h100", num_gpus=8, global_batch=16, seq=256)
