@@ -32,6 +32,7 @@ from planner.export.common import (
     require_model,
     select_plan,
     summary_lines,
+    torchrun_script,
 )
 from planner.plan import PlanEntry, PlanFile
 from planner.schedule.registry import virtual_stage
@@ -40,6 +41,7 @@ from planner.spec import ModelSpec
 RUNTIME = "torch"
 SCRIPT_FILE = "train_pipeline.py"
 CSV_FILE = "schedule.csv"
+LAUNCH_FILE = "launch_torch.sh"
 DTYPES = ("fp32", "bf16", "fp16")
 _BLOCKS = ("# >>> planner: model blocks\n", "# <<< planner: model blocks\n")
 _PLAN = ("# >>> planner: plan\n", "# <<< planner: plan\n")
@@ -55,11 +57,11 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
     torch_schedule, csv_text = _schedule(entry)
     plan = script_plan(entry, torch_schedule, CSV_FILE if torch_schedule is None else None)
     script = render_script(spec, plan, summary_lines(plan_file, entry, index, RUNTIME))
-    files = {SCRIPT_FILE: script}
+    files = {SCRIPT_FILE: script, LAUNCH_FILE: _launch_file(plan_file, entry, index)}
     described = {
-        SCRIPT_FILE: f"the training script: `torchrun --nproc-per-node {entry.num_gpus} "
-        f"{SCRIPT_FILE}` (add `--device cuda --backend nccl` on GPUs); "
-        f"`python {SCRIPT_FILE} --reference` trains the unsplit model on the same data"
+        SCRIPT_FILE: f"the training script (`python {SCRIPT_FILE} --reference` trains the unsplit model on the "
+        "same data; on one CPU node: `torchrun --nproc-per-node WORLD " + SCRIPT_FILE + "`)",
+        LAUNCH_FILE: "torchrun launch of the training script on the GPUs of every node",
     }
     if csv_text is not None:
         files[CSV_FILE] = csv_text
@@ -71,6 +73,20 @@ def export_torch(plan_file: PlanFile, index: int = 0) -> Files:
         plan_file, entry, index, "torch.distributed.pipelining", described, RUNTIME
     )
     return files
+
+
+def _launch_file(plan_file: PlanFile, entry: PlanEntry, index: int) -> str:
+    """The torchrun launch of the training script on the GPUs of every node."""
+    header = comment_block(summary_lines(plan_file, entry, index, RUNTIME))
+    setup = 'cd "$(dirname "${BASH_SOURCE[0]}")"\n'
+    return torchrun_script(
+        plan_file,
+        entry,
+        header,
+        "the torch.distributed.pipelining training script",
+        setup,
+        [SCRIPT_FILE, "--device", "cuda", "--backend", "nccl"],
+    )
 
 
 def script_plan(entry: PlanEntry, torch_schedule: str | None, schedule_csv: str | None) -> dict:

@@ -35,7 +35,7 @@ def plan_path(tmp_path: Path, plan_file) -> Path:
     [
         ("megatron", {"megatron_args.sh", "launch_megatron.sh"}),
         ("torchtitan", {"planner_recipe.py", "schedule.csv", "launch_torchtitan.sh"}),
-        ("torch", {"train_pipeline.py", "schedule.csv"}),
+        ("torch", {"train_pipeline.py", "schedule.csv", "launch_torch.sh"}),
         (
             "deepspeed",
             {"ds_config.json", "deepspeed_pipeline.py", "launch_deepspeed.sh", "hostfile", "train_deepspeed.py"},

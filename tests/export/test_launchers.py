@@ -36,9 +36,10 @@ def _torchrun_arguments(script: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "runtime, launcher", [("megatron", "launch_megatron.sh"), ("torchtitan", "launch_torchtitan.sh")]
+    "runtime, launcher",
+    [("megatron", "launch_megatron.sh"), ("torchtitan", "launch_torchtitan.sh"), ("torch", "launch_torch.sh")],
 )
-def test_torchrun_takes_the_launch_script(runtime, launcher, tmp_path):
+def test_torchrun_takes_the_launch_script(runtime, launcher, tmp_path, monkeypatch):
     plan = make_plan("tiny-llama", tp=2, pp=2, dp=4, num_microbatches=4, gpus_per_node=8)
     files = export_plan(plan, runtime)
     script = tmp_path / launcher
@@ -49,6 +50,13 @@ def test_torchrun_takes_the_launch_script(runtime, launcher, tmp_path):
     if runtime == "torchtitan":
         assert args.module and args.training_script == "torchtitan.train"
         assert args.training_script_args[:4] == ["--module", "planner_recipe", "--config", "planner_plan"]
+    elif runtime == "torch":  # the exported script's own parser takes what the launcher passes it
+        assert args.training_script == "train_pipeline.py"
+        (tmp_path / "train_pipeline.py").write_text(files["train_pipeline.py"])
+        exported = _imported(tmp_path / "train_pipeline.py", "exported_train_pipeline", monkeypatch)
+        monkeypatch.setattr(sys, "argv", ["train_pipeline.py", *args.training_script_args])
+        script_args = exported.parse_args()
+        assert (script_args.device, script_args.backend) == ("cuda", "nccl")
     else:
         assert args.training_script.endswith("/pretrain_gpt.py")
 
