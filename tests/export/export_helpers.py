@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from pathlib import Path
 
 from planner.catalog import resolve_model
@@ -56,3 +58,12 @@ def write_files(files: dict[str, str], folder: Path) -> Path:
     for name, text in files.items():
         (folder / name).write_text(text)
     return folder
+
+
+def imported(path: Path, name: str, monkeypatch):
+    """The exported Python file at `path`, imported as module `name` (for this test only)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)
+    spec.loader.exec_module(module)
+    return module

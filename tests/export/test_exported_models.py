@@ -19,14 +19,13 @@ REFUSED says, the refusal naming the features its runtime cannot express, on one
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import re
 import sys
 from pathlib import Path
 
 import pytest
-from export_helpers import make_plan, write_files
+from export_helpers import imported, make_plan, write_files
 from test_megatron import megatron, megatron_validate  # noqa: F401 (megatron: the fixture)
 
 from planner.catalog import model_presets, resolve_model
@@ -480,15 +479,6 @@ def test_torchtitan_builds_the_model(name, load_recipe):
 
 
 # ---- the torch script and DeepSpeed's module (planner/torch_blocks.py) ----
-
-
-def imported(path: Path, name: str, monkeypatch):
-    """The exported Python file at `path`, imported as module `name` (for this test only)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def block_fields(spec: ModelSpec, cfg) -> dict[str, tuple]:

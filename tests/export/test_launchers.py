@@ -5,7 +5,6 @@ GPUs per node filled in."""
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import re
 import shlex
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.export import export_plan
-from tests.export.export_helpers import make_plan, write_files
+from tests.export.export_helpers import imported, make_plan, write_files
 
 torch_run = pytest.importorskip("torch.distributed.run")
 
@@ -53,7 +52,7 @@ def test_torchrun_takes_the_launch_script(runtime, launcher, tmp_path, monkeypat
     elif runtime == "torch":  # the exported script's own parser takes what the launcher passes it
         assert args.training_script == "train_pipeline.py"
         (tmp_path / "train_pipeline.py").write_text(files["train_pipeline.py"])
-        exported = _imported(tmp_path / "train_pipeline.py", "exported_train_pipeline", monkeypatch)
+        exported = imported(tmp_path / "train_pipeline.py", "exported_train_pipeline", monkeypatch)
         monkeypatch.setattr(sys, "argv", ["train_pipeline.py", *args.training_script_args])
         script_args = exported.parse_args()
         assert (script_args.device, script_args.backend) == ("cuda", "nccl")
@@ -84,15 +83,6 @@ def _node_command(runner, words: list[str], monkeypatch) -> list[str]:
     return command
 
 
-def _imported(path: Path, name: str, monkeypatch):
-    """The exported Python file at `path`, imported as module `name` (for this test only)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     "fields",
     [
@@ -115,8 +105,8 @@ def test_deepspeed_runner_takes_the_launch_script(fields, tmp_path, monkeypatch)
     subprocess.run(["bash", "-n", str(folder / "launch_deepspeed.sh")], check=True)
     nodes = entry.num_gpus // cluster.gpus_per_node
     model_file = "deepspeed_pipeline.py" if entry.pp > 1 else "deepspeed_model.py"
-    _imported(folder / model_file, Path(model_file).stem, monkeypatch)
-    trainer = _imported(folder / "train_deepspeed.py", "train_deepspeed", monkeypatch)
+    imported(folder / model_file, Path(model_file).stem, monkeypatch)
+    trainer = imported(folder / "train_deepspeed.py", "train_deepspeed", monkeypatch)
     for node in range(nodes):
         env = {"NODE_RANK": str(node), "HERE": str(folder)}
         words = _launcher_arguments(files["launch_deepspeed.sh"], "deepspeed", env)
