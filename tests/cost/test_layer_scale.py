@@ -1,12 +1,11 @@
 """The H100 family's `layer_scale`: the one transformer layer measured on a real H100 anchors
 the component rates (OpenXLA GEMM table, FlashAttention-3 paper attention rates, HBM).
 
-Issue 12 reports a Llama-3-8B block on one H100 SXM (torch eager, bf16, SDPA flash, measured
-with `planner profile`), its TP 8 shard at micro-batch 4 and sequence 8192, "within 1 %" of
-what the cost model of commit e082f1b predicted for it: 4.585 ms forward and 9.906 ms backward
-(`git worktree add /tmp/e08 e082f1b && cd /tmp/e08 && PYTHONPATH=. python -m planner cost
---model llama3-8b --tp 8 --mbs 4 --seq 8192 --gpu h100`, the transformer row). Those two
-numbers stand for the measurement here, with its 1 %.
+A Llama-3-8B block measured on one H100 SXM (torch eager, bf16, SDPA flash, `planner profile`),
+its TP 8 shard at micro-batch 4 and sequence 8192, ran "within 1 %" of what an earlier cost model
+predicted for it: 4.585 ms forward and 9.906 ms backward. The raw profile was not kept, so those
+two numbers stand for the measurement here, with its 1 %; a profile of the block on an H100
+(scripts/profile_h100.sh) is what should replace them.
 """
 
 from __future__ import annotations
