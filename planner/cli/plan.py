@@ -167,7 +167,7 @@ def plan_command(
         if dropped and result.stats.candidates:
             raise NoFeasiblePlanError(
                 f"--profile-only dropped every layout that fits: {dropped:,} need shapes the profile does not "
-                f"span; measure them with {planner_command('profile', '--for-plan')} (this request's arguments), "
+                f"span; measure them with {planner_command('profile', '--for-plan', f'-o {profile}', '--resume')}, "
                 "or drop --profile-only to calibrate them"
             )
         raise no_plan_error(cost_model, result, global_batch, seq, space, runtime, accept)

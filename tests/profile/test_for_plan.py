@@ -5,6 +5,8 @@ spans a shape and calibrated elsewhere, saying which per layer kind."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import pytest
 from profile_factories import make_profile, ok_row
@@ -248,6 +250,16 @@ def test_profile_only_keeps_the_search_to_measured_shapes(cli, cpu_profile):
     code, out, _ = cli(*base, "--profile-only")
     dropped = int(out.split(" dropped by --profile-only")[0].rsplit(", ", 1)[1].replace(",", ""))
     assert code == 0 and dropped > 0
+    # a space the profile does not span at all: the error is the command that measures it into the same file
+    code, _, err = cli(*base, "--tp", "4", "--profile-only")
+    assert code == 2
+    [command] = re.findall(r"`planner profile ([^`]*)`", err)
+    words = shlex.split(command)
+    assert {"--for-plan", "--resume", "--tp"} <= set(words) and words[words.index("-o") + 1] == str(cpu_profile)
+    code, out, err = cli("profile", *words, "--dry-run")
+    assert code == 0, err
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert rows and all(row[2] == "4" and row[-1] == "measure" for row in rows)  # tp 4, none of it in the file
 
 
 def test_evaluate_and_sweep_say_where_costs_came_from(cli, cpu_profile):
