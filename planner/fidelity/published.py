@@ -75,7 +75,8 @@ class PublishedRun(BaseModel):
     takes them: only what the source documents (or, where it is silent, the runtime's
     documented default it ran with)."""
     held_out: bool = False
-    """Checked, never tuned on: every third run of each source in file order."""
+    """Reported apart: every third run of each source in file order (in the development set
+    these rows were examined too)."""
     model: str
     gpu: str
     gpus: int = Field(gt=0)
