@@ -239,6 +239,7 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
             model=document.model.name,
             gpu=old.gpu,
             num_gpus=old.num_gpus,
+            **_batch_of(document),
             gpus_per_node=old.gpus_per_node,
             intra_node_bw_gbps=old.intra_node_bw_gbps,
             inter_node_bw_gbps=old.inter_node_bw_gbps,
@@ -251,7 +252,11 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
         )
     else:
         request = Request(
-            model=document.model.name, gpu=cluster.gpu, num_gpus=cluster.num_gpus, gpus_per_node=cluster.gpus_per_node
+            model=document.model.name,
+            gpu=cluster.gpu,
+            num_gpus=cluster.num_gpus,
+            gpus_per_node=cluster.gpus_per_node,
+            **_batch_of(document),
         )
         notes.append(
             "this plan file predates recorded inputs: re-simulated with the preset's network and "
@@ -261,6 +266,14 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
         notes.append(f"the profile {request.profile} is not here: re-simulated with analytic costs")
         request = request.model_copy(update={"profile": None, "profile_only": False})
     return request, notes
+
+
+def _batch_of(document: PlanFile) -> dict[str, int]:
+    """The global batch and sequence the file's plans answer (a file without a request records
+    them in each plan)."""
+    if not document.plans:
+        return {}
+    return {"global_batch": document.plans[0].global_batch, "seq": document.plans[0].seq}
 
 
 def rechecked(document: PlanFile, index: int = 0) -> tuple[PlanFile, list[str]]:

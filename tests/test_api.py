@@ -79,3 +79,19 @@ def test_bad_settings_are_refused_in_one_line():
         planner.evaluate(REQUEST.model_copy(update={"runtime": "colossalai"}))
     with pytest.raises(PlannerError, match="unknown version"):
         planner.evaluate(REQUEST.model_copy(update={"runtime": "megatron@1999"}))
+
+
+def test_a_plan_file_without_a_request_answers_its_plans_batch_and_sequence():
+    """Files written before the request was recorded keep the batch and sequence in each plan:
+    the request rebuilt from them (what hints and re-checks use) carries those, not defaults."""
+    from pathlib import Path
+
+    from planner.api import document_request
+    from planner.plan import parse_plan_file
+
+    path = Path(__file__).parents[1] / "examples" / "plans" / "llama3-8b-32gpu-1f1b.json"
+    document = parse_plan_file(path.read_text())
+    assert document.request is None and document.plans
+    request, _ = document_request(document)
+    assert (request.global_batch, request.seq) == (document.plans[0].global_batch, document.plans[0].seq)
+    assert request.num_gpus == document.plans[0].num_gpus

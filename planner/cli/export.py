@@ -73,6 +73,8 @@ def export_command(
         raise ConfigError(f"output path {out} exists and is not a folder")
     refuse_existing(*(out / name for name in files), force=force)
     out.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():  # every file first: a closed stdout cannot leave the export half written
+        write_atomic(out / name, content, executable=name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"))
     width = max(len(name) for name in files)
     stdout.print(
         f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:", markup=False, highlight=False
@@ -80,5 +82,4 @@ def export_command(
     for note in notes:
         stdout.print(f"note: {note}", markup=False, highlight=False)
     for name, content in files.items():
-        write_atomic(out / name, content, executable=name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"))
         stdout.print(f"  {name:<{width}}  {len(content.encode()):>9,} bytes", markup=False, highlight=False)

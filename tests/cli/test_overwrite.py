@@ -153,3 +153,19 @@ def test_force_on_a_new_path_just_writes_it(cli, tmp_path):
     code, out, err = cli("evaluate", *TINY, "--json", "-o", str(target), "--force")
     assert code == 0, err
     assert json.loads(out) == json.loads(target.read_text())
+
+
+def test_an_export_whose_output_is_cut_off_still_writes_every_file(cli, tmp_path):
+    """`planner export ... | head -1`: the reader goes away after one line, and the export is whole."""
+    import subprocess
+    import sys
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    code, _, err = cli("export", str(EXAMPLE_PLAN), "--to", "torchtitan", "-o", str(whole))
+    assert code == 0, err
+    export = [sys.executable, "-m", "planner", "export", str(EXAMPLE_PLAN), "--to", "torchtitan", "-o", str(cut)]
+    reader = subprocess.Popen(["head", "-1"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    subprocess.run(export, stdout=reader.stdin, stderr=subprocess.DEVNULL, check=False)
+    reader.stdin.close()
+    reader.wait()
+    assert {p.name: p.read_text() for p in cut.iterdir()} == {p.name: p.read_text() for p in whole.iterdir()}
