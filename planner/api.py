@@ -220,6 +220,7 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
         raise ConfigError("the plan file has no model or cluster; write it with `planner plan -o`")
     cluster = document.cluster
     notes = []
+    global_batch, seq = _batch_of(document)
     if document.request is not None:
         request = document.request
     elif document.inputs is not None:
@@ -239,7 +240,8 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
             model=document.model.name,
             gpu=old.gpu,
             num_gpus=old.num_gpus,
-            **_batch_of(document),
+            global_batch=global_batch,
+            seq=seq,
             gpus_per_node=old.gpus_per_node,
             intra_node_bw_gbps=old.intra_node_bw_gbps,
             inter_node_bw_gbps=old.inter_node_bw_gbps,
@@ -256,7 +258,8 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
             gpu=cluster.gpu,
             num_gpus=cluster.num_gpus,
             gpus_per_node=cluster.gpus_per_node,
-            **_batch_of(document),
+            global_batch=global_batch,
+            seq=seq,
         )
         notes.append(
             "this plan file predates recorded inputs: re-simulated with the preset's network and "
@@ -268,12 +271,12 @@ def document_request(document: PlanFile) -> tuple[Request, list[str]]:
     return request, notes
 
 
-def _batch_of(document: PlanFile) -> dict[str, int]:
+def _batch_of(document: PlanFile) -> tuple[int, int]:
     """The global batch and sequence the file's plans answer (a file without a request records
-    them in each plan)."""
+    them in each plan; 1 and 1 for a file without plans)."""
     if not document.plans:
-        return {}
-    return {"global_batch": document.plans[0].global_batch, "seq": document.plans[0].seq}
+        return 1, 1
+    return document.plans[0].global_batch, document.plans[0].seq
 
 
 def rechecked(document: PlanFile, index: int = 0) -> tuple[PlanFile, list[str]]:

@@ -133,7 +133,8 @@ def batches(micro_batch: int, seed: int):
 {build}{step}
 
 def main() -> None:
-    """Build the engine from the exported model and config, report its layout, train --steps steps."""
+    """Build the engine from the exported model and config, report its layout, train --steps steps,
+    then leave the process group."""
     args = parse_args()
     deepspeed.init_distributed()
     model = build(args)
@@ -154,6 +155,8 @@ def main() -> None:
         loss = train_step(engine, data)
         if dist.get_rank() == 0:
             print(f"step {{number}}: loss {{loss:.4f}}", flush=True)
+    dist.barrier()  # every rank done before the process group goes: a clean exit on every rank
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
