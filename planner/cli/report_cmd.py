@@ -11,7 +11,7 @@ import typer
 from planner.api import document_request
 from planner.cli import options as opt
 from planner.cli.app import app, stdout
-from planner.cli.report import cuts_text, recompute_text, runs_on_text
+from planner.cli.report import cut_sizes, cuts_text, recompute_text, runs_on_text
 from planner.cost.model import CostModel
 from planner.cost.options import MoeOptions
 from planner.errors import ConfigError
@@ -21,6 +21,7 @@ from planner.output import refuse_existing, write_atomic
 from planner.plan import PlanEntry, PlanFile, parse_plan_file
 from planner.report.html import Table
 from planner.request import Request, command_text, option_flag
+from planner.run_length import run_length
 from planner.search.runtimes import restrict, runtime_check
 from planner.search.search import Found
 from planner.search.space import SearchSpace
@@ -65,8 +66,8 @@ PLAN_COLUMNS = (
 
 
 def plans_rows(entries: list[PlanEntry]) -> Table:
-    """The plan table (as `planner plan` prints it: `ep` and `etp` for an MoE model), the best
-    plan highlighted."""
+    """The plan table (as `planner plan` prints it: `ep` and `etp` for an MoE model, cuts in
+    run-length form with the full list as the cell's title), the best plan highlighted."""
     moe = any(e.etp is not None for e in entries)
     columns = PLAN_COLUMNS if moe else tuple(c for c in PLAN_COLUMNS if c not in ("ep", "etp"))
     rows = []
@@ -99,12 +100,15 @@ def plans_rows(entries: list[PlanEntry]) -> Table:
                 recompute_text(e),
                 "y" if e.sequence_parallel else "n",
                 str(e.zero_stage),
-                cuts_text(e),
+                run_length(cut_sizes(e)),
                 *figures,
                 runs_on_text(e.runtimes),
             )
         )
-    return Table(columns, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0)
+    titles = tuple({"cuts": cuts_text(e)} for e in entries)
+    return Table(
+        columns, tuple(rows), frozenset({"schedule", "recompute", "cuts", "runs on"}), highlight=0, titles=titles
+    )
 
 
 def explain_rows(items) -> Table:

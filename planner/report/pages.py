@@ -3,16 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from planner.plan import PlanEntry, PlanFile
 from planner.report import charts
 from planner.report.data import PlanFigures, TrainingBudget
 from planner.report.html import Table, chart_div, page, paragraph, preformatted, table_html
-from planner.run_length import run_length
 
-CUTS_SEPARATOR = "|"
-"""What separates the layer counts in the plans table's `cuts` cells ('19|20|21|20')."""
 CUTS_LEGEND = "layers per virtual stage in model order, 3×20 = 20 stages of 3 layers (hover for the full list)"
 
 
@@ -27,16 +22,6 @@ def budget_rows(budget: TrainingBudget, price: float | None) -> Table:
     if budget.cost is not None:
         rows.append((f"cost at {price:g} per GPU-hour", f"{budget.cost:,.0f}"))
     return Table(("item", "value"), tuple(rows), frozenset({"item"}))
-
-
-def compact_cuts(plans: Table) -> Table:
-    """The plans table with its cuts in run-length form ('1,2×3,1'), each full list ('1|2|2|2|1') as the cell's title."""
-    if "cuts" not in plans.header:
-        return plans
-    at = plans.header.index("cuts")
-    rows = tuple((*row[:at], run_length(row[at].split(CUTS_SEPARATOR)), *row[at + 1 :]) for row in plans.rows)
-    titles = tuple({**title, "cuts": row[at]} for row, title in zip(plans.rows, plans.titles or ({},) * len(rows)))
-    return replace(plans, rows=rows, titles=titles)
 
 
 def export_commands(plan_path: str, entry: PlanEntry) -> list[str]:
@@ -67,7 +52,7 @@ def plan_page(
     sections = [
         (
             "Plans",
-            table_html(compact_cuts(plans), element_id="plans")
+            table_html(plans, element_id="plans")
             + paragraph(f"costs: {document.cost_source}; cuts: {CUTS_LEGEND}", note=True),
         )
     ]
