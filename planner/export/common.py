@@ -215,6 +215,20 @@ def node_shape(plan_file: PlanFile, entry: PlanEntry) -> tuple[int, int]:
     return max(1, entry.num_gpus // per_node), per_node
 
 
+def launch_preamble(plan_file: PlanFile, entry: PlanEntry, what: str, header: str, note: str = "") -> str:
+    """The opening of a launch script run once per node: the shebang, what it launches on which
+    nodes and GPUs, `note` (comment lines), the provenance `header`, and bash's strict mode."""
+    nodes, per_node = node_shape(plan_file, entry)
+    return f"""#!/usr/bin/env bash
+# Launch {what} for the planned layout ({entry.num_gpus} GPUs:
+# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
+# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
+{note}#
+{header.rstrip()}
+set -euo pipefail
+"""
+
+
 def torchrun_script(
     plan_file: PlanFile, entry: PlanEntry, header: str, what: str, setup: str, program: list[str]
 ) -> str:
@@ -222,14 +236,7 @@ def torchrun_script(
     line) under torchrun on every node of the plan's cluster, after the `setup` lines."""
     nodes, per_node = node_shape(plan_file, entry)
     arguments = "".join(f"    {word} \\\n" for word in program)
-    return f"""#!/usr/bin/env bash
-# Launch {what} for the planned layout ({entry.num_gpus} GPUs:
-# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
-# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
-#
-{header.rstrip()}
-set -euo pipefail
-{setup.rstrip()}
+    return f"""{launch_preamble(plan_file, entry, what, header)}{setup.rstrip()}
 torchrun \\
     --nproc-per-node {per_node} \\
     --nnodes {nodes} \\

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from planner.export.common import Files, node_shape
+from planner.export.common import Files, launch_preamble, node_shape
 from planner.plan import PlanEntry, PlanFile
 
 LAUNCH_FILE = "launch_deepspeed.sh"
@@ -55,15 +55,8 @@ def hostfile(plan_file: PlanFile, entry: PlanEntry, header: str) -> str:
 def launch_script(plan_file: PlanFile, entry: PlanEntry, header: str, config_file: str) -> str:
     """The bash script that runs DeepSpeed's launcher on this node for the plan's nodes and GPUs."""
     nodes, per_node = node_shape(plan_file, entry)
-    return f"""#!/usr/bin/env bash
-# Launch the DeepSpeed training entry for the planned layout ({entry.num_gpus} GPUs:
-# {nodes} node(s) x {per_node} GPUs; tp={entry.tp} pp={entry.pp} cp={entry.cp} dp={entry.dp}).
-# Run once on every node with NODE_RANK set; MASTER_ADDR is the address of node 0.
-# Arguments after the script's name go to {ENTRY_FILE} (e.g. --steps 100).
-#
-{header.rstrip()}
-set -euo pipefail
-HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+    note = f"# Arguments after the script's name go to {ENTRY_FILE} (e.g. --steps 100).\n"
+    return f"""{launch_preamble(plan_file, entry, "the DeepSpeed training entry", header, note)}HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 deepspeed \\
     --hostfile "$HERE/{HOSTFILE}" \\
     --no_ssh \\
