@@ -195,20 +195,15 @@ def test_for_plan_then_plan_on_a_fresh_profile(cli, tmp_path, one_thread):
     assert code == 0 and "costs of plans #1, #2, #3, #4, #5: all measured" in out
 
 
+def _tiny_job(profile) -> list[str]:
+    """tiny-llama on 4 GPUs, global batch 16 x seq 128, costed from `profile` (the CPU profile spans
+    tp 1,2 x mbs 1,2 x seq 64,128)."""
+    return ["--model", "tiny-llama", "--gpus", "4", "--global-batch", "16", "--seq", "128", "--profile", str(profile)]
+
+
 def test_plan_on_a_partial_profile_calibrates_the_rest(cli, cpu_profile):
     # cpu_profile measured tp 1,2 x mbs 1,2 x seq 64,128: the search also tries tp 4 and mbs 4, 8
-    job = [
-        "--model",
-        "tiny-llama",
-        "--gpus",
-        "4",
-        "--global-batch",
-        "16",
-        "--seq",
-        "128",
-        "--profile",
-        str(cpu_profile),
-    ]
+    job = _tiny_job(cpu_profile)
     code, out, err = cli("plan", *job, "--json", "--top", "40")
     assert code == 0, err
     for p in json.loads(out)["plans"]:
@@ -228,19 +223,7 @@ def test_plan_on_a_partial_profile_calibrates_the_rest(cli, cpu_profile):
 
 
 def test_profile_only_keeps_the_search_to_measured_shapes(cli, cpu_profile):
-    base = [
-        "plan",
-        "--model",
-        "tiny-llama",
-        "--gpus",
-        "4",
-        "--global-batch",
-        "16",
-        "--seq",
-        "128",
-        "--profile",
-        str(cpu_profile),
-    ]
+    base = ["plan", *_tiny_job(cpu_profile)]
     code, out, err = cli(*base, "--profile-only", "--json", "--top", "3")
     assert code == 0, err
     only = json.loads(out)["plans"]
@@ -263,18 +246,7 @@ def test_profile_only_keeps_the_search_to_measured_shapes(cli, cpu_profile):
 
 
 def test_evaluate_and_sweep_say_where_costs_came_from(cli, cpu_profile):
-    job = [
-        "--model",
-        "tiny-llama",
-        "--gpus",
-        "4",
-        "--global-batch",
-        "16",
-        "--seq",
-        "128",
-        "--profile",
-        str(cpu_profile),
-    ]
+    job = _tiny_job(cpu_profile)
     code, out, err = cli("evaluate", *job, "--tp", "2", "--mbs", "2", "--json")
     assert code == 0 and json.loads(out)["plans"][0]["cost_sources"]["transformer"] == "measured"
     code, out, err = cli("evaluate", *job, "--tp", "4", "--mbs", "2", "--profile-only")

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from planner.run_length import expand_counts
 from tests.report.conftest import PLAN_ARGS, WIDE_PLAN_ARGS
 from tests.report.tables import plan_table
 
@@ -23,15 +24,6 @@ ROUNDED = {
 """Rounded columns: the value each shows, from the plan's `predicted` record (percent for MFU and bubble)."""
 TEXT = {"schedule", "recompute", "sp", "runs on"}
 """Columns with no number in them (held to the JSON elsewhere, or names only)."""
-
-
-def expand(cuts: str) -> list[int]:
-    """'1,2×3,1' -> [1, 2, 2, 2, 1]."""
-    sizes: list[int] = []
-    for run in cuts.split(","):
-        size, _, count = run.partition("×")
-        sizes += [int(size)] * int(count or 1)
-    return sizes
 
 
 def model_order_sizes(plan: dict) -> list[int]:
@@ -69,7 +61,7 @@ def test_every_number_in_the_plan_table_is_the_json_s(fixture, args, request, cl
         assert cells["schedule"] == plan["schedule"]
         assert cells["sp"] == ("y" if plan["sequence_parallel"] else "n")
         sizes = model_order_sizes(plan)
-        assert expand(cells["cuts"]) == sizes
+        assert expand_counts(cells["cuts"], "cuts") == sizes
         assert len(cells["cuts"]) <= len("|".join(map(str, sizes)))
         assert [int(s) for s in titles[table.header.index("cuts")].split("|")] == sizes
         for column, value in ROUNDED.items():
