@@ -24,6 +24,8 @@ Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
+Zero1Exchange = Literal["reduce_scatter", "all_reduce_broadcast"]
+ZERO1_EXCHANGES: tuple[str, ...] = get_args(Zero1Exchange)
 
 
 def _check_choices(group: Any, **allowed: tuple[str, ...]) -> None:
@@ -102,6 +104,12 @@ class DataParallelOptions:
     """The distributed optimizer's parameter all-gather overlaps the first forward."""
     grad_reduce_bytes: int = 4
     """Bytes per gradient element in the reduction (4: fp32)."""
+    grad_bucket_params: int = 0
+    """Parameters per gradient-reduction bucket (0: Megatron-LM's default, max(40M, 1M x DP))."""
+    zero1_exchange: Zero1Exchange = "reduce_scatter"
+    """How a ZeRO-1 optimizer shares gradients and updated parameters: "reduce_scatter" (gradient
+    reduce-scatter, parameter all-gather) or "all_reduce_broadcast" (gradient all-reduce, then one
+    broadcast per data-parallel rank of the shard it updated)."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2, copying gathered parameters and gradients on the compute stream."""
     fsdp1_grad_cat: bool = False
@@ -120,9 +128,16 @@ class DataParallelOptions:
     def __post_init__(self) -> None:
         if self.ddp_grad_copy_passes < 0:
             raise ValueError(f"ddp_grad_copy_passes counts passes, >= 0; got {self.ddp_grad_copy_passes}")
+        if self.grad_bucket_params < 0:
+            raise ValueError(f"grad_bucket_params counts parameters, >= 0; got {self.grad_bucket_params}")
         if self.fsdp2 and self.fsdp1_grad_cat:
             raise ValueError("fsdp2 and fsdp1_grad_cat name two ZeRO-3 runtimes: set at most one")
-        _check_choices(self, optimizer_kernels=OPTIMIZER_KERNELS, wgrad_accumulation=WGRAD_ACCUMULATION)
+        _check_choices(
+            self,
+            optimizer_kernels=OPTIMIZER_KERNELS,
+            wgrad_accumulation=WGRAD_ACCUMULATION,
+            zero1_exchange=ZERO1_EXCHANGES,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,6 +7,7 @@ from planner.cost import memory
 from planner.cost import step as step_costs
 from planner.cost.comm import grad_bucket_count
 from planner.cost.model import CostModel
+from planner.cost.options import DataParallelOptions
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
 from planner.layout import Layout
 from planner.pipeline import ChunkCosts
@@ -133,15 +134,19 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     for group_params, group_shards, stride, with_root in groups:
         if group_shards == 1 or group_params <= 0:
             continue
-        n = _dp_calls(layout, rank, group_params, opts.data.overlap_grad_reduce, group_shards) + with_root
+        n = _dp_calls(layout, rank, group_params, opts.data, group_shards) + with_root
         calls += n
         grad_bytes = group_params * opts.data.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
-        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.data.bf16_optimizer):
+        broadcast = layout.zero_stage == 1 and opts.data.zero1_exchange == "all_reduce_broadcast"
+        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.data.bf16_optimizer) or broadcast:
             reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
         else:
             reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
-        if layout.zero_stage > 0:  # BF16_Optimizer: all-reduce, then its sharded step's all-gather
+        if broadcast:  # each rank's updated shard, one broadcast per rank, one after another
+            shard_bytes = group_params * model.dtype_bytes / group_shards
+            gather += group_shards * net.broadcast(shard_bytes, group_shards, stride)
+        elif layout.zero_stage > 0:  # BF16_Optimizer: all-reduce, then its sharded step's all-gather
             gather += n * net.all_gather(param_bytes, group_shards, stride)
     if not calls:
         return 0.0
@@ -249,7 +254,15 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     reduce, gather = [], []
     for chunk, params in enumerate(costs.chunk_params[rank]):
         calls = max(
-            1, grad_bucket_count(params, shards, rank if chunk == 0 else 1, True, every_rank=layout.zero_stage == 2)
+            1,
+            grad_bucket_count(
+                params,
+                shards,
+                rank if chunk == 0 else 1,
+                True,
+                every_rank=layout.zero_stage == 2,
+                bucket_params=opts.data.grad_bucket_params,
+            ),
         )
         grad_bytes, param_bytes = params * opts.data.grad_reduce_bytes / calls, params * model.dtype_bytes / calls
         if layout.zero_stage == 0:
@@ -276,14 +289,24 @@ def interleaved_dp_exposed(model: CostModel, layout: Layout, costs: ChunkCosts, 
     return exposed
 
 
-def _dp_calls(layout: Layout, rank: int, params: float, overlap: bool, shards: int) -> int:
+def _dp_calls(layout: Layout, rank: int, params: float, data: DataParallelOptions, shards: int) -> int:
     """Collective calls of one DP reduction over `shards` ranks: FSDP reduces each layer on its own (and its root
     unit: `exposed_dp_time`); Megatron-LM's DDP one per bucket (`grad_bucket_count`,
-    planner/cost/comm/buckets.py) on the first pipeline rank and, under ZeRO-2, on every rank;
-    one bucket on the others and without overlap."""
+    planner/cost/comm/buckets.py, of the runtime's bucket size) on the first pipeline rank and,
+    under ZeRO-2, on every rank; one bucket on the others and without overlap."""
     if layout.zero_stage == 3:
         return max(1, layers_on(layout, rank))
-    return max(1, grad_bucket_count(params, shards, rank, overlap, every_rank=layout.zero_stage == 2))
+    return max(
+        1,
+        grad_bucket_count(
+            params,
+            shards,
+            rank,
+            data.overlap_grad_reduce,
+            every_rank=layout.zero_stage == 2,
+            bucket_params=data.grad_bucket_params,
+        ),
+    )
 
 
 def optimizer_time(model: CostModel, zero_stage: int, dp_shards: int, params: float) -> float:

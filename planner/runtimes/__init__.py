@@ -7,12 +7,22 @@ runtimes` lists them all with what each changes.
 from __future__ import annotations
 
 from planner.errors import PlannerError
-from planner.runtimes import composer, deepspeed, hai_llm, megatron, meta, nemo, torch_pipelining, torchtitan
+from planner.runtimes import (
+    composer,
+    deepspeed,
+    hai_llm,
+    internlm,
+    megatron,
+    meta,
+    nemo,
+    torch_pipelining,
+    torchtitan,
+)
 from planner.runtimes.base import Rule, RuntimeVersion
 
 RUNTIMES: dict[str, tuple[RuntimeVersion, ...]] = {
     module.RUNTIME: module.VERSIONS
-    for module in (megatron, nemo, torchtitan, torch_pipelining, deepspeed, composer, meta, hai_llm)
+    for module in (megatron, nemo, torchtitan, torch_pipelining, deepspeed, composer, meta, hai_llm, internlm)
 }
 """Runtime name -> its versions, the newest first."""
 

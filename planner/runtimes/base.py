@@ -21,7 +21,7 @@ class Rule:
     """One search-space dimension a runtime fixes: the values it runs and why it runs no other."""
 
     dimension: str
-    """A `SearchSpace` field: schedules, tp, cp, recompute, zero or per_rank_recompute."""
+    """A `SearchSpace` field: schedules, tp, pp, cp, recompute, zero or per_rank_recompute."""
     allowed: tuple[Any, ...]
     why: str
     """Why the runtime runs nothing else."""

@@ -70,6 +70,24 @@ def test_small_all_reduce_is_latency_bound_by_the_ll_protocol():
     assert t == pytest.approx(_launch("a100-80gb") + min(ring, tree) * 1e-6, rel=1e-3)
 
 
+def test_large_broadcast_in_one_node_is_a_chain_at_every_nvlink():
+    """A 1 GB broadcast among 8 H100s (18 NVLink 4 links at NCCL's 20.6 GB/s): Simple's base,
+    n steps of the tree's NVLink latency (NCCL charges Simple broadcasts so), the buffer once at
+    the ring's bandwidth."""
+    m, n = 1e9, 8
+    chain = NCCL["base_latency_us"]["ring"][2] + n * NCCL["nvlink_latency_us"]["tree"][2]
+    expected = _launch("h100") + chain * 1e-6 + m / (18 * 20.6 * GB)
+    assert _net("h100", 8).broadcast(m, n, 1) == pytest.approx(expected)
+
+
+def test_small_broadcast_latency_grows_by_one_network_link_per_rank():
+    """A few bytes over many nodes cost LL's base and one network link per rank of the chain:
+    512 more ranks, 512 more of NCCL's LL network latency."""
+    net = _net("h100", 1024)
+    grown = net.broadcast(8, 1024, 1) - net.broadcast(8, 512, 1)
+    assert grown == pytest.approx(512 * NCCL["net_latency_us"]["ring"][0] * 1e-6, rel=1e-6)
+
+
 def test_small_all_reduce_over_many_nodes_takes_the_tree():
     """512 H100s on 64 nodes, 1 KiB: the tree's latency grows with log2 of the nodes, the ring's
     with every rank, so NCCL runs the tree (LL, capped by the 3+-node LL ceiling, NCCL's

@@ -230,3 +230,36 @@ def test_later_pipeline_ranks_reduce_in_one_bucket_under_megatron_ddp():
             assert exposed < reduce + gather
         else:
             assert exposed == pytest.approx(reduce + gather, rel=1e-12)
+
+
+def test_zero1_broadcast_exchange_charges_one_broadcast_per_rank():
+    """InternLM's hybrid ZeRO-1 (`zero1_exchange="all_reduce_broadcast"`): gradients all-reduced in
+    buckets of the runtime's size, then every data-parallel rank broadcasts the shard it updated,
+    one call after another and, without overlap, all of it exposed."""
+    from planner.predict import chunk_costs
+
+    dp, bucket = 64, 512 * 1024 * 1024
+    options = dict(
+        zero1_exchange="all_reduce_broadcast",
+        grad_bucket_params=bucket,
+        grad_reduce_bytes=2,
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+    )
+    model = _model("llama3-8b", dp, **options)
+    layout = _layout(model.spec, 1, 1, dp, 1)
+    costs = chunk_costs(model, layout, SEQ)
+    params = costs.params[0]
+    reduce = model.network.all_reduce(params * 2, dp, 1)  # without overlap: one call, the whole buffer
+    broadcasts = dp * model.network.broadcast(params * 2 / dp, dp, 1)
+    p = predict(model, layout, dp, SEQ)
+    assert p.time_breakdown_s["dp_comm_exposed"] == pytest.approx(reduce + broadcasts, rel=1e-12)
+    scatter = predict(_model("llama3-8b", dp, **{**options, "zero1_exchange": "reduce_scatter"}), layout, dp, SEQ)
+    assert p.time_breakdown_s["dp_comm_exposed"] > scatter.time_breakdown_s["dp_comm_exposed"]
+
+
+def test_runtime_bucket_size_sets_the_call_count():
+    from planner.cost.comm import grad_bucket_count
+
+    assert grad_bucket_count(7e9, 1024, bucket_params=512 * 1024 * 1024) == 14
+    assert grad_bucket_count(7e9, 1024) == math.ceil(7e9 / megatron_bucket_params(1024))

@@ -1,6 +1,6 @@
 """Communication times of the collectives a training step runs, as NCCL runs them.
 
-`Network` prices all-reduce, all-gather, reduce-scatter, all-to-all and point-to-point sends in
+`Network` prices all-reduce, all-gather, reduce-scatter, broadcast, all-to-all and point-to-point sends in
 a group of `size` ranks whose consecutive members are `stride` ranks apart. Ranks are laid out
 with TP fastest, then CP, then DP, then PP (Megatron-LM's default order), which decides how many
 members share a node (see `group_placement`). Each call costs one kernel launch plus NCCL's own
@@ -73,6 +73,7 @@ class Network:
                 "all_reduce": nccl.all_reduce_us,
                 "all_gather": nccl.all_gather_us,
                 "reduce_scatter": nccl.all_gather_us,
+                "broadcast": nccl.broadcast_us,
                 "all_to_all": nccl.all_to_all_us,
             }[op](f, nbytes, size, place.per_node)
             seconds = (f.launch_us + micros) * 1e-6
@@ -90,6 +91,10 @@ class Network:
     def reduce_scatter(self, nbytes: float, size: int, stride: int) -> float:
         """Reduce-scatter of an nbytes input buffer (each rank keeps nbytes / size)."""
         return self._time("reduce_scatter", nbytes, size, stride)
+
+    def broadcast(self, nbytes: float, size: int, stride: int) -> float:
+        """Broadcast of an nbytes buffer from one member to the rest of the group."""
+        return self._time("broadcast", nbytes, size, stride)
 
     def all_to_all(self, nbytes: float, size: int, stride: int) -> float:
         """All-to-all of an nbytes buffer per rank, nbytes / size to each member."""

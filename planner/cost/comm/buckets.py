@@ -23,13 +23,19 @@ def megatron_bucket_params(dp: int) -> int:
 
 
 def grad_bucket_count(
-    params: float, dp: int, pipeline_rank: int = 0, overlap: bool = True, every_rank: bool = False
+    params: float,
+    dp: int,
+    pipeline_rank: int = 0,
+    overlap: bool = True,
+    every_rank: bool = False,
+    bucket_params: int = 0,
 ) -> int:
     """Number of gradient buckets (one collective each) for `params` local parameters;
     `every_rank`: the runtime buckets on every pipeline rank (ZeRO-2: DeepSpeed), not only
-    on the first as Megatron's DDP does."""
+    on the first as Megatron's DDP does; `bucket_params`: the runtime's own bucket size
+    (0: Megatron-LM's default, `megatron_bucket_params`)."""
     if params <= 0:
         return 0
     if not overlap or (pipeline_rank > 0 and not every_rank):
         return 1
-    return math.ceil(params / megatron_bucket_params(dp))
+    return math.ceil(params / (bucket_params or megatron_bucket_params(dp)))

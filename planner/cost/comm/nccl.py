@@ -17,6 +17,8 @@ A group has n ranks, k of them on each of N = n / k nodes. Bandwidths are bus ba
   nvlsEfficiency. Across nodes, NVLS tree: NVLS inside the node, a tree over the NICs.
 - all-gather / reduce-scatter: ring (NCCL's NVLS and PAT variants are not modelled: the ring
   is as fast or faster for the sizes a training step moves).
+- broadcast: a pipelined chain along the ring (NCCL runs no other algorithm for it), n steps of
+  one link's latency each and the ring's bus bandwidth.
 """
 
 from __future__ import annotations
@@ -120,6 +122,25 @@ def all_gather_us(f: Fabric, nbytes: float, n: int, k: int) -> float:
         + (n - 1) / n * nbytes / (_ring_busbw(f, proto, graph, nodes) * 1e3)
         for proto in (LL, LL128, SIMPLE)
     )
+
+
+def broadcast_us(f: Fabric, nbytes: float, n: int, k: int) -> float:
+    """Ring broadcast of nbytes from one rank to the n - 1 others, the fastest protocol.
+
+    NCCL's model for a broadcast (ncclTopoTuneModel) charges n steps, each of one link's latency
+    (over the network once the group spans nodes; Simple takes the tree's link latency), and
+    moves the buffer at the ring's bus bandwidth. Its other branch, for graphs whose channels are
+    all alike, charges a single link; the chain's first chunk still crosses n - 1 links before
+    the last rank holds it, so the n-step form is the one taken."""
+    c, nodes = f.nccl, n // k
+    link = c.net_latency_us if nodes > 1 else c.nvlink_latency_us
+    graph = _graph_busbw(f, k, nodes)
+    best = math.inf
+    for proto in (LL, LL128, SIMPLE):
+        hop = link["tree" if proto == SIMPLE else "ring"][proto]
+        latency = c.base_latency_us["ring"][proto] + n * hop
+        best = min(best, latency + nbytes / (_ring_busbw(f, proto, graph, nodes) * 1e3))
+    return best
 
 
 def p2p_us(f: Fabric, nbytes: float, same_node: bool) -> float:
