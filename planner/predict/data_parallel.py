@@ -122,7 +122,7 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
     if shards == 1 and edp == 1:
         return 0.0
     net, opts = model.network, model.options
-    if _per_chunk_grad_sync(layout, opts.data.overlap_grad_reduce, experts > 0):
+    if _per_chunk_grad_sync(layout, opts.data, experts > 0):
         return interleaved_dp_exposed(model, layout, costs, rank)
     params = costs.params[rank]
     root = fsdp_root_params(model, layout, rank) if layout.zero_stage == 3 else 0.0
@@ -139,7 +139,7 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         grad_bytes = group_params * opts.data.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
         broadcast = layout.zero_stage == 1 and opts.data.zero1_exchange == "all_reduce_broadcast"
-        if layout.zero_stage == 0 or (layout.zero_stage == 1 and opts.data.bf16_optimizer) or broadcast:
+        if layout.zero_stage == 0 or broadcast or (layout.zero_stage == 1 and opts.data.bf16_optimizer):
             reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
         else:
             reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
@@ -215,14 +215,16 @@ def fsdp_copy_time(model: CostModel, layout: Layout, params: float, rank: int) -
     )
 
 
-def _per_chunk_grad_sync(layout: Layout, overlap_grad_reduce: bool, has_experts: bool) -> bool:
+def _per_chunk_grad_sync(layout: Layout, data: DataParallelOptions, has_experts: bool) -> bool:
     """Whether the rank's reduction is charged chunk by chunk: Megatron's interleaved 1F1B with
-    overlapped reduction (ZeRO 0-2; FSDP is charged per layer). A rank holding routed experts
-    reduces two groups (DP x CP and EDP), which `interleaved_dp_exposed` does not model: it is
-    charged whole, as without interleaving."""
+    overlapped reduction and its own exchange (ZeRO 0-2 with the reduce-scatter; FSDP is charged
+    per layer, a per-rank broadcast exchange whole). A rank holding routed experts reduces two
+    groups (DP x CP and EDP), which `interleaved_dp_exposed` does not model: it is charged whole,
+    as without interleaving."""
     return (
         reduces_per_chunk(layout.schedule, layout.vpp)
-        and overlap_grad_reduce
+        and data.overlap_grad_reduce
+        and data.zero1_exchange == "reduce_scatter"
         and layout.zero_stage < 3
         and not has_experts
     )

@@ -263,3 +263,21 @@ def test_runtime_bucket_size_sets_the_call_count():
 
     assert grad_bucket_count(7e9, 1024, bucket_params=512 * 1024 * 1024) == 14
     assert grad_bucket_count(7e9, 1024) == math.ceil(7e9 / megatron_bucket_params(1024))
+
+
+def test_interleaved_plan_keeps_the_broadcast_exchange():
+    """Megatron's chunk-by-chunk reduction under interleaved 1F1B is its own exchange: a plan priced
+    with the per-rank broadcast exchange is charged its broadcasts there too, not Megatron's
+    all-gather."""
+    from planner.predict import chunk_costs
+
+    dp = 8
+    options = dict(zero1_exchange="all_reduce_broadcast", overlap_param_gather=False)
+    model = _model("llama3-8b", 2 * dp, **options)
+    layout = _layout(model.spec, 1, 2, dp, 8, schedule="interleaved_1f1b", vpp=2)
+    costs = chunk_costs(model, layout, SEQ)
+    broadcasts = dp * model.network.broadcast(costs.params[0] * 2 / dp, dp, 1)
+    exposed = predict(model, layout, dp * 8, SEQ).time_breakdown_s["dp_comm_exposed"]
+    assert exposed >= broadcasts
+    megatron = _model("llama3-8b", 2 * dp, **{**options, "zero1_exchange": "reduce_scatter"})
+    assert exposed != predict(megatron, layout, dp * 8, SEQ).time_breakdown_s["dp_comm_exposed"]
