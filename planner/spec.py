@@ -324,6 +324,10 @@ class GpuSpec(BaseModel):
     sm_count: int | None = Field(default=None, gt=0)
     """Streaming multiprocessors (datasheet), for kernels that hold a fixed number of them
     beside compute (DeepEP's normal kernels); None: not given."""
+    fp8_gemm_layouts: Literal["tn", "any"] = "tn"
+    """The operand layouts its FP8 GEMMs take: "tn" only (Hopper; Transformer Engine writes each
+    fp8 operand transposed as well) or "any" (Blackwell: no transposes). Transformer Engine's
+    `is_non_tn_fp8_gemm_supported`: compute capability 10.x or 13+ (planner/cost/fp8_casts.py)."""
     efficiency: GpuEfficiency
     source: str = ""
     speed_spread: str | None = None

@@ -19,6 +19,7 @@ from typing import Protocol
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute, LayerTimes
+from planner.cost.fp8_casts import GATHERED_FP8_BYTES, te_block_casts
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
@@ -169,6 +170,16 @@ class AnalyticSource:
                 work,
                 elementwise_bytes_fwd=work.elementwise_bytes_fwd * kernels.elementwise_traffic,
                 elementwise_bytes_bwd=work.elementwise_bytes_bwd * kernels.elementwise_traffic,
+            )
+        if kind == "transformer" and kernels.te_fp8:
+            casts = te_block_casts(self.spec, shard, transposes=self.compute.gpu.fp8_gemm_layouts == "tn")
+            work = replace(
+                work,
+                elementwise_bytes_fwd=work.elementwise_bytes_fwd + casts.bytes_fwd,
+                elementwise_bytes_bwd=work.elementwise_bytes_bwd + casts.bytes_bwd,
+                kernels_fwd=work.kernels_fwd + casts.kernels_fwd,
+                kernels_bwd=(2 * work.kernels_fwd if work.kernels_bwd is None else work.kernels_bwd)
+                + casts.kernels_bwd,
             )
         times = self.compute.layer_times(work, kernels.attention)
         if kernels.cuda_graphs:
@@ -593,7 +604,18 @@ class CostModel:
             return forward_comm - output
         if self.options.recompute.selective_policy != "every_other_matmul":
             return 0.0
-        return 2 * net.all_gather(act, tp, 1) if shard.sequence_parallel else net.all_reduce(act, tp, 1)
+        if shard.sequence_parallel:
+            return 2 * net.all_gather(self._gathered_bytes(kind, shard), tp, 1)
+        return net.all_reduce(act, tp, 1)
+
+    def _gathered_bytes(self, kind: str, shard: Shard) -> float:
+        """Bytes of one sequence-parallel all-gather of the layer's activations (or their
+        gradients): the fp8 copies a block's Transformer Engine linears gather under FP8
+        (planner/cost/fp8_casts.py; dense blocks of standard attention, where it prices them), else
+        the training dtype's."""
+        dense = kind == "transformer" and not (self.spec.is_moe or self.spec.is_mla)
+        element = GATHERED_FP8_BYTES if dense and self.options.kernels.te_fp8 else self.dtype_bytes
+        return element * shard.local_tokens * self.spec.hidden_size
 
     def _tp_cp_comm(self, kind: str, shard: Shard) -> tuple[float, float, float]:
         """Forward and backward communication of the layer inside its TP and CP groups, and
@@ -607,8 +629,9 @@ class CostModel:
         net, tp = self.network, shard.tp
         act = self.dtype_bytes * shard.local_tokens * self.spec.hidden_size
         if tp > 1 and shard.sequence_parallel:
-            collective = net.all_gather(act, tp, 1) + net.reduce_scatter(act, tp, 1)
-            one_way = net.all_gather(act, tp, 1)
+            gathered = self._gathered_bytes(kind, shard)
+            collective = net.all_gather(gathered, tp, 1) + net.reduce_scatter(act, tp, 1)
+            one_way = net.all_gather(gathered, tp, 1)
         else:
             collective = net.all_reduce(act, tp, 1)
             one_way = collective
@@ -662,7 +685,7 @@ class CostModel:
             times = self.analytic.gemms_times((g,))
             gemm_s[g.name] = (times.backward_input_s, times.backward_weight_s)
         comm_s = {
-            "all_gather": net.all_gather(act, tp, 1),
+            "all_gather": net.all_gather(self._gathered_bytes(kind, shard), tp, 1),
             "reduce_scatter": net.reduce_scatter(act, tp, 1),
             "all_reduce": net.all_reduce(act, tp, 1),
         }

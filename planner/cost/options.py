@@ -12,6 +12,7 @@ from typing import Any, Literal, get_args
 
 from planner.cost import memory
 from planner.cost.compute import ATTENTION_IMPLS, AttentionImpl
+from planner.cost.fp8_casts import FP8_CASTS, Fp8Casts
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.moe import DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher
 from planner.cost.shapes import LOSS_PASSES, LossPasses
@@ -43,6 +44,9 @@ class KernelOptions:
     """Training dtype of activations, weights and GEMM inputs: "bf16", "fp16", "fp32"."""
     precision: Precision = "bf16"
     """GEMM precision of the linear layers: "bf16", or "fp8" at the GPU's fp8 peak."""
+    fp8_casts: Fp8Casts = "transformer_engine"
+    """Under fp8, the kernels that quantize the linears' operands: "transformer_engine"
+    (priced: planner/cost/fp8_casts.py) or "none" (not priced)."""
     attention: AttentionImpl = "flash2"
     """The attention core's kernel: "flash2", "flash3", "cudnn", "triton_fa1" or "unfused"."""
     dropout: bool = False
@@ -63,6 +67,11 @@ class KernelOptions:
     """The loss's buffers over the logits: "fused" (vocab-parallel) or "eager_fp32"."""
 
     @property
+    def te_fp8(self) -> bool:
+        """FP8 linears quantized by Transformer Engine's kernels, whose cost is priced."""
+        return self.precision == "fp8" and self.fp8_casts == "transformer_engine"
+
+    @property
     def flash_attention(self) -> bool:
         """A fused attention kernel (anything but "unfused")."""
         return self.attention != "unfused"
@@ -72,6 +81,7 @@ class KernelOptions:
             self,
             attention=ATTENTION_IMPLS,
             precision=PRECISIONS,
+            fp8_casts=FP8_CASTS,
             loss_passes=LOSS_PASSES,
             cross_entropy=memory.CROSS_ENTROPY,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from planner.cost import memory
 from planner.cost import step as step_costs
 from planner.cost.comm import grad_bucket_count
+from planner.cost.fp8_casts import te_weight_casts
 from planner.cost.model import CostModel
 from planner.cost.options import DataParallelOptions
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
@@ -16,6 +17,7 @@ from planner.predict.shards import (
     dp_shards,
     fsdp_root_params,
     layers_on,
+    layout_shard,
     two_replicas,
 )
 from planner.runtimes.megatron_exchange import reduces_per_chunk
@@ -89,7 +91,17 @@ def after_backward_times(
             compute, net, most, *shape, layout.zero_stage, model.options.data.optimizer_kernels
         ),
         "optimizer": optimizer_time(model, layout.zero_stage, dp_shards(layout), most),
+        **({"fp8_weight_casts": fp8_weight_cast_time(model, layout)} if opts.kernels.te_fp8 else {}),
     }
+
+
+def fp8_weight_cast_time(model: CostModel, layout: Layout) -> float:
+    """Seconds of the step's one cast of the busiest rank's block weights into fp8 and their
+    transposes (Transformer Engine on the first micro-batch: planner/cost/fp8_casts.py)."""
+    shard = layout_shard(layout, seq=1)  # the weights' shapes do not depend on the micro-batch's
+    nbytes, kernels = te_weight_casts(model.spec, shard, transposes=model.cluster.gpu.fp8_gemm_layouts == "tn")
+    layers = max(layers_on(layout, rank) for rank in range(layout.pp))
+    return model.analytic.elementwise_time(layers * nbytes, layers * kernels)
 
 
 def exposed_dp_times(model: CostModel, layout: Layout, costs: ChunkCosts) -> list[float]:

@@ -18,6 +18,7 @@ VERSIONS = (
         summary="DeepSeek-V3's framework: DualPipe's two parameter copies, recompute of norms, MLA "
         "up-projections and SwiGLU, FP8 activation caching",
         costs={
+            "fp8_casts": "none",
             "tp_backward_overlap": "none",
             "wgrad_accumulation": "none",
             "parameter_copies": 2,

@@ -17,7 +17,12 @@ VERSIONS = (
         version="2.13",
         summary="torch 2.13's pipelining schedules with DTensor TP: backward collectives exposed, non-reentrant "
         "checkpoint with early stop, sends overlapping compute",
-        costs={"tp_backward_overlap": "none", "recompute_early_stop": True, "wgrad_accumulation": "none"},
+        costs={
+            "fp8_casts": "none",
+            "tp_backward_overlap": "none",
+            "recompute_early_stop": True,
+            "wgrad_accumulation": "none",
+        },
         rules=(Rule(dimension="cp", allowed=(1,), why="context parallelism is not in the exported script"),),
         exporter="torch",
         unsupported={

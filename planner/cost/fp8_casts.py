@@ -1,0 +1,117 @@
+"""The memory-bound kernels Transformer Engine adds around a block's linears under FP8 training.
+
+Transformer Engine quantizes every bf16 operand of a linear's GEMMs to fp8 before the GEMM
+(per-tensor scaling; transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp,
+base}.py at v1.0, the recipe megatron-core and NeMo run by default). Hopper's FP8 GEMMs take the
+"TN" layout only, so there each operand is written twice, as is and transposed; where a GPU's
+FP8 GEMMs take any layout (`GpuSpec.fp8_gemm_layouts` "any": Blackwell, TE 2.x
+`is_non_tn_fp8_gemm_supported`, compute capability 10.x) it is written once and no transpose
+runs. Per block on a "TN" GPU, beside the bf16 path's kernels:
+
+    output projection input   fp8_cast_transpose_fused: read 2 B, write 1 + 1 B per element
+    gradient of a column-parallel linear's output (QKV; the MLP's up projection unless its
+        activation's backward is fused with the cast, as GeLU's is): cast-transpose, 4 B
+    gradient of a row-parallel linear's output (output and down projections): under sequence
+        parallelism cast on the local shard (read 2, write 1), gathered in fp8, transposed after
+        the gather (read 1, write 1), the bias gradient a pass of its own (read 2); otherwise
+        one fused cast-transpose (bias gradient inside), 4 B
+    the weight gradient's transposed input of the norms' and the activation's fused fp8
+        outputs (QKV, up and down projections): fp8_transpose, read 1, write 1 B
+    saved: those three fused producers write 1 B per element instead of 2
+
+and once per step, the first micro-batch's cast of each weight into fp8 and its transpose
+(read 2, write 1 + 1 B per weight: megatron-core passes `is_first_microbatch`, so later
+micro-batches reuse the cached copies). Under sequence parallelism the tensor-parallel
+all-gathers move the fp8 copies, 1 B per element (`GATHERED_FP8_BYTES`).
+
+On an "any"-layout GPU every cast writes its one copy (read 2, write 1 B) and the transposes are
+gone. Priced for the standard attention block and a dense MLP; latent attention's projections and an
+MoE block's experts (Transformer Engine's grouped linears) are not priced here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from planner.cost.shapes import Shard, attention_gemms, transformer_gemms
+from planner.spec import ModelSpec
+
+Fp8Casts = Literal["transformer_engine", "none"]
+FP8_CASTS: tuple[str, ...] = get_args(Fp8Casts)
+"""How FP8 operands are quantized: Transformer Engine's kernels (priced), or not priced."""
+
+CAST_TRANSPOSE_BYTES = 4
+"""A bf16 element cast to fp8 and written twice, as is and transposed: read 2, write 1 + 1."""
+CAST_BYTES = 3
+"""A bf16 element cast to fp8 and written once: read 2, write 1."""
+TRANSPOSE_BYTES = 2
+"""An fp8 element transposed: read 1, write 1."""
+BIAS_GRAD_BYTES = 2
+"""A bias gradient's own pass: read the bf16 output gradient."""
+FUSED_OUTPUT_SAVING = 1
+"""A producer fused with the cast writes 1 byte per element instead of bf16's 2."""
+GATHERED_FP8_BYTES = 1
+"""Bytes per element of a sequence-parallel all-gather of an fp8 operand."""
+
+
+@dataclass(frozen=True, slots=True)
+class CastWork:
+    """HBM bytes and kernels the quantization adds to one block's forward and backward."""
+
+    bytes_fwd: float = 0.0
+    bytes_bwd: float = 0.0
+    kernels_fwd: int = 0
+    kernels_bwd: int = 0
+
+
+def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> CastWork:
+    """What Transformer Engine's FP8 quantization adds to one block's forward and backward on
+    one GPU, per micro-batch (the table in the module docstring); `transposes`: the GPU's FP8
+    GEMMs take the "TN" layout only, so each operand is also written transposed."""
+    if spec.is_mla:
+        return CastWork()
+    gemms = {g.name: g for g in (attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard))}
+    h, tokens, rep_tokens = spec.hidden_size, shard.local_tokens, shard.elementwise_tokens
+    gathered = shard.tp > 1 and shard.sequence_parallel
+    cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
+    transpose, transpose_kernels = (TRANSPOSE_BYTES, 1) if transposes else (0, 0)
+    fwd = bwd = 0.0
+    kernels_fwd = kernels_bwd = 0
+
+    def row_parallel_output_grad(bias: bool) -> tuple[float, int]:
+        if not gathered:
+            return cast * tokens * h, 1
+        local = tokens / shard.tp * h
+        nbytes = CAST_BYTES * local + transpose * tokens * h + (BIAS_GRAD_BYTES * local if bias else 0.0)
+        return nbytes, 1 + transpose_kernels + int(bias)
+
+    qkv, out = gemms["qkv"], gemms["attn_out"]
+    fwd -= FUSED_OUTPUT_SAVING * rep_tokens * h  # the attention norm writes fp8
+    fwd += cast * tokens * out.k
+    kernels_fwd += 1
+    bwd += cast * tokens * qkv.n + transpose * tokens * h
+    kernels_bwd += 1 + transpose_kernels
+    nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
+    bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
+    if "mlp_up" in gemms:
+        up, down = gemms["mlp_up"], gemms["mlp_down"]
+        fwd -= FUSED_OUTPUT_SAVING * (rep_tokens * h + tokens * down.k)  # the MLP norm and the activation write fp8
+        bwd += transpose * tokens * (h + down.k)
+        kernels_bwd += 2 * transpose_kernels
+        if spec.activation != "gelu":  # only GeLU's backward is fused with the cast
+            bwd += cast * tokens * up.n
+            kernels_bwd += 1
+        nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
+        bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
+    return CastWork(bytes_fwd=fwd, bytes_bwd=bwd, kernels_fwd=kernels_fwd, kernels_bwd=kernels_bwd)
+
+
+def te_weight_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> tuple[float, int]:
+    """HBM bytes and kernels (one per weight) of one block's once-per-step cast of its priced
+    linears' weights into fp8 (and their transposes on a "TN"-only GPU), on one GPU."""
+    if spec.is_mla:
+        return 0.0, 0
+    gemms = attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard)
+    cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
+    return cast * sum(g.n * g.k * g.count for g in gemms), len(gemms)

@@ -1,0 +1,174 @@
+"""Transformer Engine's FP8 quantization kernels (CostOptions `fp8_casts`, planner/cost/fp8_casts.py).
+
+The expected bytes are counted here by hand from the kernels transformer_engine/pytorch/module/
+{linear,layernorm_linear,layernorm_mlp,base}.py (v1.0) run around a GPT block's four linears,
+element counts written out per tensor; the model's own arithmetic is not reused."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.fp8_casts import te_block_casts, te_weight_casts
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.shapes import Shard
+from planner.layout import Layout, even_stage_layers
+from planner.predict import predict
+from planner.runtimes import resolve as resolve_runtime
+from planner.spec import Cluster
+
+H = 12288  # GPT-3 175B
+TOKENS = 2048  # micro-batch 1 x sequence 2048
+
+
+def test_gpt3_block_under_sequence_parallelism_by_hand():
+    """TP 4 with sequence parallelism: each GPU's norms see 512 tokens, its GEMMs 2048."""
+    casts = te_block_casts(resolve_model("gpt3-175b"), Shard(mbs=1, seq=TOKENS, tp=4, sequence_parallel=True))
+    local = TOKENS // 4
+    forward = (
+        4 * TOKENS * (H // 4)  # fp8_cast_transpose_fused of the output projection's input (attention heads / 4)
+        - 1 * local * H  # the attention LayerNorm writes fp8 (layernorm_fwd_fp8)
+        - 1 * local * H  # the MLP LayerNorm writes fp8
+        - 1 * TOKENS * (4 * H // 4)  # GeLU writes fp8 (fp8_gelu)
+    )
+    row_parallel_grad = 3 * local * H + 2 * TOKENS * H + 2 * local * H  # cast, gather, transpose; bias pass
+    backward = (
+        4 * TOKENS * (3 * H // 4)  # QKV's output gradient: fp8_cast_transpose_bgrad_fused
+        + 2 * TOKENS * H  # fp8_transpose of the gathered attention LayerNorm output
+        + row_parallel_grad  # the output projection's output gradient
+        + row_parallel_grad  # the down projection's output gradient
+        + 2 * TOKENS * (4 * H // 4)  # fp8_transpose of GeLU's output
+        + 2 * TOKENS * H  # fp8_transpose of the gathered MLP LayerNorm output
+        # the up projection's gradient: fp8_cast_transpose_bgrad_dgelu_fused, as bf16's dgelu moves
+    )
+    assert casts.bytes_fwd == forward
+    assert casts.bytes_bwd == backward
+    assert (casts.kernels_fwd, casts.kernels_bwd) == (1, 2 + 3 + 2 + 3)
+
+
+def test_without_sequence_parallelism_the_row_parallel_gradients_take_one_fused_kernel():
+    spec = resolve_model("gpt3-175b")
+    with_sp = te_block_casts(spec, Shard(mbs=1, seq=TOKENS, tp=4, sequence_parallel=True))
+    without = te_block_casts(spec, Shard(mbs=1, seq=TOKENS, tp=4))
+    local = TOKENS // 4
+    fused, split = 4 * TOKENS * H, 3 * local * H + 2 * TOKENS * H + 2 * local * H
+    assert without.bytes_bwd - with_sp.bytes_bwd == 2 * (fused - split)
+    assert with_sp.kernels_bwd - without.kernels_bwd == 2 * (3 - 1)
+
+
+def test_swiglu_casts_the_up_projections_gradient_separately():
+    """TE v1.0 fuses only GeLU's backward with the cast: SwiGLU's gradient (2 x ffn wide) is cast
+    and transposed by a kernel of its own."""
+    spec = resolve_model("llama3-8b")
+    shard = Shard(mbs=1, seq=TOKENS, tp=1)
+    gelu = te_block_casts(spec.model_copy(update={"activation": "gelu"}), shard)
+    swiglu = te_block_casts(spec, shard)
+    ffn = spec.ffn_hidden_size
+    # beside the extra cast, SwiGLU's down projection input (ffn wide) is what GeLU's is
+    assert swiglu.bytes_bwd - gelu.bytes_bwd == 4 * TOKENS * 2 * ffn
+    assert swiglu.kernels_bwd - gelu.kernels_bwd == 1
+
+
+def test_weights_are_cast_and_transposed_once_per_step():
+    """4 B per weight of the block's four linears (read 2, write 1 + 1), at TP 8."""
+    spec = resolve_model("llama3-8b")
+    h, ffn, kv = spec.hidden_size, spec.ffn_hidden_size, spec.num_kv_heads * spec.kv_channels
+    weights = (h * (h + 2 * kv) + h * h + h * 2 * ffn + ffn * h) / 8
+    assert te_weight_casts(spec, Shard(mbs=1, seq=1, tp=8)) == (4 * weights, 4)
+
+
+def test_latent_attention_is_not_priced():
+    assert te_block_casts(resolve_model("deepseek-v3"), Shard(mbs=1, seq=TOKENS, tp=1)).bytes_bwd == 0
+
+
+def _predict(precision: str, fp8_casts: str, tp: int = 8, sp: bool = True):
+    spec = resolve_model("llama3-70b")
+    model = CostModel(
+        spec, Cluster.of(resolve_gpu("h100"), tp * 2), CostOptions.of(precision=precision, fp8_casts=fp8_casts)
+    )
+    layout = Layout(
+        tp=tp,
+        pp=2,
+        dp=1,
+        vpp=1,
+        mbs=1,
+        num_microbatches=8,
+        schedule="1f1b",
+        recompute=("full", "full"),
+        sequence_parallel=sp,
+        zero_stage=1,
+        stage_layers=even_stage_layers(spec.num_layers, 2, 1, "1f1b"),
+    )
+    return model, predict(model, layout, 8, 4096)
+
+
+def test_the_casts_add_their_bytes_to_each_block_and_the_weights_once_per_step():
+    model, unpriced = _predict("fp8", "none")
+    _, priced = _predict("fp8", "transformer_engine")
+    shard = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
+    casts = te_block_casts(model.spec, shard)
+    per_layer = model.analytic.elementwise_time(casts.bytes_fwd, casts.kernels_fwd) + model.analytic.elementwise_time(
+        casts.bytes_bwd, casts.kernels_bwd
+    )
+    layers = model.spec.num_layers // 2
+    # full recompute runs each forward twice
+    forward_s = model.analytic.elementwise_time(casts.bytes_fwd, casts.kernels_fwd)
+    compute = priced.time_breakdown_s["compute"] - unpriced.time_breakdown_s["compute"]
+    assert compute == pytest.approx(8 * layers * (per_layer + forward_s), rel=0.02)
+    assert "fp8_weight_casts" not in unpriced.time_breakdown_s
+    weights = te_weight_casts(model.spec, shard)[0] * layers
+    one_kernel_per_weight = 4 * layers * model.analytic.overhead_s
+    expected = weights / model.analytic.mem_bw + one_kernel_per_weight
+    assert priced.time_breakdown_s["fp8_weight_casts"] == pytest.approx(expected, rel=0.01)
+
+
+def test_sequence_parallel_all_gathers_move_one_byte_per_element_under_fp8():
+    """The block's all-gathers carry the fp8 copies: TP communication drops; its reduce-scatters
+    and, without sequence parallelism, its all-reduces stay bf16."""
+    _, unpriced = _predict("fp8", "none")
+    _, priced = _predict("fp8", "transformer_engine")
+    assert priced.time_breakdown_s["tp_cp_comm"] < unpriced.time_breakdown_s["tp_cp_comm"]
+    _, unpriced_ar = _predict("fp8", "none", sp=False)
+    _, priced_ar = _predict("fp8", "transformer_engine", sp=False)
+    assert priced_ar.time_breakdown_s["tp_cp_comm"] == pytest.approx(unpriced_ar.time_breakdown_s["tp_cp_comm"])
+
+
+def test_bf16_training_is_unchanged():
+    _, te = _predict("bf16", "transformer_engine")
+    _, none = _predict("bf16", "none")
+    assert te.step_time_s == none.step_time_s
+
+
+@pytest.mark.parametrize(
+    ("runtime", "casts"),
+    [
+        ("megatron@0.19", "transformer_engine"),
+        ("nemo@2024", "transformer_engine"),
+        ("torchtitan@0.3", "none"),
+        ("torch@2.13", "none"),
+        ("hai-llm@2024", "none"),
+    ],
+)
+def test_runtimes_on_transformer_engine_price_its_casts(runtime, casts):
+    """megatron-core and NeMo run FP8 through Transformer Engine; torchtitan and torch through
+    torchao's float8 and DeepSeek's framework through its own kernels, which are not priced."""
+    assert resolve_runtime(runtime).costs.get("fp8_casts", "transformer_engine") == casts
+
+
+def test_where_fp8_gemms_take_any_layout_each_operand_is_written_once_and_nothing_is_transposed():
+    """Blackwell (compute capability 10.0): Transformer Engine 2.x writes no transposed copy."""
+    spec = resolve_model("gpt3-175b")
+    shard = Shard(mbs=1, seq=TOKENS, tp=4, sequence_parallel=True)
+    casts = te_block_casts(spec, shard, transposes=False)
+    local = TOKENS // 4
+    forward = 3 * TOKENS * (H // 4) - local * H - local * H - TOKENS * H
+    row_parallel_grad = 3 * local * H + 2 * local * H  # cast on the shard, gathered; the bias pass
+    backward = 3 * TOKENS * (3 * H // 4) + 2 * row_parallel_grad
+    assert (casts.bytes_fwd, casts.bytes_bwd) == (forward, backward)
+    assert (casts.kernels_fwd, casts.kernels_bwd) == (1, 1 + 2 + 2)
+    assert te_weight_casts(spec, shard, transposes=False)[0] == 3 / 4 * te_weight_casts(spec, shard)[0]
+
+
+def test_only_blackwell_presets_take_any_fp8_layout():
+    layouts = {name: resolve_gpu(name).fp8_gemm_layouts for name in ("h100", "h800", "h200", "h100-96gb", "b200")}
+    assert layouts == {"h100": "tn", "h800": "tn", "h200": "tn", "h100-96gb": "tn", "b200": "any"}
