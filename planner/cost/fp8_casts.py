@@ -1,4 +1,5 @@
-"""The memory-bound kernels Transformer Engine adds around a block's linears under FP8 training.
+"""The memory-bound kernels FP8 training adds around a block's linears: Transformer Engine's and
+torchao's.
 
 Transformer Engine quantizes every bf16 operand of a linear's GEMMs to fp8 before the GEMM
 (per-tensor scaling; transformer_engine/pytorch/module/{linear,layernorm_linear,layernorm_mlp,
@@ -25,7 +26,19 @@ micro-batches reuse the cached copies). Under sequence parallelism the tensor-pa
 all-gathers move the fp8 copies, 1 B per element (`GATHERED_FP8_BYTES`).
 
 On an "any"-layout GPU every cast writes its one copy (read 2, write 1 B) and the transposes are
-gone. Priced for the standard attention block and a dense MLP; latent attention's projections and an
+gone.
+
+torchao's float8 training (`torchao_block_casts`; the "tensorwise" recipe torchtitan defaults to)
+scales each operand by its own amax each time, and its kernels are what torch.compile generates
+around `Float8Linear`; their traffic is taken from torchao's own roofline model of them
+(torchao/testing/training/roofline_utils.py at 104f01a, `get_tensor_memory_traffic_ovhd_s`,
+`get_float8_mem_sympy`): an activation or output gradient takes an amax pass (read 2 B per element,
+or nothing where it fuses with the op that produced the tensor: the model's `enable_fusion_modeling`)
+and a cast writing it twice in fp8 (read 2, write 1 + 1), 4 to 6 B, priced at the middle, 5; a weight
+takes an amax pass and two casts, one for the forward GEMM and one transposed for the backward
+(2 + 3 + 3 = 8 B), every micro-batch. Each two-stage amax is two kernels.
+
+Priced for the standard attention block and a dense MLP; latent attention's projections and an
 MoE block's experts (Transformer Engine's grouped linears) are not priced here.
 """
 
@@ -37,9 +50,10 @@ from typing import Literal, get_args
 from planner.cost.shapes import Shard, attention_gemms, transformer_gemms
 from planner.spec import ModelSpec
 
-Fp8Casts = Literal["transformer_engine", "none"]
+Fp8Casts = Literal["transformer_engine", "torchao", "none"]
 FP8_CASTS: tuple[str, ...] = get_args(Fp8Casts)
-"""How FP8 operands are quantized: Transformer Engine's kernels (priced), or not priced."""
+"""How FP8 operands are quantized: Transformer Engine's kernels, torchao's float8 training
+(tensorwise scaling under torch.compile), or not priced."""
 
 CAST_TRANSPOSE_BYTES = 4
 """A bf16 element cast to fp8 and written twice, as is and transposed: read 2, write 1 + 1."""
@@ -53,6 +67,15 @@ FUSED_OUTPUT_SAVING = 1
 """A producer fused with the cast writes 1 byte per element instead of bf16's 2."""
 GATHERED_FP8_BYTES = 1
 """Bytes per element of a sequence-parallel all-gather of an fp8 operand."""
+TORCHAO_OPERAND_BYTES = (4 + 6) / 2
+"""torchao tensorwise, an activation or output gradient: cast written twice (read 2, write 1 + 1),
+plus an amax pass (read 2) unless fused with its producer: the middle of 4 and 6 B."""
+TORCHAO_OPERAND_KERNELS = 3
+"""The amax's two stages and the cast."""
+TORCHAO_WEIGHT_BYTES = (2 + 3, 3)
+"""torchao tensorwise, a weight: forward amax (read 2) and cast (read 2, write 1); backward the
+transposed cast (read 2, write 1)."""
+TORCHAO_WEIGHT_KERNELS = (3, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +138,32 @@ def te_weight_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> t
     gemms = attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard)
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
     return cast * sum(g.n * g.k * g.count for g in gemms), len(gemms)
+
+
+def torchao_block_casts(spec: ModelSpec, shard: Shard) -> CastWork:
+    """What torchao's tensorwise float8 training adds to one block's forward and backward on one
+    GPU, per micro-batch: each linear's input, weight and output gradient scaled and cast (the
+    module docstring), as torchao's roofline model of its compiled kernels counts them."""
+    if spec.is_mla:
+        return CastWork()
+    gemms = attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard)
+    fwd = bwd = 0.0
+    for g in gemms:
+        fwd += g.count * (TORCHAO_OPERAND_BYTES * g.m * g.k + TORCHAO_WEIGHT_BYTES[0] * g.n * g.k)
+        bwd += g.count * (TORCHAO_OPERAND_BYTES * g.m * g.n + TORCHAO_WEIGHT_BYTES[1] * g.n * g.k)
+    linears = len(gemms)
+    return CastWork(
+        bytes_fwd=fwd,
+        bytes_bwd=bwd,
+        kernels_fwd=linears * (TORCHAO_OPERAND_KERNELS + TORCHAO_WEIGHT_KERNELS[0]),
+        kernels_bwd=linears * (TORCHAO_OPERAND_KERNELS + TORCHAO_WEIGHT_KERNELS[1]),
+    )
+
+
+def block_casts(fp8_casts: Fp8Casts, spec: ModelSpec, shard: Shard, transposes: bool = True) -> CastWork:
+    """What `fp8_casts`'s quantization kernels add to one block's passes (nothing for "none")."""
+    if fp8_casts == "transformer_engine":
+        return te_block_casts(spec, shard, transposes)
+    if fp8_casts == "torchao":
+        return torchao_block_casts(spec, shard)
+    return CastWork()

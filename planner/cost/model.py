@@ -19,7 +19,7 @@ from typing import Protocol
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute, LayerTimes
-from planner.cost.fp8_casts import GATHERED_FP8_BYTES, te_block_casts
+from planner.cost.fp8_casts import GATHERED_FP8_BYTES, block_casts
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
@@ -171,8 +171,9 @@ class AnalyticSource:
                 elementwise_bytes_fwd=work.elementwise_bytes_fwd * kernels.elementwise_traffic,
                 elementwise_bytes_bwd=work.elementwise_bytes_bwd * kernels.elementwise_traffic,
             )
-        if kind == "transformer" and kernels.te_fp8:
-            casts = te_block_casts(self.spec, shard, transposes=self.compute.gpu.fp8_gemm_layouts == "tn")
+        if kind == "transformer" and kernels.precision == "fp8":
+            transposes = self.compute.gpu.fp8_gemm_layouts == "tn"
+            casts = block_casts(kernels.fp8_casts, self.spec, shard, transposes)
             work = replace(
                 work,
                 elementwise_bytes_fwd=work.elementwise_bytes_fwd + casts.bytes_fwd,

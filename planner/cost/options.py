@@ -45,8 +45,9 @@ class KernelOptions:
     precision: Precision = "bf16"
     """GEMM precision of the linear layers: "bf16", or "fp8" at the GPU's fp8 peak."""
     fp8_casts: Fp8Casts = "transformer_engine"
-    """Under fp8, the kernels that quantize the linears' operands: "transformer_engine"
-    (priced: planner/cost/fp8_casts.py) or "none" (not priced)."""
+    """Under fp8, the kernels that quantize the linears' operands: "transformer_engine",
+    "torchao" (tensorwise float8 under torch.compile) or "none" (not priced):
+    planner/cost/fp8_casts.py."""
     attention: AttentionImpl = "flash2"
     """The attention core's kernel: "flash2", "flash3", "cudnn", "triton_fa1" or "unfused"."""
     dropout: bool = False

@@ -18,7 +18,7 @@ VERSIONS = (
         summary="torch 2.13's pipelining schedules with DTensor TP: backward collectives exposed, non-reentrant "
         "checkpoint with early stop, sends overlapping compute",
         costs={
-            "fp8_casts": "none",
+            "fp8_casts": "torchao",
             "tp_backward_overlap": "none",
             "recompute_early_stop": True,
             "wgrad_accumulation": "none",

@@ -27,7 +27,7 @@ VERSIONS = (
         summary="torchtitan 0.3: FSDP2, per-op selective checkpointing, eager SwiGLU, DTensor TP (backward "
         "collectives exposed, sequence-dim copies), fresh gradients per micro-batch",
         costs={
-            "fp8_casts": "none",
+            "fp8_casts": "torchao",
             "selective_policy": "every_other_matmul",
             "eager_swiglu": True,
             "fsdp2": True,
@@ -53,7 +53,7 @@ VERSIONS = (
         summary="torchtitan of 2024 (its Llama 3 8B benchmarks): eager blocks (op-by-op elementwise traffic), "
         "torch's foreach AdamW, the eager fp32 loss, separate q/k/v projections",
         costs={
-            "fp8_casts": "none",
+            "fp8_casts": "torchao",
             "selective_policy": "every_other_matmul",
             "optimizer_kernels": "foreach",
             "sac_fused_qkv": False,

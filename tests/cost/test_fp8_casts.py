@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
-from planner.cost.fp8_casts import te_block_casts, te_weight_casts
+from planner.cost.fp8_casts import block_casts, te_block_casts, te_weight_casts, torchao_block_casts
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard
 from planner.layout import Layout, even_stage_layers
@@ -144,14 +144,14 @@ def test_bf16_training_is_unchanged():
     [
         ("megatron@0.19", "transformer_engine"),
         ("nemo@2024", "transformer_engine"),
-        ("torchtitan@0.3", "none"),
-        ("torch@2.13", "none"),
+        ("torchtitan@0.3", "torchao"),
+        ("torch@2.13", "torchao"),
         ("hai-llm@2024", "none"),
     ],
 )
 def test_runtimes_on_transformer_engine_price_its_casts(runtime, casts):
-    """megatron-core and NeMo run FP8 through Transformer Engine; torchtitan and torch through
-    torchao's float8 and DeepSeek's framework through its own kernels, which are not priced."""
+    """megatron-core and NeMo run FP8 through Transformer Engine, torchtitan and torch through
+    torchao's float8; DeepSeek's framework through kernels of its own, which are not priced."""
     assert resolve_runtime(runtime).costs.get("fp8_casts", "transformer_engine") == casts
 
 
@@ -172,3 +172,53 @@ def test_where_fp8_gemms_take_any_layout_each_operand_is_written_once_and_nothin
 def test_only_blackwell_presets_take_any_fp8_layout():
     layouts = {name: resolve_gpu(name).fp8_gemm_layouts for name in ("h100", "h800", "h200", "h100-96gb", "b200")}
     assert layouts == {"h100": "tn", "h800": "tn", "h200": "tn", "h100-96gb": "tn", "b200": "any"}
+
+
+def test_torchao_tensorwise_by_hand():
+    """torchao's roofline of its compiled float8 kernels (roofline_utils.py at 104f01a): per linear,
+    input and output gradient 4 B per element with the amax fused into their producer, 6 B without
+    (middle 5); the weight 2 + 3 forward, 3 backward; kernels 3 + 3 forward, 3 + 1 backward."""
+    spec = resolve_model("llama3-8b")  # TP 1: one fused QKV, the output, the gate+up, the down
+    shard = Shard(mbs=1, seq=TOKENS, tp=1)
+    h, ffn, kv = spec.hidden_size, spec.ffn_hidden_size, spec.num_kv_heads * spec.kv_channels
+    shapes = [(h, h + 2 * kv), (h, h), (h, 2 * ffn), (ffn, h)]  # (in, out) per linear
+    forward = sum(5 * TOKENS * k + 5 * k * n for k, n in shapes)
+    backward = sum(5 * TOKENS * n + 3 * k * n for k, n in shapes)
+    casts = torchao_block_casts(spec, shard)
+    assert (casts.bytes_fwd, casts.bytes_bwd) == (forward, backward)
+    assert (casts.kernels_fwd, casts.kernels_bwd) == (4 * 6, 4 * 4)
+    assert block_casts("torchao", spec, shard) == casts
+    assert block_casts("none", spec, shard).bytes_fwd == 0
+
+
+def test_torchtitan_fp8_pays_torchaos_casts_and_bf16_does_not():
+    spec = resolve_model("llama3-8b")
+    layout = Layout(
+        tp=1,
+        pp=1,
+        dp=8,
+        vpp=1,
+        mbs=1,
+        num_microbatches=1,
+        schedule="1f1b",
+        recompute=("none",),
+        sequence_parallel=False,
+        zero_stage=3,
+        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
+    )
+
+    def step(precision, fp8_casts):
+        options = CostOptions.of(fsdp2=True, precision=precision, fp8_casts=fp8_casts)
+        model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 8), options)
+        return model, predict(model, layout, 8, 8192)
+
+    model, none = step("fp8", "none")
+    _, torchao = step("fp8", "torchao")
+    casts = torchao_block_casts(spec, Shard(mbs=1, seq=8192, tp=1))
+    per_block = model.analytic.elementwise_time(casts.bytes_fwd, casts.kernels_fwd) + model.analytic.elementwise_time(
+        casts.bytes_bwd, casts.kernels_bwd
+    )
+    added = torchao.time_breakdown_s["compute"] - none.time_breakdown_s["compute"]
+    assert added == pytest.approx(spec.num_layers * per_block, rel=0.02)
+    assert "fp8_weight_casts" not in torchao.time_breakdown_s  # cast every micro-batch, inside the blocks
+    assert step("bf16", "torchao")[1].step_time_s == step("bf16", "none")[1].step_time_s
