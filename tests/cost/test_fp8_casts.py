@@ -81,24 +81,29 @@ def test_latent_attention_is_not_priced():
     assert te_block_casts(resolve_model("deepseek-v3"), Shard(mbs=1, seq=TOKENS, tp=1)).bytes_bwd == 0
 
 
+def _plain_1f1b(spec, *, tp, pp, dp, micro_batches, recompute, sp, zero):
+    """A 1F1B layout of micro-batch 1, even stages, one recompute mode on every rank."""
+    return Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        vpp=1,
+        mbs=1,
+        num_microbatches=micro_batches,
+        schedule="1f1b",
+        recompute=(recompute,) * pp,
+        sequence_parallel=sp,
+        zero_stage=zero,
+        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
+    )
+
+
 def _predict(precision: str, fp8_casts: str, tp: int = 8, sp: bool = True):
     spec = resolve_model("llama3-70b")
     model = CostModel(
         spec, Cluster.of(resolve_gpu("h100"), tp * 2), CostOptions.of(precision=precision, fp8_casts=fp8_casts)
     )
-    layout = Layout(
-        tp=tp,
-        pp=2,
-        dp=1,
-        vpp=1,
-        mbs=1,
-        num_microbatches=8,
-        schedule="1f1b",
-        recompute=("full", "full"),
-        sequence_parallel=sp,
-        zero_stage=1,
-        stage_layers=even_stage_layers(spec.num_layers, 2, 1, "1f1b"),
-    )
+    layout = _plain_1f1b(spec, tp=tp, pp=2, dp=1, micro_batches=8, recompute="full", sp=sp, zero=1)
     return model, predict(model, layout, 8, 4096)
 
 
@@ -193,19 +198,7 @@ def test_torchao_tensorwise_by_hand():
 
 def test_torchtitan_fp8_pays_torchaos_casts_and_bf16_does_not():
     spec = resolve_model("llama3-8b")
-    layout = Layout(
-        tp=1,
-        pp=1,
-        dp=8,
-        vpp=1,
-        mbs=1,
-        num_microbatches=1,
-        schedule="1f1b",
-        recompute=("none",),
-        sequence_parallel=False,
-        zero_stage=3,
-        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
-    )
+    layout = _plain_1f1b(spec, tp=1, pp=1, dp=8, micro_batches=1, recompute="none", sp=False, zero=3)
 
     def step(precision, fp8_casts):
         options = CostOptions.of(fsdp2=True, precision=precision, fp8_casts=fp8_casts)
