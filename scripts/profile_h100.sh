@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Profile llama3-8b, llama3-70b and gpt3-175b on one 8-GPU H100 node: every layer kind at
+# Measure one H100's bf16 and fp8 GEMM throughput by shape (scripts/measure_gemm_table.py: the
+# tables gpus.toml's `gemm_table` reads; fp8 has no measured table yet). Then profile
+# llama3-8b, llama3-70b and gpt3-175b on one 8-GPU H100 node: every layer kind at
 # TP 1, 2, 4, 8, micro-batch 1, 2, 4, sequence 2048, 4096, 8192 (gpt3-175b: 2048 only, its
 # 2048 learned positions), with and without full recomputation, in bf16; then the node's
 # collectives into each file. Resumable: run it again after an interruption or an error and
@@ -20,6 +22,8 @@ profile() {  # model, sequence lengths
     --device cuda --warmup 5 --repeats 20 -o "$file"
 }
 
+python scripts/measure_gemm_table.py --dtype fp8 -o "$OUT/gemm_h100_fp8.toml"
+python scripts/measure_gemm_table.py --dtype bf16 -o "$OUT/gemm_h100_bf16.toml"
 profile llama3-8b 2048,4096,8192
 profile llama3-70b 2048,4096,8192
 profile gpt3-175b 2048

@@ -87,15 +87,20 @@ def load_gemm_table(file_name: str) -> GemmTable:
         text = resources.files("planner.presets").joinpath(file_name).read_text()
     except (FileNotFoundError, IsADirectoryError) as exc:
         raise ConfigError(f"GEMM table '{file_name}' is not a file in planner/presets") from exc
+    return parse_gemm_table(text, file_name)
+
+
+def parse_gemm_table(text: str, name: str) -> GemmTable:
+    """The table a GEMM table file's `text` holds (ConfigError unless it is a full grid)."""
     data = tomllib.loads(text)
     rows = [(1, *point) for point in data["points"]] + [tuple(row) for row in data.get("batched", [])]
     rates: dict[tuple[int, int, int], float] = {}
     for b, m, n, k, tflops in rows:
         key = (int(b) * int(m), int(n), int(k))
         if tflops <= 0 or key in rates:
-            raise ConfigError(f"GEMM table '{file_name}': non-positive or repeated rate at {key}")
+            raise ConfigError(f"GEMM table '{name}': non-positive or repeated rate at {key}")
         rates[key] = math.log(tflops * 1e12)
     grids = tuple(tuple(sorted({key[axis] for key in rates})) for axis in range(3))
     if len(rates) != len(grids[0]) * len(grids[1]) * len(grids[2]):
-        raise ConfigError(f"GEMM table '{file_name}' is not a full grid over m {grids[0]}, n {grids[1]}, k {grids[2]}")
-    return GemmTable(name=file_name, dtype=data["dtype"], grids=grids, log_rates=rates, source=data["source"])
+        raise ConfigError(f"GEMM table '{name}' is not a full grid over m {grids[0]}, n {grids[1]}, k {grids[2]}")
+    return GemmTable(name=name, dtype=data["dtype"], grids=grids, log_rates=rates, source=data["source"])
