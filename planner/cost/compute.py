@@ -226,6 +226,5 @@ class AnalyticCompute:
         forward += attention_fwd
         backward_input += attention_bwd
         forward += self.elementwise_time(work.elementwise_bytes_fwd, work.kernels_fwd)
-        kernels_bwd = 2 * work.kernels_fwd if work.kernels_bwd is None else work.kernels_bwd
-        backward_input += self.elementwise_time(work.elementwise_bytes_bwd, kernels_bwd)
+        backward_input += self.elementwise_time(work.elementwise_bytes_bwd, work.backward_kernels)
         return LayerTimes(forward_s=forward, backward_input_s=backward_input, backward_weight_s=backward_weight)

@@ -47,8 +47,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from planner.cost.shapes import Shard, attention_gemms, transformer_gemms
-from planner.spec import ModelSpec
+from planner.cost.shapes import Gemm, Shard, attention_gemms, transformer_gemms
+from planner.spec import GpuSpec, ModelSpec
 
 Fp8Casts = Literal["transformer_engine", "torchao", "none"]
 FP8_CASTS: tuple[str, ...] = get_args(Fp8Casts)
@@ -88,13 +88,26 @@ class CastWork:
     kernels_bwd: int = 0
 
 
+def writes_transposes(gpu: GpuSpec) -> bool:
+    """Whether an fp8 operand is also written transposed on `gpu` (its FP8 GEMMs take "TN" only)."""
+    return gpu.fp8_gemm_layouts == "tn"
+
+
+def _priced_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
+    """The block's linears whose quantization is priced: a standard attention block's and its
+    dense MLP's (an MoE block's attention only; none under latent attention)."""
+    if spec.is_mla:
+        return ()
+    return tuple(attention_gemms(spec, shard)) if spec.is_moe else transformer_gemms(spec, shard)
+
+
 def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> CastWork:
     """What Transformer Engine's FP8 quantization adds to one block's forward and backward on
     one GPU, per micro-batch (the table in the module docstring); `transposes`: the GPU's FP8
     GEMMs take the "TN" layout only, so each operand is also written transposed."""
-    if spec.is_mla:
+    gemms = {g.name: g for g in _priced_gemms(spec, shard)}
+    if not gemms:
         return CastWork()
-    gemms = {g.name: g for g in (attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard))}
     h, tokens, rep_tokens = spec.hidden_size, shard.local_tokens, shard.elementwise_tokens
     gathered = shard.tp > 1 and shard.sequence_parallel
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
@@ -133,9 +146,7 @@ def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> Ca
 def te_weight_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> tuple[float, int]:
     """HBM bytes and kernels (one per weight) of one block's once-per-step cast of its priced
     linears' weights into fp8 (and their transposes on a "TN"-only GPU), on one GPU."""
-    if spec.is_mla:
-        return 0.0, 0
-    gemms = attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard)
+    gemms = _priced_gemms(spec, shard)
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
     return cast * sum(g.n * g.k * g.count for g in gemms), len(gemms)
 
@@ -144,9 +155,7 @@ def torchao_block_casts(spec: ModelSpec, shard: Shard) -> CastWork:
     """What torchao's tensorwise float8 training adds to one block's forward and backward on one
     GPU, per micro-batch: each linear's input, weight and output gradient scaled and cast (the
     module docstring), as torchao's roofline model of its compiled kernels counts them."""
-    if spec.is_mla:
-        return CastWork()
-    gemms = attention_gemms(spec, shard) if spec.is_moe else transformer_gemms(spec, shard)
+    gemms = _priced_gemms(spec, shard)
     fwd = bwd = 0.0
     for g in gemms:
         fwd += g.count * (TORCHAO_OPERAND_BYTES * g.m * g.k + TORCHAO_WEIGHT_BYTES[0] * g.n * g.k)

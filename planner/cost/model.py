@@ -19,7 +19,7 @@ from typing import Protocol
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute, LayerTimes
-from planner.cost.fp8_casts import GATHERED_FP8_BYTES, block_casts
+from planner.cost.fp8_casts import GATHERED_FP8_BYTES, block_casts, writes_transposes
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
@@ -172,15 +172,13 @@ class AnalyticSource:
                 elementwise_bytes_bwd=work.elementwise_bytes_bwd * kernels.elementwise_traffic,
             )
         if kind == "transformer" and kernels.precision == "fp8":
-            transposes = self.compute.gpu.fp8_gemm_layouts == "tn"
-            casts = block_casts(kernels.fp8_casts, self.spec, shard, transposes)
+            casts = block_casts(kernels.fp8_casts, self.spec, shard, writes_transposes(self.compute.gpu))
             work = replace(
                 work,
                 elementwise_bytes_fwd=work.elementwise_bytes_fwd + casts.bytes_fwd,
                 elementwise_bytes_bwd=work.elementwise_bytes_bwd + casts.bytes_bwd,
                 kernels_fwd=work.kernels_fwd + casts.kernels_fwd,
-                kernels_bwd=(2 * work.kernels_fwd if work.kernels_bwd is None else work.kernels_bwd)
-                + casts.kernels_bwd,
+                kernels_bwd=work.backward_kernels + casts.kernels_bwd,
             )
         times = self.compute.layer_times(work, kernels.attention)
         if kernels.cuda_graphs:

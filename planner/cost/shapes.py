@@ -133,6 +133,11 @@ class LayerWork:
     def gemm_flops(self) -> float:
         return sum(g.flops for g in self.gemms)
 
+    @property
+    def backward_kernels(self) -> int:
+        """Kernel launches in the backward (`kernels_bwd`, or twice the forward's)."""
+        return 2 * self.kernels_fwd if self.kernels_bwd is None else self.kernels_bwd
+
 
 def attention_head_dims(spec: ModelSpec) -> tuple[int, int]:
     """Per-head width of q and k, and of v: (d, d), or MLA's (nope + rope, v_head_dim)."""

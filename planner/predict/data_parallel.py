@@ -6,7 +6,7 @@ from __future__ import annotations
 from planner.cost import memory
 from planner.cost import step as step_costs
 from planner.cost.comm import grad_bucket_count
-from planner.cost.fp8_casts import te_weight_casts
+from planner.cost.fp8_casts import te_weight_casts, writes_transposes
 from planner.cost.model import CostModel
 from planner.cost.options import DataParallelOptions
 from planner.cost.overlap import comm_sm_fraction, overlapped_extra_time
@@ -99,7 +99,7 @@ def fp8_weight_cast_time(model: CostModel, layout: Layout) -> float:
     """Seconds of the step's one cast of the busiest rank's block weights into fp8 and their
     transposes (Transformer Engine on the first micro-batch: planner/cost/fp8_casts.py)."""
     shard = layout_shard(layout, seq=1)  # the weights' shapes do not depend on the micro-batch's
-    nbytes, kernels = te_weight_casts(model.spec, shard, transposes=model.cluster.gpu.fp8_gemm_layouts == "tn")
+    nbytes, kernels = te_weight_casts(model.spec, shard, writes_transposes(model.cluster.gpu))
     layers = max(layers_on(layout, rank) for rank in range(layout.pp))
     return model.analytic.elementwise_time(layers * nbytes, layers * kernels)
 
