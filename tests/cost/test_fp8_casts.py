@@ -12,10 +12,10 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.fp8_casts import block_casts, te_block_casts, te_weight_casts, torchao_block_casts
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard
-from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
 from planner.runtimes import resolve as resolve_runtime
 from planner.spec import Cluster
+from tests.cost.layouts import even_1f1b
 
 H = 12288  # GPT-3 175B
 TOKENS = 2048  # micro-batch 1 x sequence 2048
@@ -81,29 +81,12 @@ def test_latent_attention_is_not_priced():
     assert te_block_casts(resolve_model("deepseek-v3"), Shard(mbs=1, seq=TOKENS, tp=1)).bytes_bwd == 0
 
 
-def _plain_1f1b(spec, *, tp, pp, dp, micro_batches, recompute, sp, zero):
-    """A 1F1B layout of micro-batch 1, even stages, one recompute mode on every rank."""
-    return Layout(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        vpp=1,
-        mbs=1,
-        num_microbatches=micro_batches,
-        schedule="1f1b",
-        recompute=(recompute,) * pp,
-        sequence_parallel=sp,
-        zero_stage=zero,
-        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
-    )
-
-
 def _predict(precision: str, fp8_casts: str, tp: int = 8, sp: bool = True):
     spec = resolve_model("llama3-70b")
     model = CostModel(
         spec, Cluster.of(resolve_gpu("h100"), tp * 2), CostOptions.of(precision=precision, fp8_casts=fp8_casts)
     )
-    layout = _plain_1f1b(spec, tp=tp, pp=2, dp=1, micro_batches=8, recompute="full", sp=sp, zero=1)
+    layout = even_1f1b(spec, tp=tp, pp=2, micro_batches=8, recompute="full", sp=sp)
     return model, predict(model, layout, 8, 4096)
 
 
@@ -198,7 +181,7 @@ def test_torchao_tensorwise_by_hand():
 
 def test_torchtitan_fp8_pays_torchaos_casts_and_bf16_does_not():
     spec = resolve_model("llama3-8b")
-    layout = _plain_1f1b(spec, tp=1, pp=1, dp=8, micro_batches=1, recompute="none", sp=False, zero=3)
+    layout = even_1f1b(spec, dp=8, micro_batches=1, zero=3)
 
     def step(precision, fp8_casts):
         options = CostOptions.of(fsdp2=True, precision=precision, fp8_casts=fp8_casts)

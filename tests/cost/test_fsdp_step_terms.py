@@ -14,9 +14,9 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import step
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard
-from planner.layout import Layout, even_stage_layers
 from planner.predict import fsdp_root_params, predict
 from planner.spec import Cluster
+from tests.cost.layouts import even_1f1b
 
 SEQ = 2048
 
@@ -71,19 +71,7 @@ def _model(name, gpus, **options):
 
 
 def _fsdp(spec, dp, m, *, pp=1, zero=3):
-    return Layout(
-        tp=1,
-        pp=pp,
-        dp=dp,
-        vpp=1,
-        mbs=1,
-        num_microbatches=m,
-        schedule="1f1b",
-        recompute=("full",) * pp,
-        sequence_parallel=False,
-        zero_stage=zero,
-        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
-    )
+    return even_1f1b(spec, pp=pp, dp=dp, micro_batches=m, recompute="full", zero=zero)
 
 
 def test_fsdp2_copies_two_gathers_and_one_reduce_per_microbatch():

@@ -10,9 +10,9 @@ import pytest
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost import memory
 from planner.cost.model import CostModel, CostOptions
-from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
 from planner.spec import Cluster
+from tests.cost.layouts import even_1f1b
 
 SEQ = 2048
 
@@ -20,19 +20,7 @@ SEQ = 2048
 def _predict(tp, dp, zero, **options):
     spec = resolve_model("megatron-gpt-1.7b")
     model = CostModel(spec, Cluster.of(resolve_gpu("a100-80gb"), tp * dp), CostOptions.of(dtype="fp16", **options))
-    layout = Layout(
-        tp=tp,
-        pp=1,
-        dp=dp,
-        vpp=1,
-        mbs=4,
-        num_microbatches=2,
-        schedule="1f1b",
-        recompute=("full",),
-        sequence_parallel=False,
-        zero_stage=zero,
-        stage_layers=even_stage_layers(spec.num_layers, 1, 1, "1f1b"),
-    )
+    layout = even_1f1b(spec, tp=tp, dp=dp, mbs=4, micro_batches=2, recompute="full", zero=zero)
     return model, predict(model, layout, dp * 8, SEQ)
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.model import CostModel, CostOptions
-from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs, predict
 from planner.spec import Cluster
+from tests.cost.layouts import even_1f1b
 
 SEQ = 2048
 
@@ -32,19 +32,7 @@ def _setup(
     spec = resolve_model("gpt3-175b")
     cluster = Cluster.of(resolve_gpu("a100-80gb"), tp * pp * dp, gpus_per_node=8)
     model = CostModel(spec, cluster, CostOptions.of(p2p_mode=mode, bf16_optimizer=bf16_optimizer))
-    layout = Layout(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        vpp=1,
-        mbs=1,
-        num_microbatches=m,
-        schedule="1f1b",
-        recompute=("full",) * pp,
-        sequence_parallel=sp,
-        zero_stage=zero,
-        stage_layers=even_stage_layers(spec.num_layers, pp, 1, "1f1b"),
-    )
+    layout = even_1f1b(spec, tp=tp, pp=pp, dp=dp, micro_batches=m, recompute="full", sp=sp, zero=zero)
     return model, layout
 
 

@@ -22,9 +22,9 @@ from planner.cost.stragglers import (
     load_speed_spread,
     straggler_slowdown,
 )
-from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
 from planner.spec import Cluster
+from tests.cost.layouts import even_1f1b
 
 
 def test_expected_slowest_equals_brute_force_over_every_draw():
@@ -109,20 +109,7 @@ def test_compute_bound_gemms_slow_by_the_factor_memory_bound_time_keeps_its_own(
 
 
 def _layout(spec, dp):
-    return Layout(
-        tp=8,
-        pp=2,
-        dp=dp,
-        cp=1,
-        vpp=1,
-        mbs=1,
-        num_microbatches=8,
-        schedule="1f1b",
-        recompute=("none", "none"),
-        sequence_parallel=True,
-        zero_stage=1,
-        stage_layers=even_stage_layers(spec.num_layers, 2, 1, "1f1b"),
-    )
+    return even_1f1b(spec, tp=8, pp=2, dp=dp, micro_batches=8, sp=True)
 
 
 def _prediction(spec, gpu, dp, options):
