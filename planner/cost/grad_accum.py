@@ -28,7 +28,7 @@ from typing import Literal, get_args
 
 from planner.cost.compute import AnalyticCompute
 
-WgradAccumulation = Literal["fused", "autograd", "none"]
+WgradAccumulation = Literal["fused", "autograd", "fp32_buffer", "none"]
 WGRAD_ACCUMULATION: tuple[str, ...] = get_args(WgradAccumulation)
 
 ACCUMULATE_READS_WRITES = 3
@@ -53,6 +53,21 @@ def autograd_accumulation_s(compute: AnalyticCompute, params: float, grad_bytes:
         return 0.0
     total = (microbatches - 1) * params * ACCUMULATE_READS_WRITES * grad_bytes / compute.mem_bw
     return total / microbatches
+
+
+FP32_BUFFER_ADD_BYTES_PER_PARAM = 10
+"""nanotron's FP32GradientAccumulator after every micro-batch's backward (`_accumulate_grad`,
+src/nanotron/optim/gradient_accumulator.py, v0.5: `fp32_grad.add_(half_param.grad)`, then
+`half_param.grad = None`): one mixed-dtype add reads the bf16 gradient (2 B) and the fp32
+accumulator (4 B) and writes the accumulator (4 B)."""
+
+
+def fp32_buffer_add_s(compute: AnalyticCompute, params: float) -> float:
+    """Seconds per micro-batch that nanotron's fp32 gradient accumulator spends adding the
+    bf16 weight gradients of `params` parameters into its fp32 buffer. Autograd writes a fresh
+    gradient every micro-batch (the previous one was set to None), so every micro-batch, the
+    first included, pays this. Per-tensor launches are not counted."""
+    return params * FP32_BUFFER_ADD_BYTES_PER_PARAM / compute.mem_bw if params > 0 else 0.0
 
 
 HP_GRAD_ADD_BYTES_PER_PARAM = 18

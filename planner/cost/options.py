@@ -25,7 +25,7 @@ Precision = Literal["bf16", "fp8"]
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 P2pMode = Literal["overlapped", "blocking", "deepspeed", "deepspeed-whole-grads", "megatron-lm"]
 P2P_MODES: tuple[str, ...] = get_args(P2pMode)
-Zero1Exchange = Literal["reduce_scatter", "all_reduce_broadcast"]
+Zero1Exchange = Literal["reduce_scatter", "all_reduce_broadcast", "all_reduce_all_gather"]
 ZERO1_EXCHANGES: tuple[str, ...] = get_args(Zero1Exchange)
 
 
@@ -119,8 +119,10 @@ class DataParallelOptions:
     """Parameters per gradient-reduction bucket (0: Megatron-LM's default, max(40M, 1M x DP))."""
     zero1_exchange: Zero1Exchange = "reduce_scatter"
     """How a ZeRO-1 optimizer shares gradients and updated parameters: "reduce_scatter" (gradient
-    reduce-scatter, parameter all-gather) or "all_reduce_broadcast" (gradient all-reduce, then one
-    broadcast per data-parallel rank of the shard it updated)."""
+    reduce-scatter, parameter all-gather), "all_reduce_broadcast" (gradient all-reduce, then one
+    broadcast per data-parallel rank of the shard it updated) or "all_reduce_all_gather" (after
+    the backward, one all-reduce of the whole gradient buffer; after the step, one all-gather of
+    the updated shards; neither overlapped)."""
     fsdp2: bool = False
     """ZeRO-3 runs as FSDP2, copying gathered parameters and gradients on the compute stream."""
     fsdp1_grad_cat: bool = False

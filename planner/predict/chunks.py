@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 
 from planner.cost import memory
-from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
+from planner.cost.grad_accum import autograd_accumulation_s, fp32_buffer_add_s, hp_grad_add_s
 from planner.cost.model import CostModel, LayerCosts
 from planner.cost.segments import segment_layer_costs
 from planner.cost.shapes import Shard
@@ -118,7 +118,7 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
             fwd[rank] = [t + per_pass for t in fwd[rank]]
             bwd_in[rank] = [t + per_pass for t in bwd_in[rank]]
             tp_comm[rank] += excess / k
-    if model.options.data.wgrad_accumulation == "autograd" or model.options.data.bf16_optimizer:
+    if model.options.data.wgrad_accumulation in ("autograd", "fp32_buffer") or model.options.data.bf16_optimizer:
         for rank, row in enumerate(chunk_params):
             for chunk, held in enumerate(row):
                 bwd_w[rank][chunk] += _grad_accumulation_s(model, held, layout.num_microbatches) / k
@@ -149,11 +149,13 @@ def chunk_costs(model: CostModel, layout: Layout, seq: int) -> ChunkCosts:
 
 def _grad_accumulation_s(model: CostModel, params: float, microbatches: int) -> float:
     """Mean seconds per micro-batch the runtime spends accumulating the weight gradients of
-    `params` parameters outside the GEMMs: autograd's add into `.grad`, and DeepSpeed's
-    BF16_Optimizer's add into its fp32 accumulators (planner/cost/grad_accum.py)."""
+    `params` parameters outside the GEMMs: autograd's add into `.grad`, nanotron's and DeepSpeed's
+    BF16_Optimizer's adds into their fp32 accumulators (planner/cost/grad_accum.py)."""
     opts, seconds = model.options, 0.0
     if opts.data.wgrad_accumulation == "autograd":
         seconds += autograd_accumulation_s(model.analytic, params, model.dtype_bytes, microbatches)
+    if opts.data.wgrad_accumulation == "fp32_buffer":
+        seconds += fp32_buffer_add_s(model.analytic, params)
     if opts.data.bf16_optimizer:
         seconds += hp_grad_add_s(model.analytic, params)
     return seconds

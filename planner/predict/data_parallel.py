@@ -143,22 +143,23 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         groups.append((experts, edp, layout.ep * layout.expert_tp, False))
     reduce = gather = 0.0
     calls = 0
+    whole_buffer = layout.zero_stage == 1 and opts.data.zero1_exchange == "all_reduce_all_gather"
     for group_params, group_shards, stride, with_root in groups:
         if group_shards == 1 or group_params <= 0:
             continue
-        n = _dp_calls(layout, rank, group_params, opts.data, group_shards) + with_root
+        n = 1 if whole_buffer else _dp_calls(layout, rank, group_params, opts.data, group_shards) + with_root
         calls += n
         grad_bytes = group_params * opts.data.grad_reduce_bytes / n
         param_bytes = group_params * model.dtype_bytes / n
         broadcast = layout.zero_stage == 1 and opts.data.zero1_exchange == "all_reduce_broadcast"
-        if layout.zero_stage == 0 or broadcast or (layout.zero_stage == 1 and opts.data.bf16_optimizer):
+        if layout.zero_stage == 0 or broadcast or whole_buffer or (layout.zero_stage == 1 and opts.data.bf16_optimizer):
             reduce += n * net.all_reduce(grad_bytes, group_shards, stride)
         else:
             reduce += n * net.reduce_scatter(grad_bytes, group_shards, stride)
         if broadcast:  # each rank's updated shard, one broadcast per rank, one after another
             shard_bytes = group_params * model.dtype_bytes / group_shards
             gather += group_shards * net.broadcast(shard_bytes, group_shards, stride)
-        elif layout.zero_stage > 0:  # BF16_Optimizer: all-reduce, then its sharded step's all-gather
+        elif layout.zero_stage > 0:  # BF16_Optimizer, nanotron: all-reduce, then the sharded step's all-gather
             gather += n * net.all_gather(param_bytes, group_shards, stride)
     if not calls:
         return 0.0
@@ -178,6 +179,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         stream = step_costs.exposed_after_window(total, window, params, bucket, edge)
         return max(stream, overlapped_extra_time(total, window, sm_share, total * last_share))
 
+    if whole_buffer:  # after the backward and after the step, nothing to hide behind
+        return reduce + gather
     exposed = overlapped(reduce, backward) if opts.data.overlap_grad_reduce else reduce
     if gather:
         exposed += overlapped(gather, forward) if opts.data.overlap_param_gather else gather

@@ -101,7 +101,8 @@ def _rank_memory(
         block = (costs.params[rank] - root) / max(1, layers_on(layout, rank))
         weights += model.dtype_bytes * (2 * block + root)
     grads = dense * state.grads + expert_params * expert.grads
-    if model.options.data.bf16_optimizer and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
+    fp32_accumulator = model.options.data.bf16_optimizer or model.options.data.wgrad_accumulation == "fp32_buffer"
+    if fp32_accumulator and layout.zero_stage <= 1:  # bf16 .grad beside the fp32 buffer
         grads += params * model.dtype_bytes
     optimizer = dense * state.optimizer + expert_params * expert.optimizer
     tensors = weights + grads + optimizer + activations

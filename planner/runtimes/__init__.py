@@ -14,6 +14,7 @@ from planner.runtimes import (
     internlm,
     megatron,
     meta,
+    nanotron,
     nemo,
     torch_pipelining,
     torchtitan,
@@ -22,7 +23,18 @@ from planner.runtimes.base import Rule, RuntimeVersion
 
 RUNTIMES: dict[str, tuple[RuntimeVersion, ...]] = {
     module.RUNTIME: module.VERSIONS
-    for module in (megatron, nemo, torchtitan, torch_pipelining, deepspeed, composer, meta, hai_llm, internlm)
+    for module in (
+        megatron,
+        nemo,
+        torchtitan,
+        torch_pipelining,
+        deepspeed,
+        composer,
+        meta,
+        hai_llm,
+        internlm,
+        nanotron,
+    )
 }
 """Runtime name -> its versions, the newest first."""
 

@@ -1,9 +1,11 @@
-"""Weight-gradient accumulation by autograd, and DeepSpeed BF16_Optimizer's add of each bf16
-gradient into its fp32 accumulator (planner/cost/grad_accum.py), against torch's own ops:
+"""Weight-gradient accumulation by autograd, and DeepSpeed BF16_Optimizer's and nanotron's adds of
+each bf16 gradient into an fp32 accumulator (planner/cost/grad_accum.py), against torch's own ops:
 micro-batches of a linear layer's backward run for real on CPU under a dispatch mode that adds
 the bytes of every non-GEMM op on weight-sized tensors; and their place in `predict`."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
-from planner.cost.grad_accum import autograd_accumulation_s, hp_grad_add_s
+from planner.cost.grad_accum import autograd_accumulation_s, fp32_buffer_add_s, hp_grad_add_s
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout, even_stage_layers
 from planner.predict import chunk_costs, predict
@@ -69,6 +71,24 @@ def test_bf16_optimizer_adds_every_microbatch_gradient_into_fp32():
     assert modelled == pytest.approx(traffic.nbytes - backward_only)
 
 
+def test_nanotron_adds_every_microbatch_gradient_into_its_fp32_buffer():
+    """nanotron's FP32GradientAccumulator after each micro-batch's backward
+    (optim/gradient_accumulator.py `_accumulate_grad`): `fp32_grad.add_(half_param.grad)`, then
+    the bf16 gradient is dropped, so the next backward writes a fresh one."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48, bias=False, dtype=torch.bfloat16)
+    buffer = torch.zeros(layer.weight.shape, dtype=torch.float32)
+    microbatches = 3
+    with WeightTraffic(layer.weight.numel()) as traffic:
+        for _ in range(microbatches):
+            layer(torch.randn(8, 64, dtype=torch.bfloat16)).sum().backward()
+            buffer.add_(layer.weight.grad)
+            layer.weight.grad = None
+    compute = AnalyticCompute(resolve_gpu("h100"), "bf16")
+    modelled = microbatches * fp32_buffer_add_s(compute, layer.weight.numel()) * compute.mem_bw
+    assert modelled == pytest.approx(traffic.nbytes)
+
+
 def _setup(accumulation, m, pp=2, bf16_optimizer=False):
     spec = resolve_model("megatron-gpt-1.7b")
     model = CostModel(
@@ -122,6 +142,33 @@ def test_bf16_optimizer_charges_its_add_on_every_microbatch(m):
         assert extra == pytest.approx(plain.chunk_params[rank][0] * 18 / bf16_model.analytic.mem_bw, rel=1e-9)
 
 
+@pytest.mark.parametrize("m", [1, 8])
+def test_fp32_buffer_charges_its_add_on_every_microbatch(m):
+    """Against a runtime that leaves accumulation out: the same fresh 16-bit gradient from the
+    GEMM, plus the add into the fp32 buffer on every micro-batch, the first included."""
+    plain_model, layout = _setup("none", m)
+    buffer_model, _ = _setup("fp32_buffer", m)
+    plain, added = chunk_costs(plain_model, layout, 2048), chunk_costs(buffer_model, layout, 2048)
+    for rank in range(layout.pp):
+        extra = added.backward_weight_s[rank][0] - plain.backward_weight_s[rank][0]
+        assert extra == pytest.approx(plain.chunk_params[rank][0] * 10 / buffer_model.analytic.mem_bw, rel=1e-9)
+        assert added.forward_s[rank] == plain.forward_s[rank]
+
+
 def test_unknown_accumulation_is_refused():
     with pytest.raises(ValueError, match="wgrad_accumulation"):
         CostOptions.of(wgrad_accumulation="fp32_hook")
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_fp32_buffer_keeps_the_bf16_gradients_beside_it(zero):
+    """nanotron drops each bf16 gradient only after the whole backward has run
+    (FP32GradientAccumulator.backward: `loss.backward()`, then `_accumulate_grad` per parameter),
+    so at the peak every parameter has both its fp32 buffer entry and its 16-bit gradient."""
+    plain_model, layout = _setup("none", 4)
+    buffer_model, _ = _setup("fp32_buffer", 4)
+    layout = dataclasses.replace(layout, zero_stage=zero)
+    plain, buffered = predict(plain_model, layout, 16, 2048), predict(buffer_model, layout, 16, 2048)
+    params = chunk_costs(plain_model, layout, 2048).params
+    for rank, (without, beside) in enumerate(zip(plain.memory, buffered.memory)):
+        assert beside.grads - without.grads == pytest.approx(params[rank] * plain_model.dtype_bytes, rel=1e-9)

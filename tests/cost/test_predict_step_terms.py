@@ -14,6 +14,7 @@ from planner.cost.comm import megatron_bucket_params
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout, even_stage_layers
 from planner.predict import predict
+from planner.predict.data_parallel import exposed_dp_time
 from planner.spec import Cluster
 
 SEQ = 2048
@@ -256,6 +257,27 @@ def test_zero1_broadcast_exchange_charges_one_broadcast_per_rank():
     assert p.time_breakdown_s["dp_comm_exposed"] == pytest.approx(reduce + broadcasts, rel=1e-12)
     scatter = predict(_model("llama3-8b", dp, **{**options, "zero1_exchange": "reduce_scatter"}), layout, dp, SEQ)
     assert p.time_breakdown_s["dp_comm_exposed"] > scatter.time_breakdown_s["dp_comm_exposed"]
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(1, 1), (2, 2)])
+def test_zero1_whole_buffer_exchange_is_exposed_whole(tp, pp):
+    """nanotron's ZeRO-1 with fp32 accumulation (`zero1_exchange="all_reduce_all_gather"`): after
+    the backward one all-reduce of the rank's whole fp32 gradient buffer, after the step one
+    all-gather of the updated bf16 shards, neither behind any compute, whatever the overlap
+    flags say (they are DDP's, which nanotron does not wrap the model in under ZeRO-1)."""
+    from planner.predict import chunk_costs
+
+    dp = 16
+    options = dict(zero1_exchange="all_reduce_all_gather", grad_reduce_bytes=4, overlap_grad_reduce=True)
+    model = _model("llama3-8b", tp * pp * dp, **options)
+    layout = _layout(model.spec, tp, pp, dp, 8)
+    costs = chunk_costs(model, layout, SEQ)
+    for rank in range(pp):
+        params = costs.params[rank]
+        expected = model.network.all_reduce(params * 4, dp, tp) + model.network.all_gather(params * 2, dp, tp)
+        assert exposed_dp_time(model, layout, costs, rank) == pytest.approx(expected, rel=1e-12)
+    megatron = _model("llama3-8b", tp * pp * dp, **{**options, "zero1_exchange": "reduce_scatter"})
+    assert exposed_dp_time(model, layout, costs, 0) > exposed_dp_time(megatron, layout, costs, 0)
 
 
 def test_runtime_bucket_size_sets_the_call_count():
