@@ -28,6 +28,26 @@ all-gathers move the fp8 copies, 1 B per element (`GATHERED_FP8_BYTES`).
 On an "any"-layout GPU every cast writes its one copy (read 2, write 1 B) and the transposes are
 gone.
 
+That is the "delayed" recipe (each scale from an amax history; Megatron-LM's `--fp8-recipe`
+default). Under "tensorwise" (per-tensor current scaling, TE 2.x `Float8CurrentScaling`; read at
+v2.8: csrc/quantizer.cpp `Float8CurrentScalingQuantizer::quantize_impl`, csrc/extensions/
+normalization.cpp and activation.cpp, module/base.py `grad_output_preprocess`,
+module/layernorm_mlp.py `_act_func`) each tensor is scaled by its own amax, taken before the cast:
+
+    a standalone cast (output projection input, every output gradient, each weight once per
+        step): an amax pass first, read 2 B per element, and the scale computed from it
+    the norms' and the activation's outputs: no fused fp8 output; the producer writes bf16 and
+        its amax, then a cast; under sequence parallelism (norm outputs) the shard is cast, read 2
+        and write 1 B, gathered and transposed as before; otherwise cast and transposed at once,
+        4 B, with no transpose in the backward
+    the activation's backward: no fused cast for GeLU either; amax pass and cast-transpose
+    under sequence parallelism, the norm outputs' and the row-parallel output gradients' amaxes
+        all-reduced over the tensor-parallel group (`amax_reductions`), four per block
+
+Transformer Engine's own GEMM benchmark checks the per-element counts: on an H200 NVL, quantizing
+both operands of a layer's 12 GEMMs in autocast adds 2.19 ms with delayed scaling and 3.50 ms with
+current scaling, 6 against 4 B per element at the same bandwidth (docs/h100_rates.md).
+
 torchao's float8 training (`torchao_block_casts`; the "tensorwise" recipe torchtitan defaults to)
 scales each operand by its own amax each time, and its kernels are what torch.compile generates
 around `Float8Linear`; their traffic is taken from torchao's own roofline model of them
@@ -55,6 +75,19 @@ FP8_CASTS: tuple[str, ...] = get_args(Fp8Casts)
 """How FP8 operands are quantized: Transformer Engine's kernels, torchao's float8 training
 (tensorwise scaling under torch.compile), or not priced."""
 
+Fp8Recipe = Literal["delayed", "tensorwise"]
+FP8_RECIPES: tuple[str, ...] = get_args(Fp8Recipe)
+"""Transformer Engine's scaling of its FP8 tensors, by Megatron-LM's `--fp8-recipe` names:
+"delayed" (each scale from an amax history, the amax taken inside the cast) or "tensorwise"
+(per-tensor current scaling: each tensor's own amax, taken before its cast)."""
+
+AMAX_BYTES = 2
+"""Under "tensorwise", the amax pass before a cast: read the bf16 tensor once."""
+AMAX_KERNELS = 2
+"""The amax (nvte_compute_amax) and the scale computed from it (nvte_compute_scale_from_amax)."""
+SCALE_AND_CAST_KERNELS = 2
+"""Under "tensorwise", where a norm or an activation takes the amax as it writes its bf16 output
+(TE 2.x `FUSED_NORM_AMAX_FP8`, `FUSED_ACTIVATION_AMAX_FP8`): the scale and the cast after it."""
 CAST_TRANSPOSE_BYTES = 4
 """A bf16 element cast to fp8 and written twice, as is and transposed: read 2, write 1 + 1."""
 CAST_BYTES = 3
@@ -101,54 +134,86 @@ def _priced_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
     return tuple(attention_gemms(spec, shard)) if spec.is_moe else transformer_gemms(spec, shard)
 
 
-def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> CastWork:
+def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True, recipe: Fp8Recipe = "delayed") -> CastWork:
     """What Transformer Engine's FP8 quantization adds to one block's forward and backward on
-    one GPU, per micro-batch (the table in the module docstring); `transposes`: the GPU's FP8
-    GEMMs take the "TN" layout only, so each operand is also written transposed."""
+    one GPU, per micro-batch, under `recipe` (the tables in the module docstring); `transposes`:
+    the GPU's FP8 GEMMs take the "TN" layout only, so each operand is also written transposed."""
     gemms = {g.name: g for g in _priced_gemms(spec, shard)}
     if not gemms:
         return CastWork()
     h, tokens, rep_tokens = spec.hidden_size, shard.local_tokens, shard.elementwise_tokens
     gathered = shard.tp > 1 and shard.sequence_parallel
+    tensorwise = recipe == "tensorwise"
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
     transpose, transpose_kernels = (TRANSPOSE_BYTES, 1) if transposes else (0, 0)
+    amax, amax_kernels = (AMAX_BYTES, AMAX_KERNELS) if tensorwise else (0, 0)
     fwd = bwd = 0.0
     kernels_fwd = kernels_bwd = 0
 
+    def norm_output() -> tuple[float, int, float, int]:
+        """A norm's output, the input of a column-parallel linear: forward bytes and kernels,
+        backward bytes and kernels."""
+        if not tensorwise:  # the norm writes fp8; its transpose for the weight gradient later
+            return -FUSED_OUTPUT_SAVING * rep_tokens * h, 0, transpose * tokens * h, transpose_kernels
+        if gathered:  # the norm writes bf16 and its amax; the shard cast, gathered, transposed later
+            return CAST_BYTES * rep_tokens * h, SCALE_AND_CAST_KERNELS, transpose * tokens * h, transpose_kernels
+        return cast * tokens * h, SCALE_AND_CAST_KERNELS, 0.0, 0  # cast and transposed at once
+
     def row_parallel_output_grad(bias: bool) -> tuple[float, int]:
         if not gathered:
-            return cast * tokens * h, 1
+            return (amax + cast) * tokens * h, 1 + amax_kernels
         local = tokens / shard.tp * h
-        nbytes = CAST_BYTES * local + transpose * tokens * h + (BIAS_GRAD_BYTES * local if bias else 0.0)
-        return nbytes, 1 + transpose_kernels + int(bias)
+        nbytes = (amax + CAST_BYTES) * local + transpose * tokens * h + (BIAS_GRAD_BYTES * local if bias else 0.0)
+        return nbytes, 1 + amax_kernels + transpose_kernels + int(bias)
 
     qkv, out = gemms["qkv"], gemms["attn_out"]
-    fwd -= FUSED_OUTPUT_SAVING * rep_tokens * h  # the attention norm writes fp8
-    fwd += cast * tokens * out.k
-    kernels_fwd += 1
-    bwd += cast * tokens * qkv.n + transpose * tokens * h
-    kernels_bwd += 1 + transpose_kernels
+    f, kf, b, kb = norm_output()
+    fwd, kernels_fwd, bwd, kernels_bwd = fwd + f, kernels_fwd + kf, bwd + b, kernels_bwd + kb
+    fwd += (amax + cast) * tokens * out.k
+    kernels_fwd += 1 + amax_kernels
+    bwd += (amax + cast) * tokens * qkv.n
+    kernels_bwd += 1 + amax_kernels
     nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
     bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
     if "mlp_up" in gemms:
         up, down = gemms["mlp_up"], gemms["mlp_down"]
-        fwd -= FUSED_OUTPUT_SAVING * (rep_tokens * h + tokens * down.k)  # the MLP norm and the activation write fp8
-        bwd += transpose * tokens * (h + down.k)
-        kernels_bwd += 2 * transpose_kernels
-        if spec.activation != "gelu":  # only GeLU's backward is fused with the cast
-            bwd += cast * tokens * up.n
-            kernels_bwd += 1
+        f, kf, b, kb = norm_output()
+        fwd, kernels_fwd, bwd, kernels_bwd = fwd + f, kernels_fwd + kf, bwd + b, kernels_bwd + kb
+        if tensorwise:  # the activation writes bf16 and its amax; cast and transposed at once
+            fwd += cast * tokens * down.k
+            kernels_fwd += SCALE_AND_CAST_KERNELS
+        else:  # the activation writes fp8; its transpose for the weight gradient later
+            fwd -= FUSED_OUTPUT_SAVING * tokens * down.k
+            bwd += transpose * tokens * down.k
+            kernels_bwd += transpose_kernels
+        if spec.activation != "gelu" or tensorwise:  # only GeLU's backward fuses the delayed cast
+            bwd += (amax + cast) * tokens * up.n
+            kernels_bwd += 1 + amax_kernels
         nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
         bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
     return CastWork(bytes_fwd=fwd, bytes_bwd=bwd, kernels_fwd=kernels_fwd, kernels_bwd=kernels_bwd)
 
 
-def te_weight_casts(spec: ModelSpec, shard: Shard, transposes: bool = True) -> tuple[float, int]:
-    """HBM bytes and kernels (one per weight) of one block's once-per-step cast of its priced
-    linears' weights into fp8 (and their transposes on a "TN"-only GPU), on one GPU."""
+def amax_reductions(spec: ModelSpec, shard: Shard, recipe: Fp8Recipe) -> int:
+    """Tensor-parallel all-reduces of one amax (4 bytes) in each of a block's forward and
+    backward: under "tensorwise" with sequence parallelism, each priced column-parallel linear's
+    input (a norm output, gathered in fp8) and each row-parallel linear's output gradient are
+    scaled by their amax over the TP group; two each way for a dense block."""
+    if recipe != "tensorwise" or shard.tp == 1 or not shard.sequence_parallel:
+        return 0
+    return sum(1 for g in _priced_gemms(spec, shard) if g.name in ("qkv", "mlp_up"))
+
+
+def te_weight_casts(
+    spec: ModelSpec, shard: Shard, transposes: bool = True, recipe: Fp8Recipe = "delayed"
+) -> tuple[float, int]:
+    """HBM bytes and kernels of one block's once-per-step cast of its priced linears' weights
+    into fp8 (and their transposes on a "TN"-only GPU), each after its amax pass under
+    "tensorwise", on one GPU."""
     gemms = _priced_gemms(spec, shard)
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
-    return cast * sum(g.n * g.k * g.count for g in gemms), len(gemms)
+    amax, amax_kernels = (AMAX_BYTES, AMAX_KERNELS) if recipe == "tensorwise" else (0, 0)
+    return (amax + cast) * sum(g.n * g.k * g.count for g in gemms), len(gemms) * (1 + amax_kernels)
 
 
 def torchao_block_casts(spec: ModelSpec, shard: Shard) -> CastWork:
@@ -169,10 +234,13 @@ def torchao_block_casts(spec: ModelSpec, shard: Shard) -> CastWork:
     )
 
 
-def block_casts(fp8_casts: Fp8Casts, spec: ModelSpec, shard: Shard, transposes: bool = True) -> CastWork:
-    """What `fp8_casts`'s quantization kernels add to one block's passes (nothing for "none")."""
+def block_casts(
+    fp8_casts: Fp8Casts, spec: ModelSpec, shard: Shard, transposes: bool = True, recipe: Fp8Recipe = "delayed"
+) -> CastWork:
+    """What `fp8_casts`'s quantization kernels add to one block's passes (nothing for "none");
+    `recipe` is Transformer Engine's."""
     if fp8_casts == "transformer_engine":
-        return te_block_casts(spec, shard, transposes)
+        return te_block_casts(spec, shard, transposes, recipe)
     if fp8_casts == "torchao":
         return torchao_block_casts(spec, shard)
     return CastWork()

@@ -19,7 +19,7 @@ from typing import Protocol
 from planner.cost import memory
 from planner.cost.comm import Network
 from planner.cost.compute import AnalyticCompute, LayerTimes
-from planner.cost.fp8_casts import GATHERED_FP8_BYTES, block_casts, writes_transposes
+from planner.cost.fp8_casts import GATHERED_FP8_BYTES, amax_reductions, block_casts, writes_transposes
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
 from planner.cost.moe import deepep_sm_fraction, deepep_times, dispatch_bytes, imbalance_of
@@ -172,7 +172,9 @@ class AnalyticSource:
                 elementwise_bytes_bwd=work.elementwise_bytes_bwd * kernels.elementwise_traffic,
             )
         if kind == "transformer" and kernels.precision == "fp8":
-            casts = block_casts(kernels.fp8_casts, self.spec, shard, writes_transposes(self.compute.gpu))
+            casts = block_casts(
+                kernels.fp8_casts, self.spec, shard, writes_transposes(self.compute.gpu), kernels.fp8_recipe
+            )
             work = replace(
                 work,
                 elementwise_bytes_fwd=work.elementwise_bytes_fwd + casts.bytes_fwd,
@@ -647,6 +649,9 @@ class CostModel:
         deferred = 0.0
         if asynchronous:
             bwd, deferred = self._async_tp_backward(kind, shard)
+        if self.options.kernels.te_fp8:  # tensorwise scaling's amaxes, one all-reduce each way per linear pair
+            amaxes = amax_reductions(self.spec, shard, self.options.kernels.fp8_recipe) * net.all_reduce(4, tp, 1)
+            fwd, bwd = fwd + amaxes, bwd + amaxes
         if shard.cp > 1:
             all_gather = self.options.tensor.cp_comm == "all_gather"
             cp_comm = self._gathered_kv_comm if all_gather else self._ring_attention_comm

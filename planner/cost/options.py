@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 
 from planner.cost import memory
 from planner.cost.compute import ATTENTION_IMPLS, AttentionImpl
-from planner.cost.fp8_casts import FP8_CASTS, Fp8Casts
+from planner.cost.fp8_casts import FP8_CASTS, FP8_RECIPES, Fp8Casts, Fp8Recipe
 from planner.cost.grad_accum import WGRAD_ACCUMULATION, WgradAccumulation
 from planner.cost.moe import DEFAULT_IMBALANCE, MOE_DISPATCHERS, MoeDispatcher
 from planner.cost.shapes import LOSS_PASSES, LossPasses
@@ -48,6 +48,9 @@ class KernelOptions:
     """Under fp8, the kernels that quantize the linears' operands: "transformer_engine",
     "torchao" (tensorwise float8 under torch.compile) or "none" (not priced):
     planner/cost/fp8_casts.py."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """Transformer Engine's FP8 scaling, by Megatron-LM's `--fp8-recipe` names: "delayed" (its
+    default) or "tensorwise" (per-tensor current scaling: an amax pass before each cast)."""
     attention: AttentionImpl = "flash2"
     """The attention core's kernel: "flash2", "flash3", "cudnn", "triton_fa1" or "unfused"."""
     dropout: bool = False
@@ -83,6 +86,7 @@ class KernelOptions:
             attention=ATTENTION_IMPLS,
             precision=PRECISIONS,
             fp8_casts=FP8_CASTS,
+            fp8_recipe=FP8_RECIPES,
             loss_passes=LOSS_PASSES,
             cross_entropy=memory.CROSS_ENTROPY,
         )

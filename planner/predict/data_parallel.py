@@ -99,7 +99,9 @@ def fp8_weight_cast_time(model: CostModel, layout: Layout) -> float:
     """Seconds of the step's one cast of the busiest rank's block weights into fp8 and their
     transposes (Transformer Engine on the first micro-batch: planner/cost/fp8_casts.py)."""
     shard = layout_shard(layout, seq=1)  # the weights' shapes do not depend on the micro-batch's
-    nbytes, kernels = te_weight_casts(model.spec, shard, writes_transposes(model.cluster.gpu))
+    nbytes, kernels = te_weight_casts(
+        model.spec, shard, writes_transposes(model.cluster.gpu), model.options.kernels.fp8_recipe
+    )
     layers = max(layers_on(layout, rank) for rank in range(layout.pp))
     return model.analytic.elementwise_time(layers * nbytes, layers * kernels)
 

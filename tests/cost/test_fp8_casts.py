@@ -198,3 +198,105 @@ def test_torchtitan_fp8_pays_torchaos_casts_and_bf16_does_not():
     assert added == pytest.approx(spec.num_layers * per_block, rel=0.02)
     assert "fp8_weight_casts" not in torchao.time_breakdown_s  # cast every micro-batch, inside the blocks
     assert step("bf16", "torchao")[1].step_time_s == step("bf16", "none")[1].step_time_s
+
+
+def test_tensorwise_gpt3_block_under_sequence_parallelism_by_hand():
+    """Per-tensor current scaling (TE 2.x Float8CurrentScaling, read at v2.8): every standalone
+    cast follows an amax pass over its bf16 input; the LayerNorms and GeLU write bf16 with their
+    amax, and a cast follows (on the norm's shard, gathered and transposed as before; GeLU's output
+    cast and transposed at once); GeLU's backward is no longer fused with its cast."""
+    casts = te_block_casts(
+        resolve_model("gpt3-175b"), Shard(mbs=1, seq=TOKENS, tp=4, sequence_parallel=True), recipe="tensorwise"
+    )
+    local = TOKENS // 4
+    forward = (
+        (2 + 4) * TOKENS * (H // 4)  # amax pass, then cast-transpose of the output projection's input
+        + 3 * local * H  # the attention LayerNorm's bf16 shard cast to fp8 (read 2, write 1) before its gather
+        + 3 * local * H  # the MLP LayerNorm's, likewise
+        + 4 * TOKENS * (4 * H // 4)  # GeLU's bf16 output cast and transposed (read 2, write 1 + 1)
+    )
+    row_parallel_grad = (2 + 3) * local * H + 2 * TOKENS * H + 2 * local * H  # amax, cast, gather, transpose; bias
+    backward = (
+        (2 + 4) * TOKENS * (3 * H // 4)  # QKV's output gradient: amax pass, cast-transpose
+        + 2 * TOKENS * H  # transpose of the gathered attention LayerNorm output
+        + row_parallel_grad  # the output projection's output gradient
+        + row_parallel_grad  # the down projection's output gradient
+        + 2 * TOKENS * H  # transpose of the gathered MLP LayerNorm output
+        + (2 + 4) * TOKENS * (4 * H // 4)  # dGeLU's bf16 output: amax pass, cast-transpose
+    )
+    assert casts.bytes_fwd == forward
+    assert casts.bytes_bwd == backward
+    # forward: output projection input (amax, scale, cast), two norms and GeLU (scale, cast) each
+    # backward: QKV and up gradients (amax, scale, cast); two row-parallel gradients (amax, scale,
+    # cast, transpose, bias); two norm-output transposes
+    assert (casts.kernels_fwd, casts.kernels_bwd) == (3 + 3 * 2, 2 * 3 + 2 * 5 + 2)
+
+
+def test_tensorwise_without_gathers_casts_the_norm_outputs_with_their_transposes():
+    """Without sequence parallelism a norm's output is not gathered: under current scaling it is cast
+    and transposed at once after the norm (4 B), with no transpose left for the backward; delayed
+    scaling's norm writes fp8 (1 B less than bf16) and transposes it in the backward (2 B)."""
+    spec = resolve_model("llama3-8b")
+    shard = Shard(mbs=1, seq=TOKENS, tp=1)
+    delayed, tensorwise = te_block_casts(spec, shard), te_block_casts(spec, shard, recipe="tensorwise")
+    h, ffn, q, kv = spec.hidden_size, spec.ffn_hidden_size, spec.hidden_size, 2 * spec.num_kv_heads * spec.kv_channels
+    norms, act = 2 * TOKENS * h, TOKENS * ffn
+    assert tensorwise.bytes_fwd - delayed.bytes_fwd == (
+        (4 + 1) * norms  # cast-transpose, and the norms write bf16 instead of fp8
+        + (4 + 1) * act  # SwiGLU's output likewise
+        + 2 * TOKENS * q  # the amax pass before the output projection's input cast
+    )
+    amax_passes = TOKENS * (q + kv) + TOKENS * 2 * ffn + 2 * TOKENS * h  # QKV, up, output and down gradients
+    assert tensorwise.bytes_bwd - delayed.bytes_bwd == 2 * amax_passes - 2 * (norms + act)
+
+
+def test_tensorwise_weights_take_an_amax_pass_before_their_cast():
+    spec = resolve_model("llama3-8b")
+    shard = Shard(mbs=1, seq=1, tp=8)
+    delayed_bytes, delayed_kernels = te_weight_casts(spec, shard)
+    tensorwise_bytes, tensorwise_kernels = te_weight_casts(spec, shard, recipe="tensorwise")
+    assert tensorwise_bytes == delayed_bytes * (2 + 4) / 4
+    assert tensorwise_kernels == 3 * delayed_kernels
+
+
+def test_tensorwise_reduces_the_gathered_amaxes_over_the_tensor_parallel_group():
+    """Four 4-byte all-reduces per block over TP under sequence parallelism (the two gathered norm
+    outputs forward, the two row-parallel output gradients backward), none without it; delayed
+    scaling reduces its amaxes once per step, outside the block."""
+    from planner.cost.fp8_casts import amax_reductions
+
+    spec = resolve_model("llama3-70b")
+    sp = Shard(mbs=1, seq=4096, tp=8, sequence_parallel=True)
+    assert amax_reductions(spec, sp, "tensorwise") == 2
+    assert amax_reductions(spec, sp, "delayed") == 0
+    assert amax_reductions(spec, Shard(mbs=1, seq=4096, tp=8), "tensorwise") == 0
+    model = CostModel(spec, Cluster.of(resolve_gpu("h100"), 16), CostOptions.of(precision="fp8"))
+    current = CostModel(
+        spec, Cluster.of(resolve_gpu("h100"), 16), CostOptions.of(precision="fp8", fp8_recipe="tensorwise")
+    )
+    layout = even_1f1b(spec, tp=8, pp=2, micro_batches=8, recompute="none", sp=True)
+    delayed_comm = predict(model, layout, 8, 4096).time_breakdown_s["tp_cp_comm"]
+    current_comm = predict(current, layout, 8, 4096).time_breakdown_s["tp_cp_comm"]
+    per_block = 2 * 2 * model.network.all_reduce(4, 8, 1)
+    assert current_comm - delayed_comm == pytest.approx(8 * spec.num_layers // 2 * per_block, rel=1e-6)
+
+
+def test_unknown_fp8_recipe_is_refused():
+    with pytest.raises(ValueError, match="fp8_recipe"):
+        CostOptions.of(fp8_recipe="mxfp8")
+
+
+def test_the_recipe_reaches_the_prediction():
+    spec = resolve_model("llama3-70b")
+    layout = even_1f1b(spec, tp=8, pp=2, micro_batches=8, recompute="none", sp=True)
+    runs = {
+        recipe: predict(
+            CostModel(spec, Cluster.of(resolve_gpu("h100"), 16), CostOptions.of(precision="fp8", fp8_recipe=recipe)),
+            layout,
+            8,
+            4096,
+        ).time_breakdown_s
+        for recipe in ("delayed", "tensorwise")
+    }
+    assert runs["tensorwise"]["compute"] > runs["delayed"]["compute"]
+    assert runs["tensorwise"]["fp8_weight_casts"] > runs["delayed"]["fp8_weight_casts"]
