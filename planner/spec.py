@@ -256,7 +256,11 @@ class GpuEfficiency(BaseModel):
     """Data file in planner/presets with this GPU's measured GEMM FLOP/s by (m, n, k)
     (planner/cost/gemm_table.py). When set, GEMMs in the table's dtype (bf16; fp16 runs at
     the same peak) take their rate from it times `gemm_table_scale`, in place of
-    `gemm` x s(m) s(n) s(k); other dtypes (fp8) and calibration keep `gemm`/`gemm_half_dim`."""
+    `gemm` x s(m) s(n) s(k); fp8 GEMMs (unless `fp8_gemm_table`) and calibration keep
+    `gemm`/`gemm_half_dim`."""
+    fp8_gemm_table: str | None = None
+    """The same for fp8 GEMMs (e4m3 operands, bf16 output): FP8 linears take their rate from it
+    times `gemm_table_scale`, in place of the fp8 peak x `gemm` x s(m) s(n) s(k)."""
     gemm_table_scale: float = Field(default=1.0, gt=0)
     """Factor on `gemm_table`'s rates: below 1 for a part slower than the measured one (e.g.
     a lower power limit); a calibration from the user's runs may move it."""

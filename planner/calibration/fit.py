@@ -179,7 +179,8 @@ def apply(prior: GpuEfficiency, factors: dict[str, float], source: str = "") -> 
 def _in_use(fields: dict, field: str) -> bool:
     """Whether an efficiency field enters the cost model (set, non-zero, and for the table's
     scale, a table to scale)."""
-    return bool(fields[field]) and (field != "gemm_table_scale" or fields["gemm_table"] is not None)
+    tables = fields["gemm_table"] is not None or fields.get("fp8_gemm_table") is not None
+    return bool(fields[field]) and (field != "gemm_table_scale" or tables)
 
 
 def predict_run(run: Run, efficiency: GpuEfficiency) -> Prediction:

@@ -24,8 +24,8 @@ accumulates into an fp32 main gradient reads and writes it (8 bytes per weight i
 term, not 2; planner/cost/grad_accum.py).
 
 Where a GPU has a measured GEMM table (`gemm_table` in presets/gpus.toml, read by
-planner/cost/gemm_table.py), its bf16/fp16 GEMMs take peak * e_gemm * s(m) s(n) s(k) from the
-table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
+planner/cost/gemm_table.py; `fp8_gemm_table` for fp8 GEMMs), its bf16/fp16 (fp8) GEMMs take
+peak * e_gemm * s(m) s(n) s(k) from the table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
 and c stay. Every rate (peak, table, HBM) is multiplied by the GPU's `layer_scale`: the
 ratio of a layer measured on that GPU to what these component rates predict for it (1 where
 no layer was measured). Those measurements were bursts; a training run holds the GPU at its
@@ -118,11 +118,15 @@ class AnalyticCompute:
         return self.compute_slowdown / self.eff.sustained_compute
 
     def _table(self, dtype: str) -> GemmTable | None:
-        """The GPU's measured GEMM table where it applies to `dtype`, else None."""
-        if self.eff.gemm_table is None or dtype not in TABLE_DTYPES:
+        """The GPU's measured GEMM table where it applies to `dtype` (its bf16 table for bf16
+        and fp16, its fp8 table for fp8), else None."""
+        name, dtypes = (
+            (self.eff.gemm_table, TABLE_DTYPES) if dtype in TABLE_DTYPES else (self.eff.fp8_gemm_table, ("fp8",))
+        )
+        if name is None or dtype not in dtypes:
             return None
-        table = load_gemm_table(self.eff.gemm_table)
-        return table if table.dtype in TABLE_DTYPES else None
+        table = load_gemm_table(name)
+        return table if table.dtype in dtypes else None
 
     def _saturation(self, x: float) -> float:
         return x / (x + self.eff.gemm_half_dim)

@@ -154,3 +154,46 @@ def test_a_batched_kernel_runs_at_the_tables_batched_measurement():
     batched = {(b, m, n, k): tflops * 1e12 for b, m, n, k, tflops in RAW["batched"]}
     g = Gemm(name="scores", m=4096, n=1024, k=4096, count=4)
     assert g.flops / (h100.batched_gemm_time(g) - h100.overhead_s) == pytest.approx(batched[(4, 4096, 1024, 4096)])
+
+
+XLA_SM100_TFLOPS = {
+    # (rows, n, k): (bf16xbf16->bf16, f8e4m3fnxf8e4m3fn->bf16); rows = b * m
+    (2048, 2048, 2048): (985.8, 1427.7),
+    (2048, 4096, 2048): (1172.8, 2035.2),
+    (4096, 1024, 4096): (1204.9, 1951.8),
+    (4096, 2048, 4096): (1343.5, 2499.4),
+    (4096, 4096, 1024): (1075.6, 1895.4),
+    (4096, 4096, 4096): (1416.9, 2765.0),
+    (16384, 4096, 4096): (1670.5, 3279.7),  # b = 4, m = 4096
+}
+"""OpenXLA's later kDefaultMatmulPTable, key "sm_100" (xla/backends/gpu/cost_model/
+matmul_interpolator_data.h, the generator of the vendored sm_90 table, xla/tools/
+matmul_perf_table_gen.cc: median CUPTI kernel time over 5 runs), integers / 1e12 rounded to
+0.1 TFLOP/s. sm_100 is B200's (and GB200's) compute capability; the table names no SKU or power
+limit."""
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_b200_gemms_run_at_openxlas_sm100_rates(dtype):
+    """B200's bf16 and fp8 GEMMs take OpenXLA's sm_100 rates by shape (their data files, checked
+    here against integers quoted from the source), in place of the prior 0.7 x s(m) s(n) s(k)."""
+    b200 = AnalyticCompute(resolve_gpu("b200"), gemm_dtype="fp8" if dtype == "fp8" else None)
+    column = 0 if dtype == "bf16" else 1
+    for shape, rates in XLA_SM100_TFLOPS.items():
+        assert _compute_rate(b200, *shape) == pytest.approx(rates[column] * 1e12, rel=1e-3), shape
+
+
+def test_b200_prior_was_within_fifteen_percent_of_the_table_at_large_shapes_only():
+    """What the table changes: the prior priced B200's 4096-wide GEMMs within 7 % of the
+    measurement, but its falloff was too gentle below: 2048^3 ran at 986 bf16 / 1,428 fp8 TFLOP/s,
+    the prior charged a third more."""
+    prior = resolve_gpu("b200")
+    prior = prior.model_copy(
+        update={"efficiency": prior.efficiency.model_copy(update={"gemm_table": None, "fp8_gemm_table": None})}
+    )
+    for gemm_dtype, column in ((None, 0), ("fp8", 1)):
+        compute = AnalyticCompute(prior, gemm_dtype=gemm_dtype)
+        assert _compute_rate(compute, 4096, 4096, 4096) == pytest.approx(
+            XLA_SM100_TFLOPS[(4096, 4096, 4096)][column] * 1e12, rel=0.07
+        )
+        assert _compute_rate(compute, 2048, 2048, 2048) > 1.25 * XLA_SM100_TFLOPS[(2048, 2048, 2048)][column] * 1e12
