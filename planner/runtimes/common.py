@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from planner.runtimes.base import Rule
+
 FOREIGN_ATTENTION = {
     ("attention", "triton_fa1"): "does not run llm-foundry's Triton FlashAttention (--attention triton_fa1: "
     "MPT's attn_impl 'triton' under composer)",
@@ -11,3 +13,13 @@ FOREIGN_ATTENTION = {
 NO_COMBINED_1F1B = (
     "has no equivalent of Megatron-LM's combined-1F1B all-to-all overlap (overlap_moe_expert_parallel_comm)"
 )
+
+
+def one_recompute_setting(runtime: str) -> Rule:
+    """The rule of a runtime that applies one recompute setting to every stage and layer (no
+    per-rank recompute)."""
+    return Rule(
+        dimension="per_rank_recompute",
+        allowed=(False,),
+        why=f"{runtime} applies one recompute setting to every stage",
+    )

@@ -8,7 +8,7 @@ the BLOOM and MT-NLG training reports.
 from __future__ import annotations
 
 from planner.runtimes.base import Rule, RuntimeVersion
-from planner.runtimes.common import FOREIGN_ATTENTION, NO_COMBINED_1F1B
+from planner.runtimes.common import FOREIGN_ATTENTION, NO_COMBINED_1F1B, one_recompute_setting
 
 RUNTIME = "deepspeed"
 
@@ -36,11 +36,7 @@ VERSIONS = (
                 allowed=("1f1b",),
                 why="DeepSpeed's pipeline engine runs its own 1F1B-like TrainSchedule with one stage per rank",
             ),
-            Rule(
-                dimension="per_rank_recompute",
-                allowed=(False,),
-                why="DeepSpeed applies one recompute setting to every stage",
-            ),
+            one_recompute_setting("DeepSpeed"),
             Rule(
                 dimension="tp",
                 allowed=(1,),

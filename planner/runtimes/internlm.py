@@ -8,6 +8,7 @@ internlm/solver/optimizer/utils.py, configs/7B_sft.py, train.py, internlm/core/.
 from __future__ import annotations
 
 from planner.runtimes.base import Rule, RuntimeVersion
+from planner.runtimes.common import one_recompute_setting
 
 RUNTIME = "internlm"
 
@@ -31,11 +32,7 @@ VERSIONS = (
             Rule(dimension="pp", allowed=(1,), why="InternLM's 2023 trainer has no pipeline scheduler"),
             Rule(dimension="cp", allowed=(1,), why="InternLM's 2023 trainer has no context parallelism"),
             Rule(dimension="zero", allowed=(0, 1), why="InternLM's hybrid ZeRO shards the optimizer states only"),
-            Rule(
-                dimension="per_rank_recompute",
-                allowed=(False,),
-                why="InternLM applies one checkpoint setting to every layer",
-            ),
+            one_recompute_setting("InternLM"),
         ),
         sources=(
             "InternLM c18bec9 internlm/solver/optimizer/hybrid_zero_optim.py (reduce_tensor all-reduce per "

@@ -10,7 +10,7 @@ docs/cost_options.md says what each cost option means.
 from __future__ import annotations
 
 from planner.runtimes.base import Rule, RuntimeVersion
-from planner.runtimes.common import FOREIGN_ATTENTION
+from planner.runtimes.common import FOREIGN_ATTENTION, one_recompute_setting
 
 RUNTIME = "megatron"
 
@@ -22,9 +22,7 @@ RULES = (
         why="Megatron-LM runs 1F1B (vpp=1) and interleaved 1F1B (vpp>=2) only (no GPipe, looped BFS, "
         "ZB-H1/H2, ZB-V or DualPipeV)",
     ),
-    Rule(
-        dimension="per_rank_recompute", allowed=(False,), why="Megatron-LM applies one recompute setting to every stage"
-    ),
+    one_recompute_setting("Megatron-LM"),
 )
 
 VERSIONS = (

@@ -9,6 +9,7 @@ distributed.py, parallel/pipeline_parallel/engine.py and p2p.py, examples/config
 from __future__ import annotations
 
 from planner.runtimes.base import Rule, RuntimeVersion
+from planner.runtimes.common import one_recompute_setting
 
 RUNTIME = "nanotron"
 
@@ -38,11 +39,7 @@ VERSIONS = (
             ),
             Rule(dimension="cp", allowed=(1,), why="nanotron v0.5 has no context parallelism"),
             Rule(dimension="zero", allowed=(0, 1), why="nanotron v0.5 shards the optimizer states only (ZeRO-1)"),
-            Rule(
-                dimension="per_rank_recompute",
-                allowed=(False,),
-                why="nanotron applies one recompute setting to every layer",
-            ),
+            one_recompute_setting("nanotron"),
         ),
         sources=(
             "nanotron c2528430 trainer.py (no DDP wrapper under ZeRO-1 with fp32 accumulation; "

@@ -7,18 +7,12 @@ policy, FullAC with early_stop=False; parallelize_llama: fully_shard, DTensor's 
 
 from __future__ import annotations
 
-from planner.runtimes.base import Rule, RuntimeVersion
-from planner.runtimes.common import FOREIGN_ATTENTION, NO_COMBINED_1F1B
+from planner.runtimes.base import RuntimeVersion
+from planner.runtimes.common import FOREIGN_ATTENTION, NO_COMBINED_1F1B, one_recompute_setting
 
 RUNTIME = "torchtitan"
 
-RULES = (
-    Rule(
-        dimension="per_rank_recompute",
-        allowed=(False,),
-        why="torchtitan applies one activation-checkpointing setting to every stage",
-    ),
-)
+RULES = (one_recompute_setting("torchtitan"),)
 
 VERSIONS = (
     RuntimeVersion(
