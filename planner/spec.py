@@ -243,6 +243,10 @@ class ModelSpec(BaseModel):
         }
 
 
+GEMM_TABLE_FIELDS = ("gemm_table", "fp8_gemm_table")
+"""The GpuEfficiency fields that name measured GEMM tables (bf16, fp8)."""
+
+
 class GpuEfficiency(BaseModel):
     """Fractions of datasheet peak the analytic cost model assumes (see planner/cost/compute.py)."""
 

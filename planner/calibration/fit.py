@@ -33,7 +33,7 @@ from planner.cost.calibrate import _nelder_mead as nelder_mead
 from planner.cost.model import CostModel, CostOptions
 from planner.layout import Layout
 from planner.predict import Prediction, predict
-from planner.spec import Cluster, GpuEfficiency, ModelSpec
+from planner.spec import GEMM_TABLE_FIELDS, Cluster, GpuEfficiency, ModelSpec
 
 BOUNDS: dict[str, tuple[float, float]] = {
     "gemm": (0.3, 0.95),
@@ -179,7 +179,7 @@ def apply(prior: GpuEfficiency, factors: dict[str, float], source: str = "") -> 
 def _in_use(fields: dict, field: str) -> bool:
     """Whether an efficiency field enters the cost model (set, non-zero, and for the table's
     scale, a table to scale)."""
-    tables = fields["gemm_table"] is not None or fields.get("fp8_gemm_table") is not None
+    tables = any(fields.get(name) is not None for name in GEMM_TABLE_FIELDS)
     return bool(fields[field]) and (field != "gemm_table_scale" or tables)
 
 

@@ -37,7 +37,7 @@ from planner.cost.compute import AnalyticCompute, LayerTimes
 from planner.cost.shapes import LayerWork, Shard, layer_work
 from planner.errors import PlannerError
 from planner.profile.schema import Profile
-from planner.spec import GpuEfficiency, GpuSpec
+from planner.spec import GEMM_TABLE_FIELDS, GpuEfficiency, GpuSpec
 
 _PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
 """Efficiencies that are fractions of the dtype's peak FLOP/s (hbm is of the bandwidth)."""
@@ -139,8 +139,8 @@ def fit(profiles: list[Profile], gpu: GpuSpec, source: str = "") -> Calibration:
     prior = gpu.efficiency
     free_names = identified(items)
     # a fit of gemm/gemm_half_dim replaces the measured GEMM table: their functional form is what it fits
-    tables = {"gemm_table": None, "fp8_gemm_table": None}
-    fitted_prior = prior.model_copy(update=tables) if "gemm" in free_names else prior
+    no_tables = dict.fromkeys(GEMM_TABLE_FIELDS)
+    fitted_prior = prior.model_copy(update=no_tables) if "gemm" in free_names else prior
 
     start = _encode(fitted_prior)
     shift = sum(math.log(p / s.measured_s) for p, s in zip(predict(items, gpu, fitted_prior), items)) / len(items)
@@ -194,7 +194,7 @@ def transfer(efficiency: GpuEfficiency, target: GpuSpec, source: str = "") -> Gp
     target's measured GEMM table is dropped) unless `efficiency` itself runs on a table."""
     fields = {**target.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED) | _FIT_UNDER)}
     if efficiency.gemm_table is None:
-        fields["gemm_table"] = fields["fp8_gemm_table"] = None
+        fields.update(dict.fromkeys(GEMM_TABLE_FIELDS))
     fields["source"] = source or f"transferred as fractions of peak ({efficiency.source})"
     return GpuEfficiency(**fields)
 
@@ -219,8 +219,7 @@ def fitted_gpu(gpu: GpuSpec, efficiency: GpuEfficiency, profile_dtype: str, dtyp
     FLOP/s fractions are rescaled by the ratio of the two peaks (capped at 1), as measured
     times are used whatever dtype is planned."""
     ratio = gpu.peak_flops(profile_dtype) / gpu.peak_flops(dtype)
-    tables = {"gemm_table", "fp8_gemm_table"}
-    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include=set(FITTED) | tables)}
+    fields = {**gpu.efficiency.model_dump(), **efficiency.model_dump(include={*FITTED, *GEMM_TABLE_FIELDS})}
     for name in _PEAK_FRACTIONS:
         fields[name] = min(1.0, fields[name] * ratio)
     fields["source"] = efficiency.source

@@ -120,10 +120,25 @@ class CastWork:
     kernels_fwd: int = 0
     kernels_bwd: int = 0
 
+    def __add__(self, other: CastWork) -> CastWork:
+        return CastWork(
+            bytes_fwd=self.bytes_fwd + other.bytes_fwd,
+            bytes_bwd=self.bytes_bwd + other.bytes_bwd,
+            kernels_fwd=self.kernels_fwd + other.kernels_fwd,
+            kernels_bwd=self.kernels_bwd + other.kernels_bwd,
+        )
+
 
 def writes_transposes(gpu: GpuSpec) -> bool:
     """Whether an fp8 operand is also written transposed on `gpu` (its FP8 GEMMs take "TN" only)."""
     return gpu.fp8_gemm_layouts == "tn"
+
+
+def _standalone_cast(transposes: bool, recipe: Fp8Recipe) -> tuple[int, int]:
+    """Bytes per element and kernels of casting a bf16 tensor to fp8 by itself: the cast (and its
+    transposed copy on a "TN"-only GPU), after an amax pass and a scale kernel under "tensorwise"."""
+    cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
+    return (AMAX_BYTES + cast, AMAX_KERNELS + 1) if recipe == "tensorwise" else (cast, 1)
 
 
 def _priced_gemms(spec: ModelSpec, shard: Shard) -> tuple[Gemm, ...]:
@@ -146,52 +161,47 @@ def te_block_casts(spec: ModelSpec, shard: Shard, transposes: bool = True, recip
     tensorwise = recipe == "tensorwise"
     cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
     transpose, transpose_kernels = (TRANSPOSE_BYTES, 1) if transposes else (0, 0)
-    amax, amax_kernels = (AMAX_BYTES, AMAX_KERNELS) if tensorwise else (0, 0)
-    fwd = bwd = 0.0
-    kernels_fwd = kernels_bwd = 0
+    standalone, standalone_kernels = _standalone_cast(transposes, recipe)
 
-    def norm_output() -> tuple[float, int, float, int]:
-        """A norm's output, the input of a column-parallel linear: forward bytes and kernels,
-        backward bytes and kernels."""
-        if not tensorwise:  # the norm writes fp8; its transpose for the weight gradient later
-            return -FUSED_OUTPUT_SAVING * rep_tokens * h, 0, transpose * tokens * h, transpose_kernels
-        if gathered:  # the norm writes bf16 and its amax; the shard cast, gathered, transposed later
-            return CAST_BYTES * rep_tokens * h, SCALE_AND_CAST_KERNELS, transpose * tokens * h, transpose_kernels
-        return cast * tokens * h, SCALE_AND_CAST_KERNELS, 0.0, 0  # cast and transposed at once
+    def forward_cast(elements: float) -> CastWork:
+        return CastWork(bytes_fwd=standalone * elements, kernels_fwd=standalone_kernels)
 
-    def row_parallel_output_grad(bias: bool) -> tuple[float, int]:
+    def backward_cast(elements: float) -> CastWork:
+        return CastWork(bytes_bwd=standalone * elements, kernels_bwd=standalone_kernels)
+
+    def producer_output(local: float, full: float, gathered_shard: bool) -> CastWork:
+        """A norm's or the activation's output, `local` elements on this GPU (`full` after a
+        sequence-parallel gather when `gathered_shard`), the input of the linear after it."""
+        later_transpose = CastWork(bytes_bwd=transpose * full, kernels_bwd=transpose_kernels)
+        if not tensorwise:  # the producer writes fp8; its transpose for the weight gradient later
+            return CastWork(bytes_fwd=-FUSED_OUTPUT_SAVING * local) + later_transpose
+        if gathered_shard:  # the producer writes bf16 and its amax; the shard cast, gathered, transposed later
+            return CastWork(bytes_fwd=CAST_BYTES * local, kernels_fwd=SCALE_AND_CAST_KERNELS) + later_transpose
+        return CastWork(bytes_fwd=cast * full, kernels_fwd=SCALE_AND_CAST_KERNELS)  # cast and transposed at once
+
+    def row_parallel_output_grad() -> CastWork:
         if not gathered:
-            return (amax + cast) * tokens * h, 1 + amax_kernels
-        local = tokens / shard.tp * h
+            return backward_cast(tokens * h)
+        local, bias = tokens / shard.tp * h, spec.linear_bias
+        amax, amax_kernels = (AMAX_BYTES, AMAX_KERNELS) if tensorwise else (0, 0)
         nbytes = (amax + CAST_BYTES) * local + transpose * tokens * h + (BIAS_GRAD_BYTES * local if bias else 0.0)
-        return nbytes, 1 + amax_kernels + transpose_kernels + int(bias)
+        return CastWork(bytes_bwd=nbytes, kernels_bwd=1 + amax_kernels + transpose_kernels + int(bias))
 
     qkv, out = gemms["qkv"], gemms["attn_out"]
-    f, kf, b, kb = norm_output()
-    fwd, kernels_fwd, bwd, kernels_bwd = fwd + f, kernels_fwd + kf, bwd + b, kernels_bwd + kb
-    fwd += (amax + cast) * tokens * out.k
-    kernels_fwd += 1 + amax_kernels
-    bwd += (amax + cast) * tokens * qkv.n
-    kernels_bwd += 1 + amax_kernels
-    nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
-    bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
+    work = (
+        producer_output(rep_tokens * h, tokens * h, gathered)  # the attention norm
+        + forward_cast(tokens * out.k)
+        + backward_cast(tokens * qkv.n)
+        + row_parallel_output_grad()
+    )
     if "mlp_up" in gemms:
         up, down = gemms["mlp_up"], gemms["mlp_down"]
-        f, kf, b, kb = norm_output()
-        fwd, kernels_fwd, bwd, kernels_bwd = fwd + f, kernels_fwd + kf, bwd + b, kernels_bwd + kb
-        if tensorwise:  # the activation writes bf16 and its amax; cast and transposed at once
-            fwd += cast * tokens * down.k
-            kernels_fwd += SCALE_AND_CAST_KERNELS
-        else:  # the activation writes fp8; its transpose for the weight gradient later
-            fwd -= FUSED_OUTPUT_SAVING * tokens * down.k
-            bwd += transpose * tokens * down.k
-            kernels_bwd += transpose_kernels
+        work += producer_output(rep_tokens * h, tokens * h, gathered)  # the MLP norm
+        work += producer_output(tokens * down.k, tokens * down.k, False)  # the activation
         if spec.activation != "gelu" or tensorwise:  # only GeLU's backward fuses the delayed cast
-            bwd += (amax + cast) * tokens * up.n
-            kernels_bwd += 1 + amax_kernels
-        nbytes, kernels = row_parallel_output_grad(spec.linear_bias)
-        bwd, kernels_bwd = bwd + nbytes, kernels_bwd + kernels
-    return CastWork(bytes_fwd=fwd, bytes_bwd=bwd, kernels_fwd=kernels_fwd, kernels_bwd=kernels_bwd)
+            work += backward_cast(tokens * up.n)
+        work += row_parallel_output_grad()
+    return work
 
 
 def amax_reductions(spec: ModelSpec, shard: Shard, recipe: Fp8Recipe) -> int:
@@ -211,9 +221,8 @@ def te_weight_casts(
     into fp8 (and their transposes on a "TN"-only GPU), each after its amax pass under
     "tensorwise", on one GPU."""
     gemms = _priced_gemms(spec, shard)
-    cast = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
-    amax, amax_kernels = (AMAX_BYTES, AMAX_KERNELS) if recipe == "tensorwise" else (0, 0)
-    return (amax + cast) * sum(g.n * g.k * g.count for g in gemms), len(gemms) * (1 + amax_kernels)
+    standalone, standalone_kernels = _standalone_cast(transposes, recipe)
+    return standalone * sum(g.n * g.k * g.count for g in gemms), len(gemms) * standalone_kernels
 
 
 def torchao_block_casts(spec: ModelSpec, shard: Shard) -> CastWork:

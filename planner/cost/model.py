@@ -649,9 +649,12 @@ class CostModel:
         deferred = 0.0
         if asynchronous:
             bwd, deferred = self._async_tp_backward(kind, shard)
-        if self.options.kernels.te_fp8:  # tensorwise scaling's amaxes, one all-reduce each way per linear pair
-            amaxes = amax_reductions(self.spec, shard, self.options.kernels.fp8_recipe) * net.all_reduce(4, tp, 1)
-            fwd, bwd = fwd + amaxes, bwd + amaxes
+        amaxes = (
+            amax_reductions(self.spec, shard, self.options.kernels.fp8_recipe) if self.options.kernels.te_fp8 else 0
+        )
+        if amaxes:  # tensorwise scaling's amaxes: one 4-byte all-reduce each way per linear pair
+            amax_s = amaxes * net.all_reduce(4, tp, 1)
+            fwd, bwd = fwd + amax_s, bwd + amax_s
         if shard.cp > 1:
             all_gather = self.options.tensor.cp_comm == "all_gather"
             cp_comm = self._gathered_kv_comm if all_gather else self._ring_attention_comm

@@ -165,6 +165,8 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
             gather += n * net.all_gather(param_bytes, group_shards, stride)
     if not calls:
         return 0.0
+    if whole_buffer:  # after the backward and after the step, nothing to hide behind
+        return reduce + gather
     bucket = edge = params / calls
     if rank == 0 and layout.zero_stage < 3:  # the last bucket holds at least the word embedding
         edge = min(params, max(bucket, memory.embedding_param_count(model.spec, layout.tp)))
@@ -181,8 +183,6 @@ def exposed_dp_time(model: CostModel, layout: Layout, costs: ChunkCosts, rank: i
         stream = step_costs.exposed_after_window(total, window, params, bucket, edge)
         return max(stream, overlapped_extra_time(total, window, sm_share, total * last_share))
 
-    if whole_buffer:  # after the backward and after the step, nothing to hide behind
-        return reduce + gather
     exposed = overlapped(reduce, backward) if opts.data.overlap_grad_reduce else reduce
     if gather:
         exposed += overlapped(gather, forward) if opts.data.overlap_param_gather else gather
