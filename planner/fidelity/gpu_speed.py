@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+from planner.profile.gemms import timed_batch
+
 GEMM_SIZE = 8192
 """m = n = k of the timed GEMM: large enough to be compute-bound on every GPU here."""
 
@@ -46,7 +48,7 @@ def _measure_one(index: int, size: int, warmup_s: float, seconds: float, queue) 
     windows = []
     start = time.monotonic()
     while time.monotonic() - start < seconds:
-        windows.append(_timed_batch(gemm, batch))
+        windows.append(timed_batch(gemm, batch))
     props = torch.cuda.get_device_properties(index)
     queue.put(
         {
@@ -72,20 +74,7 @@ def _burst_seconds(gemm, batch: int, idle_s: float = 1.0) -> float:
         gemm()
     torch.cuda.synchronize()
     time.sleep(idle_s)
-    return _timed_batch(gemm, batch)
-
-
-def _timed_batch(gemm, batch: int) -> float:
-    """Seconds per GEMM over `batch` back-to-back GEMMs, timed by CUDA events."""
-    import torch
-
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(batch):
-        gemm()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) / 1e3 / batch
+    return timed_batch(gemm, batch)
 
 
 def sustained_over_burst(records: list[dict]) -> float | None:

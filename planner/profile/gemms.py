@@ -51,20 +51,28 @@ def seconds_per_gemm(call: Callable[[], Any], device: str, warmup: int, repeats:
     times = []
     for _ in range(rounds):
         if cuda:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
-            begin.record()
-            for _ in range(repeats):
-                call()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3 / repeats)
+            times.append(timed_batch(call, repeats))
         else:
             start = time.perf_counter()
             for _ in range(repeats):
                 call()
             times.append((time.perf_counter() - start) / repeats)
     return statistics.median(times)
+
+
+def timed_batch(call: Callable[[], Any], repeats: int) -> float:
+    """Seconds per call over `repeats` back-to-back calls on the current CUDA stream, timed by
+    CUDA events."""
+    import torch
+
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        call()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / 1e3 / repeats
 
 
 def shapes(ms: tuple[int, ...], ns: tuple[int, ...], ks: tuple[int, ...]) -> Iterator[Shape]:
