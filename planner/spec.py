@@ -289,6 +289,11 @@ class GpuEfficiency(BaseModel):
     """Forward fraction of peak of llm-foundry's Triton FlashAttention (attn_impl 'triton':
     flash_attn_triton.py on the pre-MLIR Triton compiler, a FlashAttention-1-class kernel)."""
     triton_fa1_bwd: float | None = Field(default=None, gt=0, le=1)
+    attention_table: str | None = None
+    """Data file in planner/presets with this GPU's measured fused-attention times by sequence
+    length (planner/cost/attention_table.py). The kernels it measured take its falloff in
+    sequence length, relative to its reference length where the rates above are stated, in
+    place of the `gemm_half_dim` falloff."""
     attention_source: str = ""
     host_op_us_forward: float = Field(default=0.0, ge=0)
     """Host time per dispatched op in an eager forward (Python, autograd recording, ATen

@@ -9,7 +9,9 @@ where s(x) = x / (x + x_half) models the falloff of small dimensions (tile and w
 quantisation; `gemm_half_dim` is x_half), e_gemm the achieved fraction of peak on large
 GEMMs, bw the HBM bandwidth and c the per-kernel overhead. The attention core runs at
 e_attn_fwd (forward) and e_attn_bwd (backward, 2.5x the forward FLOPs with flash attention,
-which recomputes QK^T: Dao 2023), with the same falloff in sequence length. Memory-bound
+which recomputes QK^T: Dao 2023), with the same falloff in sequence length, or, for a kernel
+the GPU's `attention_table` measured, that kernel's own measured falloff (its rate at the
+sequence over its rate at the table's reference length; planner/cost/attention_table.py). Memory-bound
 kernels move their bytes at bw * e_hbm.
 
 The attention core is one of five implementations (`AttentionImpl`): the fused kernels
@@ -45,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from planner.cost.attention_table import FLASH_BACKWARD_FLOP_RATIO, AttentionTable, load_attention_table
 from planner.cost.gemm_table import GemmTable, load_gemm_table
 from planner.cost.shapes import Gemm, LayerWork
 from planner.errors import PlannerError
@@ -55,9 +58,6 @@ ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
 
 TABLE_DTYPES = ("bf16", "fp16")
 """Dtypes a bf16 GEMM table applies to (the same tensor-core peak on every GPU here)."""
-
-FLASH_BACKWARD_FLOP_RATIO = 2.5
-"""Flash attention's backward executes 5 matmuls per 2 of the forward (it recomputes QK^T)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +110,9 @@ class AnalyticCompute:
         self.overhead_s = self.eff.kernel_overhead_us * 1e-6
         self._gemm_table = self._table(gemm_dtype or dtype)
         self._batched_table = self._table(dtype)
+        self._attention_table: AttentionTable | None = (
+            load_attention_table(self.eff.attention_table) if self.eff.attention_table else None
+        )
 
     @property
     def _measured_pace(self) -> float:
@@ -189,7 +192,10 @@ class AnalyticCompute:
         if backward:
             flops *= FLASH_BACKWARD_FLOP_RATIO
         rate = bwd_rate if backward else fwd_rate
-        return flops * self._measured_pace / (self.peak * rate * self._saturation(seq))
+        falloff = self._attention_table.falloff(attention, seq, backward) if self._attention_table else None
+        if falloff is None:
+            falloff = self._saturation(seq)
+        return flops * self._measured_pace / (self.peak * rate * falloff)
 
     def attention_core_times(self, work: LayerWork, attention: str = "flash2") -> tuple[float, float]:
         """Forward and backward seconds of a layer's attention core under `attention`."""

@@ -106,6 +106,7 @@ def test_runtime_defaults():
     assert default_attention(resolve("megatron"), resolve_gpu("h200")) == "cudnn"
     assert default_attention(resolve("megatron"), resolve_gpu("a100-80gb")) == "flash2"
     assert default_attention(resolve("torchtitan"), H100) == "flash2"  # torch SDPA flash backend
+    assert default_attention(resolve("nemo"), H100) == "cudnn"  # NeMo 2024 over TE >= 1.2
     assert runtime_cost_options("torch", H100, "unfused").kernels.attention == "unfused"
     assert CostOptions().kernels.flash_attention and not CostOptions.of(attention="unfused").kernels.flash_attention
 
