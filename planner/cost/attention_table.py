@@ -20,9 +20,9 @@ import math
 import tomllib
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 
 from planner.errors import ConfigError
+from planner.presets import read_table
 
 FLASH_BACKWARD_FLOP_RATIO = 2.5
 """Flash attention's backward executes 5 matmuls per 2 of the forward (it recomputes QK^T)."""
@@ -79,11 +79,7 @@ def forward_flops(batch: int, seq: int, query_heads: int, head_dim: int, causal:
 @cache
 def load_attention_table(file_name: str) -> AttentionTable:
     """The table in planner/presets/`file_name` (read once per process)."""
-    try:
-        text = resources.files("planner.presets").joinpath(file_name).read_text()
-    except (FileNotFoundError, IsADirectoryError) as exc:
-        raise ConfigError(f"attention table '{file_name}' is not a file in planner/presets") from exc
-    return parse_attention_table(text, file_name)
+    return parse_attention_table(read_table(file_name, "attention"), file_name)
 
 
 def parse_attention_table(text: str, name: str) -> AttentionTable:

@@ -23,9 +23,9 @@ import math
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache
-from importlib import resources
 
 from planner.errors import ConfigError
+from planner.presets import read_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +83,7 @@ def _bracket(grid: tuple[int, ...], x: float) -> tuple[int, int, float]:
 @cache
 def load_gemm_table(file_name: str) -> GemmTable:
     """The table in planner/presets/`file_name` (read once per process)."""
-    try:
-        text = resources.files("planner.presets").joinpath(file_name).read_text()
-    except (FileNotFoundError, IsADirectoryError) as exc:
-        raise ConfigError(f"GEMM table '{file_name}' is not a file in planner/presets") from exc
-    return parse_gemm_table(text, file_name)
+    return parse_gemm_table(read_table(file_name, "GEMM"), file_name)
 
 
 def parse_gemm_table(text: str, name: str) -> GemmTable:
