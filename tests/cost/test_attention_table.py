@@ -132,3 +132,43 @@ points = [[1024, 1.0, 2.0], [1024, 1.0, 2.0]]
 """
     with pytest.raises(ConfigError, match="repeated"):
         parse_attention_table(text, "bad.toml")
+
+
+GH100 = load_attention_table("attention_gh100_cudnn_frontend.toml")
+# The H200 results file's own cuDNN bf16 causal TFLOP/s (fwd_tflops, bwd_tflops), per length
+# (results/h200_919_only_cudnn/llama3.1_20260227_034703.csv at NVIDIA/cudnn-frontend@df73764a).
+H200_CUDNN_TFLOPS = {
+    2048: (484.0, 370.0),
+    4096: (591.0, 474.0),
+    8192: (644.0, 541.0),
+    16384: (673.0, 579.0),
+    32768: (688.0, 581.0),
+}
+
+
+def test_gh100_table_rates_are_the_results_files():
+    for seq, (fwd, bwd) in H200_CUDNN_TFLOPS.items():
+        assert GH100.rate("cudnn", seq, backward=False) / 1e12 == pytest.approx(fwd, rel=0.005), seq
+        assert GH100.rate("cudnn", seq, backward=True) / 1e12 == pytest.approx(bwd, rel=0.005), seq
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h800", "h200", "h100-96gb"])
+def test_the_h100_familys_cudnn_follows_the_measured_falloff(gpu):
+    """Every GH100 preset keeps its cuDNN rate at 16k tokens and runs shorter sequences at the
+    share of it the H200 measured; FlashAttention-2 keeps the GEMM-style falloff."""
+    preset = burst_rates(gpu)
+    shape = BENCH.model_copy(update=dict(hidden_size=64 * 128, num_attention_heads=64))
+    times = {}
+    for seq in (4096, 16384):
+        work = layer_work(shape, "transformer", Shard(mbs=1, seq=seq), attention="cudnn")
+        fwd, bwd = AnalyticCompute(preset).attention_core_times(work, "cudnn")
+        times[seq] = (work.attention_flops / fwd, 2.5 * work.attention_flops / bwd)
+    peak = preset.peak_flops("bf16")
+    assert times[16384][0] == pytest.approx(preset.efficiency.cudnn_fwd * peak)
+    assert times[16384][1] == pytest.approx(preset.efficiency.cudnn_bwd * peak)
+    assert times[4096][0] / times[16384][0] == pytest.approx(591 / 673, rel=0.01)
+    assert times[4096][1] / times[16384][1] == pytest.approx(474 / 579, rel=0.01)
+    flash2 = AnalyticCompute(preset)
+    assert flash2.attention_time(1e12, 4096, False, "flash2") == pytest.approx(
+        1e12 / (peak * preset.efficiency.attention_fwd * 4096 / (4096 + preset.efficiency.gemm_half_dim))
+    )
