@@ -92,7 +92,8 @@ def comparable(
     residuals: tuple[Residual, ...], runtime: str | None, gpu: str, gpus: int, moe: bool
 ) -> tuple[list[Residual], str]:
     """The residuals of the runs most like (model kind, runtime, GPU, GPU count), at least
-    `MIN_RUNS` of them where the set allows, and a description of what they share."""
+    `MIN_RUNS` of them where the set allows, and a description of what they share (saying so
+    where no run of the set was on the GPU's generation)."""
     family = (runtime or "megatron").partition("@")[0]
     generation, band, kind = gpu_generation(gpu), scale_band(gpus), "MoE" if moe else "dense"
     tiers: tuple[tuple[Callable[[Residual], bool], str], ...] = (
@@ -110,11 +111,12 @@ def comparable(
         (lambda r: r.moe == moe, f"{kind}, all runtimes"),
         (lambda r: True, "all runs"),
     )
+    unseen = "" if any(r.gpu_generation == generation for r in residuals) else f"; none on {generation}"
     for keep, basis in tiers:
         chosen = [r for r in residuals if keep(r)]
         if len(chosen) >= MIN_RUNS:
-            return chosen, basis
-    return list(residuals), "all runs"
+            return chosen, basis + unseen
+    return list(residuals), "all runs" + unseen
 
 
 def interval_from_errors(step_time_s: float, errors: list[float], basis: str) -> Interval:

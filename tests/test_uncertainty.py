@@ -33,7 +33,13 @@ def test_the_closest_tier_with_enough_runs_is_used():
     chosen, basis = comparable(tuple(close[:-1] + other_band), "megatron", "h800", 256, moe=False)
     assert len(chosen) == 2 * MIN_RUNS - 1 and basis == "dense, megatron on h100"
     chosen, basis = comparable(tuple(close), "torchtitan", "a100-80gb", 8, moe=True)
-    assert chosen == close and basis == "all runs"
+    assert chosen == close and basis == "all runs; none on a100"
+
+
+def test_an_interval_says_when_no_development_run_was_on_its_gpu():
+    """The shipped set has no B200 run: its interval borrows other GPUs' runs and says so."""
+    assert step_interval(10.0, "megatron", "b200", 8, moe=False).basis.endswith("; none on b200")
+    assert "none on" not in step_interval(10.0, "megatron", "h100", 8, moe=False).basis
 
 
 def test_a_calibration_narrows_the_interval_to_its_own_runs():
