@@ -85,9 +85,7 @@ def memory_headroom(request: Request) -> float:
 def default_attention(runtime: RuntimeVersion | None, gpu: GpuSpec | None) -> str:
     """The attention kernel `runtime` runs on `gpu`; without a runtime, Megatron-LM's
     (Transformer Engine: cuDNN where the GPU has measured cuDNN rates, else FlashAttention-2)."""
-    if runtime is not None:
-        return runtime.default_attention(gpu)
-    return "cudnn" if gpu is not None and gpu.efficiency.cudnn_fwd is not None else "flash2"
+    return (runtime or resolve("megatron")).default_attention(gpu)
 
 
 def cost_options(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import math
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 from planner.errors import ConfigError
@@ -57,7 +57,6 @@ class AttentionTable:
     reference_seq: int
     kernels: dict[str, KernelCurve]
     source: str
-    _memo: dict[tuple[str, float, bool], float | None] = field(default_factory=dict, compare=False, repr=False)
 
     def rate(self, kernel: str, seq: float, backward: bool) -> float:
         """Measured FLOP/s of `kernel` at sequence length `seq`."""
@@ -65,13 +64,10 @@ class AttentionTable:
 
     def falloff(self, kernel: str, seq: float, backward: bool) -> float | None:
         """`kernel`'s rate at `seq` over its rate at the reference length (None: not measured)."""
-        key = (kernel, seq, backward)
-        if key not in self._memo:
-            curve = self.kernels.get(kernel)
-            self._memo[key] = (
-                None if curve is None else curve.rate(seq, backward) / curve.rate(self.reference_seq, backward)
-            )
-        return self._memo[key]
+        curve = self.kernels.get(kernel)
+        if curve is None:
+            return None
+        return curve.rate(seq, backward) / curve.rate(self.reference_seq, backward)
 
 
 def forward_flops(batch: int, seq: int, query_heads: int, head_dim: int, causal: bool) -> float:
