@@ -281,6 +281,10 @@ class GpuEfficiency(BaseModel):
     # attention_fwd/attention_bwd above are FlashAttention-2's rates (what torch SDPA's flash
     # backend runs and `planner profile` measures); other fused kernels have their own, None
     # where the kernel does not run on this GPU.
+    flash1_fwd: float | None = Field(default=None, gt=0, le=1)
+    """Forward fraction of peak of FlashAttention-1's CUDA kernel (flash-attn 0.x / 1.x,
+    HazyResearch; MPT's attn_impl 'flash', Megatron-LM's --use-flash-attn of 2023)."""
+    flash1_bwd: float | None = Field(default=None, gt=0, le=1)
     flash3_fwd: float | None = Field(default=None, gt=0, le=1)
     flash3_bwd: float | None = Field(default=None, gt=0, le=1)
     cudnn_fwd: float | None = Field(default=None, gt=0, le=1)

@@ -43,6 +43,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "hbm": (0.3, 0.95),
     "intra_node_comm": (0.3, 1.0),
     "inter_node_comm": (0.3, 1.0),
+    "flash1_fwd": (0.05, 0.95),
+    "flash1_bwd": (0.05, 0.95),
     "flash3_fwd": (0.15, 0.95),
     "flash3_bwd": (0.15, 0.95),
     "cudnn_fwd": (0.15, 0.95),
@@ -57,8 +59,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
 FlashAttention-3 kernels reach 75-85% of dense peak (Shah et al. 2024, FlashAttention-3,
 table 1), STREAM-like copies 90%+ of HBM bandwidth; nccl-tests bus bandwidth reaches 80-95%
 of the link rate on NVLink and InfiniBand. The lower ends are where a run is broken rather
-than slow, except llm-foundry's Triton FlashAttention (triton_fa1), whose Hopper backward
-prior is 0.135-0.1475 of peak (presets/gpus.toml), so its range starts at 0.05. Kernel
+than slow, except the FlashAttention-1-class kernels (flash1, and llm-foundry's Triton
+FlashAttention triton_fa1), whose Hopper backward priors are 0.135-0.177 of peak
+(presets/gpus.toml), so their ranges start at 0.05. Kernel
 overhead: a CUDA launch costs ~2-5 us of host time, eager PyTorch dispatch adds tens of us
 per op when the host bounds the step. `gemm_table_scale` multiplies measured GEMM rates
 (planner/presets/gemm_*.toml): down to where a run is broken, up to 15 % above the measurement
@@ -70,6 +73,8 @@ KNOBS: dict[str, tuple[str, ...]] = {
         "gemm_table_scale",
         "attention_fwd",
         "attention_bwd",
+        "flash1_fwd",
+        "flash1_bwd",
         "flash3_fwd",
         "flash3_bwd",
         "cudnn_fwd",

@@ -63,7 +63,7 @@ CALIBRATION = typer.Option(
 ATTENTION = typer.Option(
     None,
     "--attention",
-    help="Attention kernel: flash2, flash3, cudnn, triton_fa1 "
+    help="Attention kernel: flash1 (FlashAttention-1's CUDA kernel), flash2, flash3, cudnn, triton_fa1 "
     "(llm-foundry's Triton FlashAttention, attn_impl 'triton') or unfused "
     "(default: the runtime's on this GPU: Megatron-LM cudnn on Hopper, else flash2).",
 )

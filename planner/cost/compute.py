@@ -14,10 +14,11 @@ the GPU's `attention_table` measured, that kernel's own measured falloff (its ra
 sequence over its rate at the table's reference length; planner/cost/attention_table.py). Memory-bound
 kernels move their bytes at bw * e_hbm.
 
-The attention core is one of five implementations (`AttentionImpl`): the fused kernels
-FlashAttention-2 (e_attn_* = `attention_fwd/bwd`), FlashAttention-3, cuDNN's fused attention
-and the FlashAttention-1-class Triton kernel llm-foundry runs as attn_impl 'triton' (their own
-rates per GPU, `flash3_*`, `cudnn_*` and `triton_fa1_*`), or unfused attention: QK^T and PV as
+The attention core is one of six implementations (`AttentionImpl`): the fused kernels
+FlashAttention-2 (e_attn_* = `attention_fwd/bwd`), FlashAttention-1's CUDA kernel,
+FlashAttention-3, cuDNN's fused attention and the FlashAttention-1-class Triton kernel
+llm-foundry runs as attn_impl 'triton' (their own rates per GPU, `flash1_*`, `flash3_*`,
+`cudnn_*` and `triton_fa1_*`), or unfused attention: QK^T and PV as
 batched GEMMs over the full s x s score matrix, and the softmax (with its scale and mask) and
 dropout as memory-bound passes over the b * a * s^2 scores (`shapes.attention_passes`). The backward of a GEMM is a data-gradient GEMM
 (m, k, n), charged to backward-input (I), and a weight-gradient GEMM (k, n, m), charged to
@@ -53,7 +54,7 @@ from planner.cost.shapes import Gemm, LayerWork
 from planner.errors import PlannerError
 from planner.spec import GpuEfficiency, GpuSpec
 
-AttentionImpl = Literal["flash2", "flash3", "cudnn", "triton_fa1", "unfused"]
+AttentionImpl = Literal["flash1", "flash2", "flash3", "cudnn", "triton_fa1", "unfused"]
 ATTENTION_IMPLS: tuple[str, ...] = get_args(AttentionImpl)
 
 TABLE_DTYPES = ("bf16", "fp16")
@@ -165,6 +166,7 @@ class AnalyticCompute:
         """Forward and backward fractions of peak of a fused attention kernel on this GPU."""
         eff = self.eff
         rates = {
+            "flash1": (eff.flash1_fwd, eff.flash1_bwd),
             "flash2": (eff.attention_fwd, eff.attention_bwd),
             "flash3": (eff.flash3_fwd, eff.flash3_bwd),
             "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),

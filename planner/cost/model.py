@@ -85,6 +85,7 @@ def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
     fused kernel it lacks (what the same runtime falls back to there)."""
     kernel = {
+        "flash1": gpu.efficiency.flash1_fwd,
         "flash3": gpu.efficiency.flash3_fwd,
         "cudnn": gpu.efficiency.cudnn_fwd,
         "triton_fa1": gpu.efficiency.triton_fa1_fwd,

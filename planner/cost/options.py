@@ -52,7 +52,7 @@ class KernelOptions:
     """Transformer Engine's FP8 scaling, by Megatron-LM's `--fp8-recipe` names: "delayed" (its
     default) or "tensorwise" (per-tensor current scaling: an amax pass before each cast)."""
     attention: AttentionImpl = "flash2"
-    """The attention core's kernel: "flash2", "flash3", "cudnn", "triton_fa1" or "unfused"."""
+    """The attention core's kernel: "flash1", "flash2", "flash3", "cudnn", "triton_fa1" or "unfused"."""
     dropout: bool = False
     """Dropout runs (its kernels launched, its masks saved for the backward)."""
     cuda_graphs: bool = False

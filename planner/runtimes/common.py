@@ -5,6 +5,8 @@ from __future__ import annotations
 from planner.runtimes.base import Rule
 
 FOREIGN_ATTENTION = {
+    ("attention", "flash1"): "does not run FlashAttention-1's CUDA kernel (--attention flash1: flash-attn 0.x / 1.x, "
+    "which the current releases replaced with FlashAttention-2)",
     ("attention", "triton_fa1"): "does not run llm-foundry's Triton FlashAttention (--attention triton_fa1: "
     "MPT's attn_impl 'triton' under composer)",
 }

@@ -18,7 +18,7 @@ VERSIONS = (
         version="2023",
         summary="InternLM's hybrid ZeRO-1: bf16 gradients all-reduced in 512M-element buckets during the last "
         "backward, then each data-parallel rank broadcasts the shard it updated, one call per rank, after "
-        "the step; autograd gradient accumulation, torch AdamW; no pipeline",
+        "the step; autograd gradient accumulation, torch AdamW; FlashAttention-1; no pipeline",
         costs={
             "grad_reduce_bytes": 2,
             "grad_bucket_params": 512 * 1024 * 1024,
@@ -34,6 +34,7 @@ VERSIONS = (
             Rule(dimension="zero", allowed=(0, 1), why="InternLM's hybrid ZeRO shards the optimizer states only"),
             one_recompute_setting("InternLM"),
         ),
+        attention="flash1",
         sources=(
             "InternLM c18bec9 internlm/solver/optimizer/hybrid_zero_optim.py (reduce_tensor all-reduce per "
             "bucket, broadcast_params(overlap=False): one dist.broadcast per ZeRO rank)",
@@ -41,6 +42,8 @@ VERSIONS = (
             "reduce_bucket_size=512 * 1024 * 1024)",
             "InternLM c18bec9 train.py (torch.optim.AdamW, one parameter group), internlm/core/"
             "no_pipeline_scheduler.py (gradients reduced in the last micro-batch only)",
+            "InternLM doc/en/install.md (2023): 'Install flash-attention (version v1.0.5)' from "
+            "third_party/flash-attention: FlashAttention-1's CUDA kernel",
         ),
     ),
 )

@@ -1,0 +1,155 @@
+"""FlashAttention-1's CUDA kernel (`--attention flash1`): its A100 rates against the ranges the
+FlashAttention-2 paper states for it, its place beside the Triton FlashAttention-1 and
+FlashAttention-2, its Hopper rates, its memory, and the CLI and exporters around it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.catalog import resolve_gpu, resolve_model
+from planner.cost.compute import AnalyticCompute
+from planner.cost.model import CostModel, CostOptions
+from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
+from planner.errors import PlannerError
+from planner.spec import Cluster
+from tests.cost.burst_rates import burst_rates
+
+A100, H100 = burst_rates("a100-80gb"), burst_rates("h100")
+# The FlashAttention-2 paper's benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
+BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16, num_kv_heads=16))
+MPT_7B, MPT_30B = resolve_model("mpt-7b"), resolve_model("mpt-30b")
+
+FA1_FORWARD = (0.30, 0.50)
+"""Dao 2023 (FlashAttention-2, arXiv 2307.08691) sec. 1, A100: FlashAttention's 'forward pass
+only reaches 30-50% of the theoretical maximum FLOPs/s of the device'."""
+FA1_BACKWARD = (0.25, 0.35)
+"""The same sentence: 'the backward pass ... reaching only 25-35% of maximum throughput'."""
+FA1_OVERALL = (0.25, 0.40)
+"""The same paper's abstract: FlashAttention 'reaching only 25-40% of the theoretical maximum
+FLOPs/s'."""
+FA3_PAPER_FA2_H100 = (335.0, 322.0 * 335.0 / 370.0)
+"""FlashAttention-2 on H100 SXM5, BF16, head dim 128, 16k tokens (Shah et al. 2024, arXiv
+2407.08608): causal forward 335 TFLOP/s (fig. 4); backward 322 non-causal (fig. 6) x the causal /
+non-causal forward ratio 335/370."""
+
+
+def _fractions(attention: str, gpu, seq: int = 2048) -> tuple[float, float, float]:
+    """Forward, backward and forward + backward fractions of peak of the attention core over the
+    counted (causal) FLOPs, 16k tokens per batch."""
+    shard = Shard(mbs=16384 // seq, seq=seq)
+    work = layer_work(BENCH, "transformer", shard, attention=attention)
+    fwd_s, bwd_s = AnalyticCompute(gpu).attention_core_times(work, attention)
+    counted = attention_core_flops(BENCH, shard, flash=True)
+    peak = gpu.peak_flops("bf16")
+    return counted / fwd_s / peak, 2.5 * counted / bwd_s / peak, 3.5 * counted / (fwd_s + bwd_s) / peak
+
+
+@pytest.mark.parametrize("seq", [2048, 16384])
+def test_a100_rates_sit_in_the_papers_ranges(seq):
+    """Forward within 30-50 %, backward within 25-35 %, and the two together within the
+    abstract's 25-40 % (under the sequence falloff, at 2k and at 16k tokens)."""
+    fwd, bwd, overall = _fractions("flash1", A100, seq)
+    assert FA1_FORWARD[0] <= fwd <= FA1_FORWARD[1]
+    assert FA1_BACKWARD[0] <= bwd <= FA1_BACKWARD[1]
+    assert FA1_OVERALL[0] <= overall <= FA1_OVERALL[1]
+
+
+def test_a100_rates_are_the_middles_of_the_ranges():
+    eff = resolve_gpu("a100-80gb").efficiency
+    assert eff.flash1_fwd == pytest.approx(sum(FA1_FORWARD) / 2)
+    assert eff.flash1_bwd == pytest.approx(sum(FA1_BACKWARD) / 2)
+    assert resolve_gpu("a100-40gb").efficiency.flash1_fwd == eff.flash1_fwd
+
+
+def test_triton_kernel_is_faster_forward_and_slower_backward():
+    """llm-foundry's Triton FlashAttention's docstring: 'Triton forward is generally faster than
+    CUDA forward, while Triton backward is generally slower than CUDA backward'."""
+    cuda_fwd, cuda_bwd, _ = _fractions("flash1", A100)
+    triton_fwd, triton_bwd, _ = _fractions("triton_fa1", A100)
+    assert triton_fwd > cuda_fwd and triton_bwd < cuda_bwd
+
+
+@pytest.mark.parametrize("gpu", [A100, H100], ids=["a100", "h100"])
+def test_flash2_is_faster_and_unfused_slower(gpu):
+    """FlashAttention-2 is faster than FlashAttention-1 in both directions (the paper's point),
+    and FlashAttention-1 is faster than standard attention (MPT-7B's block, micro-batch 6,
+    sequence 2048)."""
+    shard = Shard(mbs=6, seq=2048)
+    compute = AnalyticCompute(gpu)
+    times = {
+        a: compute.attention_core_times(layer_work(MPT_7B, "transformer", shard, attention=a), a)
+        for a in ("flash2", "flash1", "unfused")
+    }
+    assert all(f2 < f1 for f2, f1 in zip(times["flash2"], times["flash1"]))
+    assert sum(times["flash1"]) < sum(times["unfused"])
+
+
+def test_h100_rates_are_fa2s_times_the_a100_ratio():
+    """On Hopper the kernel issues the same Ampere instructions as FlashAttention-2 does there:
+    FA2's measured H100 rate times FlashAttention-1's A100 range over FA2's A100 rate (within the
+    sequence falloff at 16k, 2 %)."""
+    peak = H100.peak_flops("bf16") / 1e12
+    fwd, bwd, _ = _fractions("flash1", H100, 16384)
+    a100 = resolve_gpu("a100-80gb").efficiency
+    fa2_fwd, fa2_bwd = (rate / peak for rate in FA3_PAPER_FA2_H100)
+    low_fwd, high_fwd = (fa2_fwd * end / a100.attention_fwd for end in FA1_FORWARD)
+    low_bwd, high_bwd = (fa2_bwd * end / a100.attention_bwd for end in FA1_BACKWARD)
+    assert low_fwd * 0.98 <= fwd <= high_fwd
+    assert low_bwd * 0.98 <= bwd <= high_bwd
+
+
+def test_memory_is_a_fused_kernels_and_heads_are_not_padded():
+    """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2 does, and
+    runs head dimensions up to 128 as they are (MPT-30B's 112)."""
+    cluster = Cluster.of(H100, 8)
+    shard = Shard(mbs=4, seq=2048)
+    saved = {
+        a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
+        for a in ("flash2", "flash1", "unfused")
+    }
+    assert saved["flash1"] == saved["flash2"] < saved["unfused"]
+    assert kernel_head_padding(MPT_30B, "flash1") == 1.0
+
+
+@pytest.mark.parametrize("gpu", ["b200", "mi300x"])
+def test_gpus_without_a_source_refuse_it(gpu):
+    with pytest.raises(PlannerError, match="no measured flash1"):
+        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions.of(attention="flash1"))
+
+
+def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:
+    code, out, err = cli(
+        "plan",
+        "--model",
+        "mpt-7b",
+        "--gpu",
+        "a100-80gb",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "48",
+        "--seq",
+        "2048",
+        "--json",
+        "-o",
+        str(path),
+        *extra,
+    )
+    return code, (json.loads(out) if code == 0 else err)
+
+
+def test_cli_plans_with_it_and_no_exporter_takes_the_plan(cli, tmp_path):
+    code, flash1 = _plan(cli, tmp_path / "flash1.json", "--attention", "flash1")
+    assert code == 0, flash1
+    assert all(plan["runtimes"] == [] and plan["attention"] == "flash1" for plan in flash1["plans"])
+    _, flash2 = _plan(cli, tmp_path / "flash2.json", "--attention", "flash2")
+    assert flash1["plans"][0]["predicted"]["step_time_s"] > flash2["plans"][0]["predicted"]["step_time_s"]
+    code, _, err = cli("export", str(tmp_path / "flash1.json"), "--to", "megatron", "-o", str(tmp_path / "out"))
+    assert code == 2 and "FlashAttention-1's CUDA kernel" in err and "--attention flash2" in err
+
+
+def test_cli_refuses_it_with_a_runtime_that_does_not_run_it(cli, tmp_path):
+    code, err = _plan(cli, tmp_path / "plan.json", "--attention", "flash1", "--runtime", "megatron")
+    assert code == 2 and "--attention flash1" in err and "does not run" in err
