@@ -51,7 +51,9 @@ def export_command(
         help=f"Runtime: {' | '.join(EXPORTERS)}, or NAME@VERSION of its newest version (`planner runtimes`).",
     ),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the files into (created if missing)."),
-    index: int = typer.Option(0, "--index", "-i", help="Which plan of the file (0 = the best).", min=0),
+    number: int = typer.Option(
+        1, "--number", help="The plan's number in `planner plan`'s table (1 = the best).", min=1
+    ),
     force: bool = typer.Option(
         False, "--force", help="Overwrite the export's files that exist in the folder (its other files stay)."
     ),
@@ -65,6 +67,7 @@ def export_command(
         raise ConfigError(f"cannot read plan file {plan}: {exc.strerror}") from None
     document = parse_plan_file(text, str(plan))
     notes: list[str] = []
+    index = number - 1
     with serving_request(request_flags(document)):
         if index < len(document.plans):
             document, notes = rechecked(document, index)
@@ -77,7 +80,7 @@ def export_command(
         write_atomic(out / name, content, executable=name.endswith(EXECUTABLE_SUFFIXES) or content.startswith("#!"))
     width = max(len(name) for name in files)
     stdout.print(
-        f"wrote {len(files)} files for {to} (plan #{index} of {plan}) to {out}/:", markup=False, highlight=False
+        f"wrote {len(files)} files for {to} (plan #{number} of {plan}) to {out}/:", markup=False, highlight=False
     )
     for note in notes:
         stdout.print(f"note: {note}", markup=False, highlight=False)

@@ -205,7 +205,7 @@ def plan_command(
     stdout.print(plans_view(entries, title, stdout.width, wide, plan_path=out), soft_wrap=False)
     if profile is not None:
         print_cost_sources(entries, cost_model)
-    if (hint := other_runtimes_hint(entries, model_runtimes(spec))) is not None:
+    if (hint := other_runtimes_hint(entries, model_runtimes(spec), cluster.gpu)) is not None:
         stdout.print(hint, markup=False, highlight=False, soft_wrap=False)
     stdout.print(breakdown_table(entries[0], cluster.memory_limit_bytes / GiB))
     stdout.print(

@@ -15,8 +15,9 @@ from planner.hints import planner_command
 from planner.output import write_atomic
 from planner.plan import PlanEntry, PlanFile, time_part_name
 from planner.run_length import run_length
+from planner.runtimes import resolve as resolve_runtime
 from planner.schedule.registry import SCHEDULES, schedule_info
-from planner.spec import Cluster
+from planner.spec import Cluster, GpuSpec
 from planner.uncertainty import default_memory_headroom
 from planner.units import GiB
 
@@ -98,9 +99,20 @@ def runs_on_meaning(plan_path: Path | None) -> str:
     )
 
 
-def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> str | None:
+def runtime_plan_command(name: str, attention: str | None, gpu: GpuSpec) -> str:
+    """The command that plans for runtime `name` (`--runtime NAME`), with its own attention kernel
+    on `gpu` where the plans' kernel `attention` is one it does not run (the user's `--attention`
+    would have the search refused)."""
+    version = resolve_runtime(name)
+    if attention is not None and version.unsupported_reason("attention", attention) is not None:
+        return planner_command("plan", f"--runtime {name}", f"--attention {version.default_attention(gpu)}")
+    return planner_command("plan", f"--runtime {name}")
+
+
+def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str], gpu: GpuSpec) -> str | None:
     """For the runtimes of `model_runtimes` (those that run the model at all) that no plan of
-    `entries` runs on, the command that finds the best plan they do run; None when there is none."""
+    `entries` (on `gpu`) runs on, the command that finds the best plan they do run; None when
+    there is none."""
     missing = [
         name
         for name in model_runtimes
@@ -114,7 +126,7 @@ def other_runtimes_hint(entries: list[PlanEntry], model_runtimes: list[str]) -> 
             f"no runtime the planner exports to runs {' or '.join(unexported)}; to find the best plan that "
             "exports, plan with the default schedules or name another"
         )
-    commands = ", ".join(planner_command("plan", f"--runtime {name}") for name in missing)
+    commands = ", ".join(runtime_plan_command(name, entries[0].attention, gpu) for name in missing)
     return f"no plan above runs on {' or '.join(missing)}; to find the best that does: {commands}"
 
 

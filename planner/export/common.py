@@ -17,12 +17,12 @@ PROVENANCE_FILE = "PLANNER_PROVENANCE.md"
 
 
 def select_plan(plan_file: PlanFile, index: int) -> PlanEntry:
-    """Plan number `index` of the file (ExportError naming the valid range, or the schedule
-    when no runtime runs it)."""
+    """The plan at `index` of the file, the table's number `index + 1` (ExportError naming the
+    valid numbers, or the schedule when no runtime runs it)."""
     if not 0 <= index < len(plan_file.plans):
         raise ExportError(
-            f"plan index {index} is out of range: the file holds {len(plan_file.plans)} plan(s), "
-            f"pick one with {planner_command('export', f'--index 0..{len(plan_file.plans) - 1}')}"
+            f"there is no plan number {index + 1}: the file holds {len(plan_file.plans)} plan(s), "
+            f"pick one with {planner_command('export', f'--number 1..{len(plan_file.plans)}')}"
         )
     entry = plan_file.plans[index]
     unexported = schedule_info(entry.schedule).simulated_only
@@ -162,7 +162,7 @@ def summary_lines(plan_file: PlanFile, entry: PlanEntry, index: int, runtime: st
     lines = [
         f"written for {target.name}: {target.summary}",
         f"planner {plan_file.planner_version or '(version not recorded)'}, "
-        f"costs: {plan_file.cost_source or '(not recorded)'}, plan #{index} of {len(plan_file.plans)}",
+        f"costs: {plan_file.cost_source or '(not recorded)'}, plan #{index + 1} of {len(plan_file.plans)}",
         f"model {model}",
     ]
     if plan_file.cluster is not None:

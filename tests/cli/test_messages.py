@@ -207,7 +207,7 @@ def test_export_refusals_name_options_that_exist(tmp_path, capsys):
     for number, (runtime, fields) in enumerate(cases):
         path = tmp_path / f"plan{number}.json"
         path.write_text(make_plan("tiny-llama", **fields).model_dump_json())
-        for extra in ([], ["--index", "3"]):
+        for extra in ([], ["--number", "4"]):
             with pytest.raises(SystemExit) as exit_info:
                 run(["export", str(path), "--to", runtime, "-o", str(tmp_path / "out"), *extra])
             _, err = capsys.readouterr()

@@ -5,6 +5,8 @@ FlashAttention-2, its Hopper rates, its memory, and the CLI and exporters around
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import pytest
 
@@ -153,3 +155,23 @@ def test_cli_plans_with_it_and_no_exporter_takes_the_plan(cli, tmp_path):
 def test_cli_refuses_it_with_a_runtime_that_does_not_run_it(cli, tmp_path):
     code, err = _plan(cli, tmp_path / "plan.json", "--attention", "flash1", "--runtime", "megatron")
     assert code == 2 and "--attention flash1" in err and "does not run" in err
+
+
+def test_the_hint_for_other_runtimes_names_a_kernel_each_runs(cli):
+    """The commands that find the best plan megatron, torchtitan, torch and deepspeed run swap the
+    user's `--attention flash1`, which each of them refuses, for the runtime's own kernel, and run."""
+    args = ("--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "48", "--seq", "2048")
+    code, out, err = cli("plan", *args, "--attention", "flash1", "--top", "1")
+    assert code == 0, err
+    hint = " ".join(out[out.index("no plan above runs on") :].split("\nbreakdown")[0].splitlines())
+    commands = [shlex.split(text) for text in re.findall(r"`(planner plan [^`]*)`", hint)]
+    assert {command[command.index("--runtime") + 1] for command in commands} == {
+        "megatron",
+        "torchtitan",
+        "torch",
+        "deepspeed",
+    }
+    assert all(command[command.index("--attention") + 1] == "flash2" for command in commands)
+    megatron = next(command for command in commands if "megatron" in command)
+    code, _, err = cli(*megatron[1:], "--top", "1")
+    assert code == 0, err

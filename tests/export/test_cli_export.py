@@ -58,14 +58,20 @@ def test_export_writes_the_runtime_files(runtime, expected, tmp_path, capsys):
     assert "in the file" in out
 
 
-def test_export_picks_the_plan_by_index(tmp_path, capsys):
+def test_export_picks_the_plan_by_its_number_in_the_table(tmp_path, capsys):
+    """`--number N` is the plan the table numbers N (1 = the best), as the export's files say."""
     first, second = make_plan("tiny-llama", schedule="gpipe"), make_plan("tiny-llama", schedule="1f1b")
     both = first.model_copy(update={"plans": first.plans + second.plans})
     path = plan_path(tmp_path, both)
-    assert invoke(capsys, "export", str(path), "--to", "megatron", "-o", str(tmp_path / "a"), "--index", "1")[0] == 0
-    assert "plan #1 of 2" in (tmp_path / "a" / "megatron_args.sh").read_text()
-    code, _, err = invoke(capsys, "export", str(path), "--to", "megatron", "-o", str(tmp_path / "b"), "--index", "2")
-    assert code == 2 and "out of range" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = invoke(capsys, "export", str(path), "--to", "megatron", "-o", str(tmp_path / "a"), "--number", "2")
+    assert code == 0 and "(plan #2 of" in out
+    args = (tmp_path / "a" / "megatron_args.sh").read_text()
+    assert "plan #2 of 2" in args and "1f1b" in args
+    assert invoke(capsys, "export", str(path), "--to", "torch", "-o", str(tmp_path / "c"))[0] == 0
+    provenance = (tmp_path / "c" / "PLANNER_PROVENANCE.md").read_text()
+    assert "plan #1 of 2" in provenance and "gpipe" in provenance
+    code, _, err = invoke(capsys, "export", str(path), "--to", "megatron", "-o", str(tmp_path / "b"), "--number", "3")
+    assert code == 2 and "no plan number 3" in err and "--number 1..2" in err and len(err.strip().splitlines()) == 1
 
 
 def test_example_plans_round_trip(tmp_path, capsys):
