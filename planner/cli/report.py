@@ -86,17 +86,28 @@ def runs_on_text(runtimes: list[str] | None) -> str:
     return ",".join(RUNTIME_SHORT_NAMES.get(name, name) for name in runtimes) or "none"
 
 
-def runs_on_meaning(plan_path: Path | None) -> str:
+def runs_on_meaning(plan_path: Path | None, varied: str | None = None) -> str:
     """What the `runs on` column says, its short names, and the commands that export to one
-    (from `plan_path`, or from the plan file a `-o` writes)."""
+    (from `plan_path`, or from the plan file a `-o` writes; from a sweep over `varied`, the
+    plan command names that input, its value left to fill in)."""
     names = ", ".join(f"{short} {name}" if short != name else name for name, short in RUNTIME_SHORT_NAMES.items())
     meaning = f"the runtimes whose exporter takes the plan as it is ({names})"
     if plan_path is not None:
         return f"{meaning}: {planner_command('export', '--to NAME', '--out launch', arguments=(str(plan_path),))}"
-    return (
-        f"{meaning}: {planner_command('plan', '-o plan.json')}, then "
-        f"{planner_command('export', '--to NAME', '--out launch', arguments=('plan.json',))}"
-    )
+    export = planner_command("export", "--to NAME", "--out launch", arguments=("plan.json",))
+    return f"{meaning}: {_plan_to_file_command(varied)}, then {export}"
+
+
+def _plan_to_file_command(varied: str | None) -> str:
+    """`planner plan ... -o plan.json` for the command line being served, with the input a
+    sweep varies as `--NAME N` (N: the row's value)."""
+    if varied == "gpus":
+        return planner_command("plan", "--gpus N", "-o plan.json")
+    if varied == "global-batch":
+        return planner_command("plan", "--global-batch N", "-o plan.json")
+    if varied == "seq":
+        return planner_command("plan", "--seq N", "-o plan.json")
+    return planner_command("plan", "-o plan.json")
 
 
 def runtime_plan_command(name: str, attention: str | None, gpu: GpuSpec) -> str:
@@ -265,7 +276,7 @@ def plans_view(
     same = [c for c in moved if len({row[c] for row in rows}) == 1]
     if differ := [c for c in moved if c not in same]:
         parts.append(grid(rows, [key, *differ], gap))
-    legend = plans_legend(entries, wide, plan_path)
+    legend = plans_legend(entries, wide, plan_path, varied=keys[0] if keys else None)
     parts += [
         Text(f"{column}{every}: {rows[0][column]}" + (f"; {legend.pop(column)}" if column in legend else ""))
         for column in same
@@ -273,13 +284,15 @@ def plans_view(
     return Group(*parts, *(Text(f"{column}: {meaning}") for column, meaning in legend.items()))
 
 
-def plans_legend(entries: list[PlanEntry], wide: bool, plan_path: Path | None = None) -> dict[str, str]:
+def plans_legend(
+    entries: list[PlanEntry], wide: bool, plan_path: Path | None = None, varied: str | None = None
+) -> dict[str, str]:
     """What the plans table's columns with short names say, by column: the schedules
-    shortened, the cuts, the runtimes."""
+    shortened, the cuts, the runtimes (`varied`: the input a sweep varies)."""
     shortened = sorted({e.schedule for e in entries if e.schedule in SCHEDULE_SHORT_NAMES})
     legend = {"sched": ", ".join(f"{SCHEDULE_SHORT_NAMES[name]} = {name}" for name in shortened)} if shortened else {}
     legend["cuts"] = "layers per virtual stage in model order" + ("" if wide else ", 3×20 = 20 stages of 3 layers")
-    legend["runs on"] = runs_on_meaning(plan_path)
+    legend["runs on"] = runs_on_meaning(plan_path, varied)
     return legend
 
 

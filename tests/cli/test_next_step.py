@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+
+import pytest
 
 from planner.cli.report import RUNTIME_SHORT_NAMES
 from planner.plan import parse_plan_file
@@ -192,3 +195,26 @@ def test_sweep_says_which_points_have_no_layout(cli):
     assert none["plan"] is None and none["note"].startswith("no layout")
     assert some["plan"]["predicted"]["tokens_per_s"] > 0
     assert set(some["plan"]["runtimes"]) <= set(RUNTIME_SHORT_NAMES)
+
+
+@pytest.mark.parametrize("vary, values", [("gpus", "8,16"), ("global-batch", "32,64"), ("seq", "2048,4096")])
+def test_sweep_names_the_varied_input_in_the_plan_command_it_suggests(cli, tmp_path, vary, values):
+    """The sweep's `runs on` legend points to `planner plan ... -o plan.json` for one row: the
+    varied input is a flag with its value to fill in, and with it the command runs."""
+    fixed = {"gpus": "16", "global-batch": "64", "seq": "4096"}
+    base = [
+        "--model",
+        "llama3-8b",
+        *(word for name, value in fixed.items() if name != vary for word in (f"--{name}", value)),
+    ]
+    code, out, err = cli("sweep", *base, "--vary", vary, "--values", values)
+    assert code == 0, err
+    text = " ".join(out.split())
+    command = re.search(r"`(planner plan [^`]*-o plan\.json)`", text).group(1)
+    words = shlex.split(command)
+    assert words[words.index(f"--{vary}") + 1] == "N" and "--vary" not in words and "--values" not in words
+    value = values.split(",")[0]
+    filled = [value if word == "N" else word for word in words[1:]]
+    filled[filled.index("plan.json")] = str(tmp_path / "plan.json")
+    code, _, err = cli(*filled)
+    assert code == 0, err
