@@ -26,6 +26,7 @@ SETS = [
     BENCH / "preregistered_runs_9.toml",
     BENCH / "preregistered_runs_10.toml",
     BENCH / "preregistered_runs_11.toml",
+    BENCH / "preregistered_runs_12.toml",
 ]
 """In the order they were collected: each set's earlier ones are development data to it."""
 DEVELOPMENT = BENCH / "published_runs.toml"
@@ -81,6 +82,11 @@ HEADER_PHRASES = {
         "not evaluated when it was collected",
     ),
     "preregistered_runs_11.toml": (
+        "before the model change it is meant to check",
+        "never used to choose or tune a mechanism",
+        "not evaluated when it was collected",
+    ),
+    "preregistered_runs_12.toml": (
         "before the model change it is meant to check",
         "never used to choose or tune a mechanism",
         "not evaluated when it was collected",
