@@ -1,21 +1,15 @@
 """FlashAttention-1's CUDA kernel (`--attention flash1`): its A100 rates against the ranges the
 FlashAttention-2 paper states for it, its place beside the Triton FlashAttention-1 and
-FlashAttention-2, its Hopper rates, its memory, and the CLI and exporters around it."""
+FlashAttention-2, its Hopper rates and its head dimensions (its memory, the GPUs without it, the
+CLI and exporters around it: test_foreign_attention.py)."""
 
 from __future__ import annotations
-
-import json
-import re
-import shlex
 
 import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
-from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
-from planner.errors import PlannerError
-from planner.spec import Cluster
 from tests.cost.burst_rates import burst_rates
 
 A100, H100 = burst_rates("a100-80gb"), burst_rates("h100")
@@ -102,76 +96,6 @@ def test_h100_rates_are_fa2s_times_the_a100_ratio():
     assert low_bwd * 0.98 <= bwd <= high_bwd
 
 
-def test_memory_is_a_fused_kernels_and_heads_are_not_padded():
-    """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2 does, and
-    runs head dimensions up to 128 as they are (MPT-30B's 112)."""
-    cluster = Cluster.of(H100, 8)
-    shard = Shard(mbs=4, seq=2048)
-    saved = {
-        a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
-        for a in ("flash2", "flash1", "unfused")
-    }
-    assert saved["flash1"] == saved["flash2"] < saved["unfused"]
+def test_heads_are_not_padded():
+    """The kernel runs head dimensions up to 128 as they are (MPT-30B's 112)."""
     assert kernel_head_padding(MPT_30B, "flash1") == 1.0
-
-
-@pytest.mark.parametrize("gpu", ["b200", "mi300x"])
-def test_gpus_without_a_source_refuse_it(gpu):
-    with pytest.raises(PlannerError, match="no measured flash1"):
-        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions.of(attention="flash1"))
-
-
-def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:
-    code, out, err = cli(
-        "plan",
-        "--model",
-        "mpt-7b",
-        "--gpu",
-        "a100-80gb",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "48",
-        "--seq",
-        "2048",
-        "--json",
-        "-o",
-        str(path),
-        *extra,
-    )
-    return code, (json.loads(out) if code == 0 else err)
-
-
-def test_cli_plans_with_it_and_no_exporter_takes_the_plan(cli, tmp_path):
-    code, flash1 = _plan(cli, tmp_path / "flash1.json", "--attention", "flash1")
-    assert code == 0, flash1
-    assert all(plan["runtimes"] == [] and plan["attention"] == "flash1" for plan in flash1["plans"])
-    _, flash2 = _plan(cli, tmp_path / "flash2.json", "--attention", "flash2")
-    assert flash1["plans"][0]["predicted"]["step_time_s"] > flash2["plans"][0]["predicted"]["step_time_s"]
-    code, _, err = cli("export", str(tmp_path / "flash1.json"), "--to", "megatron", "-o", str(tmp_path / "out"))
-    assert code == 2 and "FlashAttention-1's CUDA kernel" in err and "--attention flash2" in err
-
-
-def test_cli_refuses_it_with_a_runtime_that_does_not_run_it(cli, tmp_path):
-    code, err = _plan(cli, tmp_path / "plan.json", "--attention", "flash1", "--runtime", "megatron")
-    assert code == 2 and "--attention flash1" in err and "does not run" in err
-
-
-def test_the_hint_for_other_runtimes_names_a_kernel_each_runs(cli):
-    """The commands that find the best plan megatron, torchtitan, torch and deepspeed run swap the
-    user's `--attention flash1`, which each of them refuses, for the runtime's own kernel, and run."""
-    args = ("--model", "llama3-8b", "--gpu", "a100-80gb", "--gpus", "8", "--global-batch", "48", "--seq", "2048")
-    code, out, err = cli("plan", *args, "--attention", "flash1", "--top", "1")
-    assert code == 0, err
-    hint = " ".join(out[out.index("no plan above runs on") :].split("\nbreakdown")[0].splitlines())
-    commands = [shlex.split(text) for text in re.findall(r"`(planner plan [^`]*)`", hint)]
-    assert {command[command.index("--runtime") + 1] for command in commands} == {
-        "megatron",
-        "torchtitan",
-        "torch",
-        "deepspeed",
-    }
-    assert all(command[command.index("--attention") + 1] == "flash2" for command in commands)
-    megatron = next(command for command in commands if "megatron" in command)
-    code, _, err = cli(*megatron[1:], "--top", "1")
-    assert code == 0, err

@@ -1,19 +1,14 @@
 """llm-foundry's Triton FlashAttention (`--attention triton_fa1`): its rates against the
-published component figures they come from, its head-dimension padding, its memory (that of a
-fused kernel), and the CLI and exporters around it."""
+published component figures they come from and its head-dimension padding (its memory, the GPUs
+without it, the CLI and exporters around it: test_foreign_attention.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from planner.catalog import resolve_gpu, resolve_model
+from planner.catalog import resolve_model
 from planner.cost.compute import AnalyticCompute
-from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
-from planner.errors import PlannerError
-from planner.spec import Cluster
 from tests.cost.burst_rates import burst_rates
 
 H100, A100 = burst_rates("h100"), burst_rates("a100-80gb")
@@ -92,57 +87,3 @@ def test_head_dimension_padded_to_a_power_of_two():
     shard = Shard(mbs=2, seq=2048)
     executed = layer_work(MPT_30B, "transformer", shard, attention="triton_fa1").attention_flops
     assert executed == pytest.approx(attention_core_flops(MPT_30B, shard, flash=True) * 128 / 112)
-
-
-def test_memory_is_a_fused_kernels():
-    """The kernel saves q, k, v, its output and the log-sum-exp, as FlashAttention-2: no score matrix."""
-    cluster = Cluster.of(H100, 8)
-    shard = Shard(mbs=4, seq=2048)
-    saved = {
-        a: CostModel(MPT_7B, cluster, CostOptions.of(attention=a)).layer_costs("transformer", shard).activation_bytes
-        for a in ("flash2", "triton_fa1", "unfused")
-    }
-    assert saved["triton_fa1"] == saved["flash2"] < saved["unfused"]
-
-
-@pytest.mark.parametrize("gpu", ["b200", "mi300x"])
-def test_gpus_without_a_source_refuse_it(gpu):
-    """No measurement of the kernel (nor pre-MLIR Triton support) on Blackwell or AMD."""
-    with pytest.raises(PlannerError, match="no measured triton_fa1"):
-        CostModel(MPT_7B, Cluster.of(resolve_gpu(gpu), 8), CostOptions.of(attention="triton_fa1"))
-
-
-def _plan(cli, path, *extra: str) -> tuple[int, dict | str]:
-    code, out, err = cli(
-        "plan",
-        "--model",
-        "mpt-7b",
-        "--gpu",
-        "h100",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "48",
-        "--seq",
-        "2048",
-        "--json",
-        "-o",
-        str(path),
-        *extra,
-    )
-    return code, (json.loads(out) if code == 0 else err)
-
-
-def test_cli_plans_with_it_and_no_exporter_takes_the_plan(cli, tmp_path):
-    code, triton = _plan(cli, tmp_path / "triton.json", "--attention", "triton_fa1")
-    assert code == 0, triton
-    assert all(plan["runtimes"] == [] and plan["attention"] == "triton_fa1" for plan in triton["plans"])
-    _, flash2 = _plan(cli, tmp_path / "flash2.json", "--attention", "flash2")
-    assert triton["plans"][0]["predicted"]["step_time_s"] > flash2["plans"][0]["predicted"]["step_time_s"]
-    code, _, err = cli("export", str(tmp_path / "triton.json"), "--to", "megatron", "-o", str(tmp_path / "out"))
-    assert code == 2 and "llm-foundry's Triton FlashAttention" in err and "--attention flash2" in err
-
-
-def test_cli_refuses_it_with_a_runtime_that_does_not_run_it(cli, tmp_path):
-    code, err = _plan(cli, tmp_path / "plan.json", "--attention", "triton_fa1", "--runtime", "torchtitan")
-    assert code == 2 and "--attention triton_fa1" in err and "torchtitan does not run" in err
