@@ -61,6 +61,18 @@ TABLE_DTYPES = ("bf16", "fp16")
 """Dtypes a bf16 GEMM table applies to (the same tensor-core peak on every GPU here)."""
 
 
+def fused_kernel_rates(eff: GpuEfficiency) -> dict[str, tuple[float | None, float | None]]:
+    """Forward and backward fractions of peak of each fused attention kernel on a GPU with
+    efficiencies `eff` (None where the kernel has no rate there)."""
+    return {
+        "flash1": (eff.flash1_fwd, eff.flash1_bwd),
+        "flash2": (eff.attention_fwd, eff.attention_bwd),
+        "flash3": (eff.flash3_fwd, eff.flash3_bwd),
+        "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),
+        "triton_fa1": (eff.triton_fa1_fwd, eff.triton_fa1_bwd),
+    }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerTimes:
     """Compute time of one layer for one micro-batch, seconds."""
@@ -164,22 +176,12 @@ class AnalyticCompute:
 
     def attention_rates(self, attention: str) -> tuple[float, float]:
         """Forward and backward fractions of peak of a fused attention kernel on this GPU."""
-        eff = self.eff
-        rates = {
-            "flash1": (eff.flash1_fwd, eff.flash1_bwd),
-            "flash2": (eff.attention_fwd, eff.attention_bwd),
-            "flash3": (eff.flash3_fwd, eff.flash3_bwd),
-            "cudnn": (eff.cudnn_fwd, eff.cudnn_bwd),
-            "triton_fa1": (eff.triton_fa1_fwd, eff.triton_fa1_bwd),
-        }.get(attention)
+        kernels = fused_kernel_rates(self.eff)
+        rates = kernels.get(attention)
         if rates is None:
             raise PlannerError(f"unknown attention implementation '{attention}': choose {', '.join(ATTENTION_IMPLS)}")
         if rates[0] is None or rates[1] is None:
-            offered = [
-                a
-                for a in ATTENTION_IMPLS
-                if a == "unfused" or a == "flash2" or getattr(eff, f"{a}_fwd", None) is not None
-            ]
+            offered = [a for a in ATTENTION_IMPLS if a == "unfused" or kernels[a][0] is not None]
             raise PlannerError(
                 f"{self.gpu.name} has no measured {attention} attention kernel: choose {', '.join(offered)}"
             )

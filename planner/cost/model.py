@@ -18,7 +18,7 @@ from typing import Protocol
 
 from planner.cost import memory
 from planner.cost.comm import Network
-from planner.cost.compute import AnalyticCompute, LayerTimes
+from planner.cost.compute import AnalyticCompute, LayerTimes, fused_kernel_rates
 from planner.cost.fp8_casts import GATHERED_FP8_BYTES, amax_reductions, block_casts, writes_transposes
 from planner.cost.grad_accum import wgrad_output_bytes
 from planner.cost.kernel_counts import host_times, megatron_moe_block, op_counts
@@ -84,13 +84,8 @@ def compute_slowdown(gpu: GpuSpec, options: CostOptions, num_gpus: int) -> float
 def options_for_gpu(options: CostOptions, gpu: GpuSpec) -> CostOptions:
     """`options` with an attention kernel `gpu` has rates for: FlashAttention-2 in place of a
     fused kernel it lacks (what the same runtime falls back to there)."""
-    kernel = {
-        "flash1": gpu.efficiency.flash1_fwd,
-        "flash3": gpu.efficiency.flash3_fwd,
-        "cudnn": gpu.efficiency.cudnn_fwd,
-        "triton_fa1": gpu.efficiency.triton_fa1_fwd,
-    }
-    if options.kernels.attention in kernel and kernel[options.kernels.attention] is None:
+    rates = fused_kernel_rates(gpu.efficiency).get(options.kernels.attention)
+    if rates is not None and rates[0] is None:
         return options.with_fields(attention="flash2")
     return options
 
