@@ -9,37 +9,22 @@ import pytest
 
 from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.compute import AnalyticCompute
-from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
+from planner.cost.shapes import Shard, kernel_head_padding, layer_work
+from tests.cost.attention_papers import FA1_BACKWARD, FA1_FORWARD, FA3_PAPER_FA2_H100, core_rates
 from tests.cost.burst_rates import burst_rates
 
 A100, H100 = burst_rates("a100-80gb"), burst_rates("h100")
-# The FlashAttention-2 paper's benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
-BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16, num_kv_heads=16))
 MPT_7B, MPT_30B = resolve_model("mpt-7b"), resolve_model("mpt-30b")
 
-FA1_FORWARD = (0.30, 0.50)
-"""Dao 2023 (FlashAttention-2, arXiv 2307.08691) sec. 1, A100: FlashAttention's 'forward pass
-only reaches 30-50% of the theoretical maximum FLOPs/s of the device'."""
-FA1_BACKWARD = (0.25, 0.35)
-"""The same sentence: 'the backward pass ... reaching only 25-35% of maximum throughput'."""
 FA1_OVERALL = (0.25, 0.40)
-"""The same paper's abstract: FlashAttention 'reaching only 25-40% of the theoretical maximum
-FLOPs/s'."""
-FA3_PAPER_FA2_H100 = (335.0, 322.0 * 335.0 / 370.0)
-"""FlashAttention-2 on H100 SXM5, BF16, head dim 128, 16k tokens (Shah et al. 2024, arXiv
-2407.08608): causal forward 335 TFLOP/s (fig. 4); backward 322 non-causal (fig. 6) x the causal /
-non-causal forward ratio 335/370."""
+"""The FlashAttention-2 paper's abstract (Dao 2023): FlashAttention 'reaching only 25-40% of the
+theoretical maximum FLOPs/s'."""
 
 
 def _fractions(attention: str, gpu, seq: int = 2048) -> tuple[float, float, float]:
-    """Forward, backward and forward + backward fractions of peak of the attention core over the
-    counted (causal) FLOPs, 16k tokens per batch."""
-    shard = Shard(mbs=16384 // seq, seq=seq)
-    work = layer_work(BENCH, "transformer", shard, attention=attention)
-    fwd_s, bwd_s = AnalyticCompute(gpu).attention_core_times(work, attention)
-    counted = attention_core_flops(BENCH, shard, flash=True)
+    """Forward, backward and forward + backward fractions of peak of the attention core."""
     peak = gpu.peak_flops("bf16")
-    return counted / fwd_s / peak, 2.5 * counted / bwd_s / peak, 3.5 * counted / (fwd_s + bwd_s) / peak
+    return tuple(rate / peak for rate in core_rates(attention, gpu, seq))
 
 
 @pytest.mark.parametrize("seq", [2048, 16384])

@@ -9,11 +9,10 @@ import pytest
 from planner.catalog import resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.shapes import Shard, attention_core_flops, kernel_head_padding, layer_work
+from tests.cost.attention_papers import FA1_BACKWARD, FA1_FORWARD, FA3_PAPER_FA2_H100, core_rates
 from tests.cost.burst_rates import burst_rates
 
 H100, A100 = burst_rates("h100"), burst_rates("a100-80gb")
-# The FlashAttention-2 / -3 papers' benchmark shape: 16k tokens per batch, 16 heads of dimension 128.
-BENCH = resolve_model("llama3-8b").model_copy(update=dict(hidden_size=2048, num_attention_heads=16, num_kv_heads=16))
 MPT_7B, MPT_30B = resolve_model("mpt-7b"), resolve_model("mpt-30b")
 
 FA2_TRITON_FORWARD = (1.3, 1.5)
@@ -22,22 +21,15 @@ FA2_TRITON_FORWARD = (1.3, 1.5)
 backward pass'."""
 FA2_TRITON_BACKWARD = (1.8, 2.2)
 """'around 2x' read as 2 +- 10%."""
-FA3_PAPER_FA2_H100 = (335.0, 322.0 * 335.0 / 370.0)
-"""FlashAttention-2 on H100 SXM5, BF16, head dim 128, 16k tokens (Shah et al. 2024, arXiv
-2407.08608): causal forward 335 TFLOP/s (fig. 4); backward 322 non-causal (fig. 6) x the causal /
-non-causal forward ratio 335/370."""
-FA1_CUDA_A100 = ((0.30, 0.50), (0.25, 0.35))
-"""FlashAttention(-1, CUDA) on A100, fraction of peak: forward 30-50%, backward 25-35% (Dao 2023,
-sec. 1). The Triton kernel's docstring: 'Triton forward is generally faster than CUDA forward,
-while Triton backward is generally slower than CUDA backward'."""
+FA1_CUDA_A100 = (FA1_FORWARD, FA1_BACKWARD)
+"""The Triton kernel's docstring: 'Triton forward is generally faster than CUDA forward, while
+Triton backward is generally slower than CUDA backward' (CUDA = FlashAttention-1)."""
 
 
-def _tflops(attention: str, gpu, seq: int = 16384, spec=BENCH) -> tuple[float, float]:
+def _tflops(attention: str, gpu, seq: int = 16384) -> tuple[float, float]:
     """Forward and backward TFLOP/s of the attention core over the counted (causal) FLOPs."""
-    work = layer_work(spec, "transformer", Shard(mbs=16384 // seq, seq=seq), attention=attention)
-    fwd, bwd = AnalyticCompute(gpu).attention_core_times(work, attention)
-    counted = attention_core_flops(spec, Shard(mbs=16384 // seq, seq=seq), flash=True)
-    return counted / fwd / 1e12, 2.5 * counted / bwd / 1e12
+    fwd, bwd, _ = core_rates(attention, gpu, seq)
+    return fwd / 1e12, bwd / 1e12
 
 
 def test_h100_rates_are_fa2s_over_the_a100_triton_ratio():
