@@ -308,14 +308,10 @@ class GpuEfficiency(BaseModel):
     comm_sm_fraction: float = Field(default=0.0, ge=0, lt=1)
     """Fraction of the GPU's SMs a collective's kernels occupy while they run beside compute."""
     overlap_source: str = ""
-    layer_scale: float = Field(default=1.0, gt=0, le=1.5)
-    """Factor on every compute rate above (GEMMs, attention, HBM): the ratio of a whole layer
-    measured on this GPU to what its component rates predict for it (1: no such measurement)."""
-    layer_scale_source: str = ""
     sustained_compute: float = Field(default=1.0, gt=0, le=1)
-    """Factor on the measured compute-bound rates (`gemm_table`, attention) for a training run's
+    """Factor on the compute-bound rates (GEMM table or prior, attention) for a training run's
     steady state: the GPU's sustained over its burst matmul throughput where those rates were
-    measured in short bursts (1: they are sustained rates or priors, or no such measurement)."""
+    timed in short bursts (1: they are sustained rates, or no such measurement)."""
     sustained_compute_source: str = ""
 
 

@@ -162,14 +162,11 @@ def cost_command(
 
 
 def rate_anchors(eff: GpuEfficiency) -> str:
-    """One line naming the factors on a GPU's component rates (its measured-layer anchor and
-    sustained clock), or "" when it has none."""
-    parts = []
-    if eff.layer_scale != 1.0:
-        parts.append(f"every rate x layer_scale {eff.layer_scale:g} (a block measured on this GPU)")
-    if eff.sustained_compute != 1.0:
-        parts.append(
-            f"the measured compute-bound rates x sustained_compute {eff.sustained_compute:g} "
-            "(a GPU held at its power limit)"
-        )
-    return "; ".join(parts) + " (docs/h100_rates.md)" if parts else ""
+    """One line naming the factor on a GPU's burst-timed rates (its sustained clock), or ""
+    when it has none."""
+    if eff.sustained_compute == 1.0:
+        return ""
+    return (
+        f"the compute-bound rates x sustained_compute {eff.sustained_compute:g} "
+        "(a GPU held at its power limit; docs/h100_rates.md)"
+    )

@@ -44,7 +44,7 @@ _PEAK_FRACTIONS = ("gemm", "attention_fwd", "attention_bwd")
 
 FITTED = ("gemm", "gemm_half_dim", "attention_fwd", "attention_bwd", "hbm", "kernel_overhead_us")
 _FRACTIONS = {"gemm", "attention_fwd", "attention_bwd", "hbm"}
-_FIT_UNDER = {"layer_scale", "layer_scale_source", "sustained_compute", "sustained_compute_source"}
+_FIT_UNDER = {"sustained_compute", "sustained_compute_source"}
 """Fields the fitted fractions were fitted under (they multiply them): they travel with them."""
 _MIN_OVERHEAD_US = 1e-3
 _MAX_LOG = 200.0

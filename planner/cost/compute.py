@@ -29,12 +29,10 @@ term, not 2; planner/cost/grad_accum.py).
 Where a GPU has a measured GEMM table (`gemm_table` in presets/gpus.toml, read by
 planner/cost/gemm_table.py; `fp8_gemm_table` for fp8 GEMMs), its bf16/fp16 (fp8) GEMMs take
 peak * e_gemm * s(m) s(n) s(k) from the table instead (interpolated by shape, times `gemm_table_scale`); the roofline's memory term
-and c stay. Every rate (peak, table, HBM) is multiplied by the GPU's `layer_scale`: the
-ratio of a layer measured on that GPU to what these component rates predict for it (1 where
-no layer was measured). Those measurements were bursts; a training run holds the GPU at its
-power limit, so the measured compute-bound rates (the GEMM table, attention) also take the GPU's
-`sustained_compute`, its sustained over its burst matmul throughput (1 where the rates are
-sustained ones or priors; docs/h100_rates.md section e). The efficiencies are per-GPU data
+and c stay. Those rates were timed in bursts; a training run holds the GPU at its power limit,
+so the compute-bound rates (GEMM table or prior, attention) take the GPU's `sustained_compute`,
+its sustained over its burst matmul throughput (1 where the rates are sustained ones or no such
+measurement exists; docs/h100_rates.md section e). The efficiencies are per-GPU data
 (presets/gpus.toml); `planner profile` measurements fit them.
 
 A job waits for its slowest GPU: `compute_slowdown` (planner/cost/stragglers.py) lowers every
@@ -113,13 +111,11 @@ class AnalyticCompute:
         """Factor on the compute-bound time of GEMMs and attention: the job's slowest GPU
         (planner/cost/stragglers.py); memory-bound time and per-kernel overhead keep theirs."""
         self.eff = efficiency or gpu.efficiency
-        scale = self.eff.layer_scale
-        self.peak = gpu.peak_flops(dtype) * scale
-        """Peak FLOP/s times the GPU's `layer_scale` (as every rate below)."""
-        self.gemm_peak = gpu.peak_flops(gemm_dtype) * scale if gemm_dtype else self.peak
+        self.peak = gpu.peak_flops(dtype)
+        self.gemm_peak = gpu.peak_flops(gemm_dtype) if gemm_dtype else self.peak
         """Peak of the linear layers' GEMMs: the fp8 rate under FP8 training (Transformer
         Engine runs the linears in fp8; attention, norms, softmax and the optimizer stay bf16/fp32)."""
-        self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm * scale
+        self.mem_bw = gpu.hbm_bw_gbps * 1e9 * self.eff.hbm
         self.overhead_s = self.eff.kernel_overhead_us * 1e-6
         self._gemm_table = self._table(gemm_dtype or dtype)
         self._batched_table = self._table(dtype)
@@ -129,8 +125,8 @@ class AnalyticCompute:
 
     @property
     def _measured_pace(self) -> float:
-        """Factor on the compute-bound time of the measured rates (GEMM table, attention):
-        the job's slowest GPU, over the GPU's sustained share of those burst measurements."""
+        """Factor on the compute-bound time of GEMMs and attention: the job's slowest GPU, over
+        the GPU's sustained share of its burst-timed rates."""
         return self.compute_slowdown / self.eff.sustained_compute
 
     def _table(self, dtype: str) -> GemmTable | None:
@@ -152,14 +148,9 @@ class AnalyticCompute:
         where a table applies (a batch as one GEMM of batch*m rows, the table's own reading of
         its batched entries), else the peak times e_gemm and the saturation falloff."""
         if table is not None:
-            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale * self.eff.layer_scale / self._measured_pace
+            return table.rate(batch * m, n, k) * self.eff.gemm_table_scale / self._measured_pace
         return (
-            peak
-            * self.eff.gemm
-            * self._saturation(m)
-            * self._saturation(n)
-            * self._saturation(k)
-            / self.compute_slowdown
+            peak * self.eff.gemm * self._saturation(m) * self._saturation(n) * self._saturation(k) / self._measured_pace
         )
 
     def gemm_time(self, m: int, n: int, k: int, output_bytes: float = 2.0) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
@@ -36,8 +37,32 @@ class _Counter(TorchDispatchMode):
             self.ops += 1
         formula = flop_registry.get(func.overloadpacket)
         if formula is not None:
-            self.flops += formula(*args, **kwargs, out_val=out)
+            self.flops += _formula_flops(formula, args, kwargs, out)
         return out
+
+
+def _formula_flops(formula, args, kwargs, out) -> int:
+    """`formula`'s FLOPs for one operator. Grouped-query attention (fewer key/value heads than
+    query heads, `enable_gqa`) counts as its query heads attending: torch releases whose attention
+    formulas assert equal head counts are given key and value shapes widened to the query's."""
+    try:
+        return formula(*args, **kwargs, out_val=out)
+    except AssertionError:
+        return formula(*_heads_widened(args), **kwargs, out_val=out)
+
+
+def _heads_widened(args: tuple) -> tuple:
+    """`args` with every (batch, heads, seq, dim) tensor of fewer heads than the most, that
+    divide it, replaced by a shape-only tensor of the most heads."""
+    four_d = [a for a in args if isinstance(a, torch.Tensor) and a.dim() == 4]
+    heads = max((a.shape[1] for a in four_d), default=0)
+
+    def widen(a):
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[1] < heads and heads % a.shape[1] == 0:
+            return torch.empty(a.shape[0], heads, *a.shape[2:], device="meta", dtype=a.dtype)
+        return a
+
+    return tuple(widen(a) for a in args)
 
 
 class PhaseCounter:

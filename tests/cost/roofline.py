@@ -11,7 +11,7 @@ def closed_form_gemm_s(compute: AnalyticCompute, m: int, n: int, k: int, output_
     16-bit operands read and the output moving `output_bytes` per element, plus one kernel's
     overhead. Only for a GPU without a measured GEMM table or rate factors, at its own pace."""
     eff = compute.eff
-    assert eff.gemm_table is None and eff.layer_scale == 1.0 and compute.compute_slowdown == 1.0
+    assert eff.gemm_table is None and eff.sustained_compute == 1.0 and compute.compute_slowdown == 1.0
     falloff = 1.0
     for dim in (m, n, k):
         falloff *= dim / (dim + eff.gemm_half_dim)

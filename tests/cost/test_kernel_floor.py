@@ -76,8 +76,9 @@ def test_host_floor_meets_the_small_shape_measurement():
 
 
 def test_host_floor_leaves_the_large_shape_alone():
-    """The same layer at mbs 4, seq 8192 was measured within 1% of the GPU roofline: the floor
-    must not move it."""
+    """At mbs 4, seq 8192 the same layer is the GPU's: its kernels fill 96 % of the measured
+    forward and 98 % of the backward (tests/data/h100_measured/, tests/cost/test_h100_block.py),
+    so the floor must not move it."""
     floor, gpu_only = _block(CostOptions(), LARGE), _block(CostOptions.of(cuda_graphs=True), LARGE)
     assert floor.forward_s == pytest.approx(gpu_only.forward_s, rel=0.01)
     assert floor.backward_s == pytest.approx(gpu_only.backward_s, rel=0.01)

@@ -17,7 +17,7 @@ from planner.spec import Cluster
 
 GPU = resolve_gpu("h100")
 COMPUTE = AnalyticCompute(GPU)
-BW = GPU.hbm_bw_gbps * 1e9 * GPU.efficiency.hbm * GPU.efficiency.layer_scale
+BW = GPU.hbm_bw_gbps * 1e9 * GPU.efficiency.hbm
 OVERHEAD = GPU.efficiency.kernel_overhead_us * 1e-6
 NET = Network.of(Cluster.of(GPU, 64))
 """The collectives' own times are tests/cost/test_comm.py's and test_nccl_tests.py's; here

@@ -27,7 +27,7 @@ GPU = "a100-80gb"
 @pytest.mark.parametrize("output_bytes", [2.0, 4.0, 8.0])
 def test_weight_gradient_moves_its_output_bytes(output_bytes):
     compute = AnalyticCompute(resolve_gpu(GPU), wgrad_output_bytes=output_bytes)
-    assert compute.eff.gemm_table is None and compute.eff.layer_scale == 1.0
+    assert compute.eff.gemm_table is None and compute.eff.sustained_compute == 1.0
     weight_s = compute.gemms_times([Gemm("linear", TOKENS, COLS, ROWS)]).backward_weight_s
     assert weight_s == pytest.approx(closed_form_gemm_s(compute, ROWS, COLS, TOKENS, output_bytes), rel=1e-12)
 

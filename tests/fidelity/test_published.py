@@ -33,10 +33,10 @@ from planner.runtimes import resolve
 DATA = Path(__file__).parents[1] / "bench" / "published_runs.toml"
 
 MEAN_ABS_STEP_ERROR_BOUND = {
-    "llama3-2024": 0.095,  # 22.5% -> 19.0% with layer_scale, 14.0% with the slowest GPU, 5.0% at the sustained clock;
+    "llama3-2024": 0.065,  # 6.1% when the H100 family's layer_scale went (the blocks measured kernel by kernel: no component carries it) and the H100 SXM took its own sustained-over-burst measurement 0.853; 22.5% -> 19.0% with layer_scale, 14.0% with the slowest GPU, 5.0% at the sustained clock;
     # 9.2%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once)
     "bigscience-bloom": 0.035,  # raised from 0.025 with the slowest GPU, reason below
-    "torchtitan": 0.125,  # 12.2%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 21.1% -> 17.2% with layer_scale, 14.5% with the slowest GPU, 12.1% with DTensor SP's sequence-dim copies;
+    "torchtitan": 0.17,  # raised: 16.4% when layer_scale went from its 96 GB 500 W H100s (no sustained factor of their own), a component-level correction; 12.2%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 21.1% -> 17.2% with layer_scale, 14.5% with the slowest GPU, 12.1% with DTensor SP's sequence-dim copies;
     # raised from 0.125: 13.0% when full recompute came to stop early as torch's non-reentrant checkpoint does
     # (the MLP down projection and its reduce-scatter not re-run: tests/cost/test_recompute_early_stop.py), a
     # component-level correction that makes the held-out 70B full-AC row faster (-8.3% -> -13.2%); 12.2% with
@@ -45,11 +45,11 @@ MEAN_ABS_STEP_ERROR_BOUND = {
     "narayanan2021": 0.04,  # 7.1% -> 3.7% with the slowest GPU
     "korthikanti2022": 0.045,  # raised from 0.035: asynchronous TP backward (5.1%), then 4.2% with the slowest GPU
     "mtnlg2022": 0.165,  # 20.9% -> 16.2% with the slowest GPU
-    "nemotron4-2024": 0.045,  # 4.4%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 18.0% -> 14.5% layer_scale, 16.9% async TP backward, 11.8% slowest GPU, 1.0% sustained clock;
+    "nemotron4-2024": 0.02,  # 1.4% when layer_scale went and the H100 SXM took its measured 0.853; 4.4%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 18.0% -> 14.5% layer_scale, 16.9% async TP backward, 11.8% slowest GPU, 1.0% sustained clock;
     # 9.3% with the run's own config flag by flag (FlashAttention-2 at head dim 192, unfused loss and RoPE: section 17);
     # raised from 0.125: 12.7% with Megatron's paired blocking calls (one per interleaved (F, B) pair,
     # not a hold after each sender: a real mechanism that makes this optimistic source 0.9 points worse)
-    "mosaic-llmfoundry": 0.07,  # 6.7%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 5.4% at the sustained clock; 8.7% with
+    "mosaic-llmfoundry": 0.06,  # 5.8% when layer_scale went and the H100 SXM took its measured 0.853; 6.7%, raised when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle; h100-96gb 1, its 500 W cap counted once);  # 17.7% -> 16.1% with layer_scale, 13.0% with the slowest GPU; 5.4% at the sustained clock; 8.7% with
     # llm-foundry's Triton attention at its own rates (9.7%), composer's per-tensor AdamW (9.3%), FSDP1's grad cat
     "deepseek-v3-2024": 0.115,  # 16.5% -> 12.5% with the run's own recompute modules; 11.0% with FEPLB's imbalance
     "megatron-moe-modelzoo": 0.145,  # 14.1% with the measured forward per-op host time (held-out TP 4 row -27.4% -> -17.9%)
@@ -112,8 +112,8 @@ OVERALL_BOUND = 0.07
 """Today 6.6% over 47 runs, raised from 0.05 (4.9%) when sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle of 0.874-1; h100-96gb 1, its 500 W cap counted once as gemm_table_scale) (7.6% before the sustained clock, 7.7% before Nemotron-4's own config, 7.8% before inductor's counted bytes, 7.7% before full recompute's early stop under torch's checkpoint, 8.0% before torchtitan's sequence-dim copies, 11.5% before the slowest-GPU charge, 11.1% before the asynchronous
 TP backward, 12.3% before the H100 measured-layer anchor, 11.3% before the measured H100 GEMM
 table and 12.0% before the component changes, same runs)."""
-HELD_OUT_BOUND = 0.075
-"""Today 7.4% over the 13 held-out runs, 5.5% until sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle of 0.874-1; h100-96gb 1, its 500 W cap counted once as gemm_table_scale) (8.1% before the sustained clock, 8.3% before inductor's counted bytes, 7.9% before full recompute's early stop; 8.4% before torchtitan's sequence-dim copies; 13.6% before the slowest-GPU charge)."""
+HELD_OUT_BOUND = 0.08
+"""Today 7.6% over the 13 held-out runs, raised from 0.075 (7.4%) when layer_scale went (the H100 blocks measured kernel by kernel: no component carries it) and the H100 SXM took its measured sustained_compute 0.853: the held-out torchtitan rows on 500 W H100s, which have no sustained factor of their own, -12.7 / -14.9% -> -16.3 / -19.2%; 5.5% until sustained_compute left the end of its range (H100 SXM and H800 0.88 -> 0.937, the middle of 0.874-1; h100-96gb 1, its 500 W cap counted once as gemm_table_scale) (8.1% before the sustained clock, 8.3% before inductor's counted bytes, 7.9% before full recompute's early stop; 8.4% before torchtitan's sequence-dim copies; 13.6% before the slowest-GPU charge)."""
 MEMORY_BOUND = 0.045
 """Mean |peak-memory error| over the 8 runs that publish memory: today 4.1% (torchtitan's
 four 4.4% since their loss buffers, FSDP root unit and reserved-bytes reading; BLOOM's four

@@ -27,7 +27,7 @@ CHEAP_RUNS = (
     "torchtitan-llama3-8b-fsdp8",
     "megatron-sc21-gpt-1.7b",
 )
-"""A few quick runs: three on presets the H100 family's layer_scale acts on, one it leaves as is."""
+"""A few quick runs: two on presets the H100 SXM's sustained_compute acts on, two it leaves as is."""
 
 
 def factor(name: str, preset: str):
@@ -70,16 +70,16 @@ def test_a_factor_scales_the_rates_that_carry_it():
     moved = gpu_with(gpu, cap, 1.0)
     assert moved.efficiency.gemm_table_scale == 1.0
     assert moved.efficiency.attention_fwd == pytest.approx(gpu.efficiency.attention_fwd / 0.92)
-    assert moved.efficiency.layer_scale == gpu.efficiency.layer_scale
+    assert moved.efficiency.sustained_compute == gpu.efficiency.sustained_compute
     assert resolve_gpu("h100-96gb").efficiency.gemm_table_scale == 0.92
 
 
 def test_at_its_default_a_factor_reproduces_the_published_errors_exactly():
     runs = [r for r in load_runs(RUNS) if r.name in CHEAP_RUNS]
     defaults = [evaluate_run(r) for r in runs]
-    scale = factor("layer_scale", "h100")
+    scale = factor("sustained_compute", "h100")
     [row] = sensitivity(runs, [scale])
-    assert row.runs_moved == 3
+    assert row.runs_moved == 2
     assert row.at_low.mean_signed > row.at_default.mean_signed > row.at_high.mean_signed  # slower rates, longer steps
     assert row.at_default == summarize(defaults)
     imbalance = next(f for f in FACTORS if f.name == "moe_imbalance")
