@@ -87,8 +87,8 @@ def test_the_anchor_rule_matches_github():
     assert slug("The MoE layer's host floor") == "the-moe-layers-host-floor"
     assert slug("Profiling for a plan request (`--for-plan`)") == "profiling-for-a-plan-request---for-plan"
     assert (
-        slug("(d) The one layer measured on a real H100: `layer_scale` 0.948")
-        == "d-the-one-layer-measured-on-a-real-h100-layer_scale-0948"
+        slug("(e) The sustained clock: `sustained_compute` (H100 SXM and H800 0.853, H200 0.88)")
+        == "e-the-sustained-clock-sustained_compute-h100-sxm-and-h800-0853-h200-088"
     )
 
 
