@@ -16,7 +16,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward
 
 from planner.catalog import resolve_model
 from planner.profile.measure import Settings, _Case
@@ -39,19 +38,18 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _phase_kernels(run, repeats: int) -> dict[str, float]:
-    """Milliseconds per call of every CUDA kernel `run` launches, by kernel name."""
+def _phase_kernels(run) -> dict[str, float]:
+    """Milliseconds of every CUDA kernel one call of `run` launches, by kernel name."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(repeats):
-            run()
+        run()
         _sync()
     times: dict[str, float] = defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
-            times[event.name] += event.device_time / 1e3 / repeats
+            times[event.name] += event.device_time / 1e3
     return dict(times)
 
 
@@ -75,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         state["out"] = case.forward()
 
     def backward() -> None:
-        stage_backward([state.pop("out")], case._grads() or [None], [case.inputs])
+        case.backward(state.pop("out"))
 
     for _ in range(args.warmup):
         forward()
@@ -87,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             if phase == "backward":
                 forward()
                 _sync()
-            for name, ms in _phase_kernels(forward if phase == "forward" else backward, 1).items():
+            for name, ms in _phase_kernels(forward if phase == "forward" else backward).items():
                 kernels[name] += ms / args.repeats
             if phase == "forward":
                 state.pop("out")

@@ -301,13 +301,17 @@ class _Case:
     def _params(self) -> Iterator[torch.nn.Parameter]:
         return self.layer.parameters()
 
+    def backward(self, out: torch.Tensor) -> None:
+        """The full backward from `out`, the output of `forward()`: input and weight gradients."""
+        stage_backward([out], self._grads() or [None], [self.inputs])
+
     def split_pass(self, clock: _Clock) -> tuple[float, float, float]:
         """Forward, backward-input and backward-weight seconds."""
         clock.start()
         out = self.forward()
         clock.lap()
         if self.kind == "embedding":  # no input gradient: the whole backward is the W step
-            stage_backward([out], self._grads() or [None], [self.inputs])
+            self.backward(out)
             clock.lap()
             forward, weight = clock.laps()
             return forward, 0.0, weight
@@ -324,7 +328,7 @@ class _Case:
         clock.start()
         out = self.forward()
         clock.lap()
-        stage_backward([out], self._grads() or [None], [self.inputs])
+        self.backward(out)
         clock.lap()
         forward, full = clock.laps()
         return forward, full
@@ -337,7 +341,7 @@ class _Case:
             out = self.forward()
         if self.kind == "embedding":
             with counter.phase("backward_weight"):
-                stage_backward([out], self._grads() or [None], [self.inputs])
+                self.backward(out)
         else:
             with counter.phase("backward_input"):
                 _, groups = stage_backward_input([out], self._grads(), [self.inputs], self._params())
@@ -346,7 +350,7 @@ class _Case:
             self.inputs.grad = None
         out = self.forward()
         with counter.phase("backward"):
-            stage_backward([out], self._grads() or [None], [self.inputs])
+            self.backward(out)
         return counter.fields()
 
     def memory_pass(self, cap_bytes: int | None) -> tuple[int, int | None, int | None]:
@@ -363,7 +367,7 @@ class _Case:
         if self.recompute == "full":  # the checkpoint keeps the block input for recomputation
             counter.pack(self.inputs)
         alloc = torch.cuda.memory_allocated() - before if cuda else None
-        stage_backward([out], self._grads() or [None], [self.inputs])
+        self.backward(out)
         peak = torch.cuda.max_memory_allocated() - before if cuda else None
         return counter.total, alloc, peak
 

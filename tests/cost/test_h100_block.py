@@ -9,7 +9,6 @@ attention ran cuDNN's SDPA kernel; the rest is the eager block's elementwise ker
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,10 @@ import pytest
 from planner.catalog import resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.shapes import Shard, layer_work
+from scripts.kernel_times import kernel_group
 from tests.cost.burst_rates import burst_rates
 
-ROOT = Path(__file__).parents[2]
-MEASURED = ROOT / "tests" / "data" / "h100_measured"
-sys.path.insert(0, str(ROOT / "scripts"))
-from kernel_times import kernel_group  # noqa: E402
+MEASURED = Path(__file__).parents[1] / "data" / "h100_measured"
 
 BLOCKS = sorted(p for p in MEASURED.glob("kernels-*.json") if "-head-" not in p.name)
 GEMM_TOLERANCE = 0.05

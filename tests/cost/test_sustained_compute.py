@@ -66,11 +66,6 @@ def test_gpus_without_a_measured_ratio_keep_their_rates():
         assert resolve_gpu(name).efficiency.sustained_compute == 1.0
 
 
-def _pair(name: str) -> tuple[AnalyticCompute, AnalyticCompute, float]:
-    preset = resolve_gpu(name)
-    return AnalyticCompute(preset), AnalyticCompute(burst_rates(name)), preset.efficiency.sustained_compute
-
-
 @pytest.mark.parametrize("gemm_dtype", [None, "fp8"])
 def test_gemms_and_attention_slow_by_exactly_the_factor(gemm_dtype):
     preset = resolve_gpu("h100")
@@ -86,7 +81,7 @@ def test_gemms_and_attention_slow_by_exactly_the_factor(gemm_dtype):
 
 def test_memory_bound_kernels_and_overhead_keep_their_rates():
     """The memory clock does not move at the power limit."""
-    sustained, burst, _ = _pair("h100")
+    sustained, burst = AnalyticCompute(resolve_gpu("h100")), AnalyticCompute(burst_rates("h100"))
     assert sustained.elementwise_time(1e9, 7) == burst.elementwise_time(1e9, 7)
 
 
@@ -100,7 +95,7 @@ def test_the_fp8_prior_sits_in_the_burst_regime_of_the_bf16_table():
         compute = AnalyticCompute(h100, "bf16", gemm_dtype=dtype)
         points = read_points((MEASURED / f"gemm_h100_{dtype}.toml").read_text())
         ratios = [
-            tflops * 1e12 / compute._gemm_rate(*shape, compute.gemm_peak, compute._gemm_table)
+            tflops * 1e12 * (compute.gemm_time(*shape) - compute.overhead_s) / (2.0 * shape[0] * shape[1] * shape[2])
             for shape, tflops in points.items()
             if min(shape) >= 4096
         ]
