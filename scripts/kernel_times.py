@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from planner.catalog import resolve_model
-from planner.profile.measure import Settings, _Case
+from planner.profile.measure import LayerCase, Settings
 from planner.profile.schema import ShapeKey
 
 GROUPS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")))
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run, no kernels
     key = ShapeKey(args.kind, args.tp, args.mbs, args.seq, "none")
-    case = _Case.build(resolve_model(args.model), key, Settings(device=device))
+    case = LayerCase.build(resolve_model(args.model), key, Settings(device=device))
     state: dict[str, torch.Tensor] = {}
 
     def forward() -> None:

@@ -181,7 +181,7 @@ def measure_shape(spec: ModelSpec, key: ShapeKey, settings: Settings) -> LayerRo
 
 def _measure(spec: ModelSpec, key: ShapeKey, settings: Settings, params: int) -> LayerRow:
     torch.manual_seed(0)
-    case = _Case.build(spec, key, settings)
+    case = LayerCase.build(spec, key, settings)
     clock = _Clock(case.device)
     saved_bytes, alloc, peak = case.memory_pass(settings.memory_cap_bytes)
     for _ in range(settings.warmup):
@@ -254,7 +254,7 @@ class _Clock:
 
 
 @dataclass
-class _Case:
+class LayerCase:
     """A layer, its random inputs and the gradient arriving at its output."""
 
     kind: str
@@ -270,7 +270,7 @@ class _Case:
         self.device = self.inputs.device
 
     @classmethod
-    def build(cls, spec: ModelSpec, key: ShapeKey, settings: Settings) -> _Case:
+    def build(cls, spec: ModelSpec, key: ShapeKey, settings: Settings) -> LayerCase:
         dtype = TORCH_DTYPES[settings.dtype]
         device = torch.device(settings.device)
         layer = build_layer(spec, key.kind, key.tp, key.seq, device, settings.block).to(dtype)
