@@ -16,6 +16,8 @@ import pytest
 from planner.catalog import resolve_model
 from planner.cost.compute import AnalyticCompute
 from planner.cost.shapes import Shard, layer_work
+from planner.profile.schema import ShapeKey
+from planner.profile.store import load
 from scripts.kernel_times import kernel_group
 from tests.cost.burst_rates import burst_rates
 
@@ -61,8 +63,7 @@ def test_kernels_fit_inside_the_timed_passes_of_the_same_block():
     """The kernel sums of the largest llama3-8b block stay below `planner profile`'s timed
     forward and backward of it (the host's gaps between kernels), within a few percent."""
     data, sums = _kernel_ms(MEASURED / "kernels-llama3-8b-tp8-mbs4-seq8192.json")
-    profile = json.loads((MEASURED / "h100-llama3-8b.json").read_text())
-    [row] = [r for r in profile["rows"] if (r["kind"], r["tp"], r["mbs"], r["seq"]) == ("transformer", 8, 4, 8192)]
-    for phase, timed in (("forward", row["forward_ms"]), ("backward", row["backward_ms"])):
+    row = load(MEASURED / "h100-llama3-8b.json").row_map()[ShapeKey("transformer", 8, 4, 8192, "none")]
+    for phase, timed in (("forward", row.forward_ms), ("backward", row.backward_ms)):
         kernels = sum(ms for (p, _), ms in sums.items() if p == phase)
         assert 0.9 * timed <= kernels <= timed, phase

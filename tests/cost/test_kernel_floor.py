@@ -3,7 +3,6 @@ and the published small-shape H100 measurement it explains."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,10 +11,12 @@ from planner.catalog import resolve_gpu, resolve_model
 from planner.cost.kernel_counts import load_counts, op_counts
 from planner.cost.model import CostModel, CostOptions
 from planner.cost.shapes import Shard, layer_work
+from planner.profile.schema import ShapeKey
+from planner.profile.store import load
 from planner.spec import Cluster
 from scripts import count_kernels  # one module for every test: it registers its torch custom ops on import
 
-RAW = Path(__file__).parents[1] / "data" / "h100_measured"
+MEASURED = Path(__file__).parents[1] / "data" / "h100_measured"
 LLAMA = resolve_model("llama3-8b")
 H100 = resolve_gpu("h100")
 
@@ -48,13 +49,10 @@ LARGE = Shard(mbs=4, seq=8192, tp=8)
 def _measured_small_ms() -> tuple[float, float]:
     """The Llama-3-8B block at TP 8, mbs 1, seq 2048 on one H100 SXM (torch eager, bf16): forward
     and full backward ms as `planner profile` wrote them (tests/data/h100_measured/)."""
-    profile = json.loads((RAW / "h100-llama3-8b.json").read_text())
-    (row,) = (
-        r
-        for r in profile["rows"]
-        if r["kind"] == "transformer" and (r["tp"], r["mbs"], r["seq"]) == (SMALL.tp, SMALL.mbs, SMALL.seq)
-    )
-    return row["forward_ms"], row["backward_ms"]
+    row = load(MEASURED / "h100-llama3-8b.json").row_map()[
+        ShapeKey("transformer", SMALL.tp, SMALL.mbs, SMALL.seq, "none")
+    ]
+    return row.forward_ms, row.backward_ms
 
 
 MEASURED_SMALL_MS = _measured_small_ms()
